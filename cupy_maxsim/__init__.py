@@ -1,0 +1,10 @@
+"""cupy-maxsim: fused MaxSim (late-interaction) scoring for any DLPack array.
+
+``import cupy_maxsim`` needs only NumPy: CuPy is imported when a GPU array arrives, and torch
+and JAX only when their arrays do (or through ``cupy_maxsim.torch`` / ``cupy_maxsim.jax``).
+"""
+
+from ._api import pack, score, score_packed, score_pairs
+
+__version__ = "0.1.0"
+__all__ = ["score", "score_pairs", "score_packed", "pack", "__version__"]

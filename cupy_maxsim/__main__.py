@@ -1,0 +1,166 @@
+"""Command line: ``python -m cupy_maxsim {info, compile, demo, bench}``."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+
+import numpy as np
+
+import cupy_maxsim as cm
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def info(_args) -> int:
+    from . import _kernels
+
+    print(f"cupy_maxsim {cm.__version__}  python {platform.python_version()}  numpy {np.__version__}")
+    print(f"kernels_cu: {_kernels.kernel_dir()}")
+    try:
+        import cupy
+
+        print(f"cupy {cupy.__version__}  CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
+        from cupy.cuda import compiler
+
+        print(f"kernel cache: {compiler.get_cache_dir()}")
+        for device in range(cupy.cuda.runtime.getDeviceCount()):
+            props = cupy.cuda.runtime.getDeviceProperties(device)
+            print(f"device {device}: {props['name'].decode()}  sm_{props['major']}{props['minor']}  "
+                  f"{props['totalGlobalMem'] / 2**30:.0f} GiB  {props['multiProcessorCount']} SMs")
+    except Exception as error:  # no CuPy or no driver: CPU backend only
+        print(f"GPU backend unavailable ({type(error).__name__}: {error}); CPU backend only")
+    for name in ("torch", "jax"):
+        try:
+            module = __import__(name)
+            print(f"{name} {module.__version__}")
+        except ImportError:
+            print(f"{name}: not installed")
+    return 0
+
+
+def compile_kernels(args) -> int:
+    from . import _kernels
+
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    failures = 0
+    print(f"{'kernel':<26} {'arch':<7} {'variant':<34} {'regs':>5} {'spill':>6}")
+    for arch in archs:
+        for family, defines in _kernels.compile_variants():
+            variant = " ".join(d.split("=")[1] for d in defines) or "-"
+            try:
+                reports = _kernels.compile_with_nvrtc(family, arch, defines)
+            except RuntimeError as error:
+                failures += 1
+                print(f"{family:<26} {arch:<7} {variant:<34} FAILED\n{error}")
+                continue
+            for r in reports:
+                spill = r.spill_store_bytes + r.spill_load_bytes
+                failures += spill > 0
+                print(f"{r.kernel:<26} {arch:<7} {variant:<34} {r.registers:>5} {spill:>6}")
+    print("variant = WARPS_M WARPS_N MT NT STAGES KSTEPS; shared memory is dynamic (see _kernels.MmaConfig)")
+    print("all kernels compiled, no spills" if not failures else f"{failures} failures or spilling kernels")
+    return 1 if failures else 0
+
+
+def demo(args) -> int:
+    """Score a synthetic ColPali-shaped corpus and rank it, beside the naive einsum way."""
+    gpu = _gpu_available() and not args.cpu
+    rng = np.random.default_rng(0)
+    num_docs = args.docs or (10_000 if gpu else 500)
+    num_queries, query_length, doc_length, dim = 8, 24, 1030, 128
+    print(f"corpus: {num_docs} pages x {doc_length} patches x {dim} dims (fp16), "
+          f"{num_queries} queries x {query_length} tokens, on {'the GPU' if gpu else 'the CPU (no GPU found; smaller corpus)'}")
+    if gpu:
+        import cupy as xp
+    else:
+        xp = np
+    docs = xp.asarray(_unit(rng.standard_normal((num_docs, doc_length, dim), dtype=np.float32)).astype(np.float16))
+    queries = xp.asarray(_unit(rng.standard_normal((num_queries, query_length, dim), dtype=np.float32)).astype(np.float16))
+    # Plant the answer: query i is built from page 7 * i's patches, plus noise.
+    targets = [7 * i % num_docs for i in range(num_queries)]
+    for i, t in enumerate(targets):
+        noise = xp.asarray(rng.standard_normal((query_length, dim), dtype=np.float32)) * 0.02
+        queries[i] = (docs[t, :query_length].astype(np.float32) + noise).astype(np.float16)
+
+    def timed(fn):
+        fn()
+        if gpu:
+            xp.cuda.Device().synchronize()
+            xp.get_default_memory_pool().free_all_blocks()
+            before = xp.get_default_memory_pool().used_bytes()
+            start = time.perf_counter()
+            result = fn()
+            xp.cuda.Device().synchronize()
+            return result, time.perf_counter() - start, xp.get_default_memory_pool().total_bytes() - before
+        start = time.perf_counter()
+        return fn(), time.perf_counter() - start, 0
+
+    scores, seconds, extra = timed(lambda: cm.score(queries, docs))
+    naive_docs = min(num_docs, 2000 if gpu else 50)
+
+    def naive():
+        # fp16 einsum on the GPU (as PyTorch users write it); NumPy has no fast fp16, so fp32.
+        compute = xp.float16 if gpu else xp.float32
+        sims = xp.einsum("qid,njd->qnij", queries.astype(compute), docs[:naive_docs].astype(compute))
+        return sims.max(axis=-1).astype(xp.float32).sum(axis=-1)
+
+    naive_scores, naive_seconds, naive_extra = timed(naive)
+    top = xp.argsort(-scores, axis=1)[:, :5]
+    found = sum(int(top[i, 0]) == t for i, t in enumerate(targets))
+    print(f"cupy_maxsim.score : {seconds * 1e3:8.2f} ms for {num_docs} pages"
+          + (f", {extra / 2**20:.0f} MiB extra" if gpu else ""))
+    print(f"naive einsum      : {naive_seconds * 1e3:8.2f} ms for {naive_docs} pages"
+          + (f", {naive_extra / 2**20:.0f} MiB extra (the [Nq, Nd, Lq, Ld] tensor)" if gpu else ""))
+    difference = float(xp.abs(scores[:, :naive_docs] - naive_scores).max())
+    print(f"max |difference| on the shared pages: {difference:.3g} (naive keeps fp16 similarities)")
+    print(f"planted page ranked first for {found}/{num_queries} queries; top-5 of query 0: {top[0].tolist()}")
+    return 0 if found == num_queries else 1
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def bench(args) -> int:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    try:
+        from bench import bench_forward
+    except ImportError:
+        print("python -m cupy_maxsim bench runs from a source checkout (bench/ is not in the wheel)")
+        return 1
+    return bench_forward.main(args.rest)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cupy_maxsim", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="versions, devices, kernel cache").set_defaults(run=info)
+    compile_parser = commands.add_parser("compile", help="compile every kernel through NVRTC (no GPU needed)")
+    compile_parser.add_argument("--arch", default="sm_80,sm_86,sm_89,sm_90")
+    compile_parser.set_defaults(run=compile_kernels)
+    demo_parser = commands.add_parser("demo", help="score and rank a synthetic ColPali corpus")
+    demo_parser.add_argument("--docs", type=int, default=0)
+    demo_parser.add_argument("--cpu", action="store_true", help="use the NumPy backend")
+    demo_parser.set_defaults(run=demo)
+    bench_parser = commands.add_parser("bench", help="benchmark against the peers (source checkout)")
+    bench_parser.add_argument("rest", nargs=argparse.REMAINDER)
+    bench_parser.set_defaults(run=bench)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

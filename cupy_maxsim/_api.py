@@ -1,0 +1,402 @@
+"""Public functions: validate -> allocate -> call the backend (NumPy or CUDA kernels).
+
+Every argument is checked here, before anything is launched: ``TypeError`` for an unsupported
+type or dtype, ``ValueError`` for a shape, mask, offsets or device mismatch, each naming the
+argument, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _cpu, _kernels
+from ._arrays import ITEMSIZE, Operand, Output, as_operand, module_of
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_MMA_DTYPES = ("float16", "bfloat16")
+_DTYPE_SUFFIX = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+# ---- validation -----------------------------------------------------------------------------
+
+
+def _float_operand(x, name: str) -> Operand:
+    operand = as_operand(x, name)
+    if operand.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, got {operand.dtype}")
+    return operand
+
+
+def _check_ndim(operand: Operand, allowed: tuple, layout: str) -> None:
+    if operand.ndim not in allowed:
+        raise ValueError(f"{operand.name} must have shape {layout}, got shape {operand.shape}")
+
+
+def _check_pair(q: Operand, d: Operand) -> None:
+    if q.dtype != d.dtype:
+        raise TypeError(f"q and {d.name} must have the same dtype, got {q.dtype} and {d.dtype}")
+    if q.shape[-1] != d.shape[-1]:
+        raise ValueError(f"q and {d.name} must have the same embedding dim, got {q.shape[-1]} and {d.shape[-1]}")
+    _check_device(q, d)
+
+
+def _check_device(q: Operand, other: Operand) -> None:
+    if q.device != other.device:
+        where = lambda o: "host memory" if o.device < 0 else f"CUDA device {o.device}"  # noqa: E731
+        raise ValueError(f"{other.name} must be on the same device as q ({where(q)}), got {where(other)}")
+
+
+def _mask_operand(mask, name: str, shape: tuple, q: Operand):
+    if mask is None:
+        return None
+    operand = as_operand(mask, name)
+    if operand.dtype != "bool":
+        raise TypeError(f"{name} must be a boolean array (True = real token), got dtype {operand.dtype}")
+    if tuple(operand.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(operand.shape)}")
+    _check_device(q, operand)
+    return operand
+
+
+def _as_query_batch(q: Operand, q_mask: Operand | None):
+    """View a single query (Lq, D) as a batch of one (1, Lq, D)."""
+    if q.ndim == 3:
+        return q, q_mask
+    q3 = _batch_view(q)
+    mask3 = None if q_mask is None else _batch_view(q_mask)
+    return q3, mask3
+
+
+def _batch_view(operand: Operand) -> Operand:
+    import dataclasses
+
+    host = None if operand.host is None else operand.host[None]
+    return dataclasses.replace(operand, shape=(1,) + tuple(operand.shape), strides=(0,) + tuple(operand.strides),
+                               host=host)
+
+
+def _check_offsets(offsets: Operand, num_tokens: int) -> None:
+    if offsets.dtype not in ("int32", "int64"):
+        raise TypeError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
+    if offsets.ndim != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"offsets must have shape (num_docs + 1,), got {offsets.shape}")
+    xp = module_of(offsets)
+    values = offsets.host if offsets.host is not None else offsets.cupy()
+    ok = bool(xp.all(values[1:] >= values[:-1])) and int(values[0]) >= 0 and int(values[-1]) <= num_tokens
+    if not ok:
+        raise ValueError(
+            f"offsets must be non-decreasing and within [0, {num_tokens}] (tokens has {num_tokens} rows), "
+            f"got first {int(values[0])}, last {int(values[-1])}"
+            + ("" if bool(xp.all(values[1:] >= values[:-1])) else ", and a decreasing step")
+        )
+
+
+# ---- public functions -----------------------------------------------------------------------
+
+
+def score(q, d, *, q_mask=None, d_mask=None):
+    """MaxSim scores of queries against padded documents.
+
+    Parameters
+    ----------
+    q : array, shape (Lq, D) or (Nq, Lq, D)
+        One query or a batch of queries; float16, bfloat16, float32 or float64. Any DLPack
+        producer (CuPy, NumPy, PyTorch, JAX), taken without copying.
+    d : array, shape (Nd, Ld, D)
+        Documents, same dtype and device as ``q``.
+    q_mask : bool array, shape (Lq,) or (Nq, Lq), optional
+        True marks a real query token; a masked token contributes 0.
+    d_mask : bool array, shape (Nd, Ld), optional
+        True marks a real document token; a masked token never wins a max. Holes are allowed.
+
+    Returns
+    -------
+    scores : array, shape (Nd,) or (Nq, Nd)
+        float32 (float64 for float64 inputs), in the framework and on the device of ``q``.
+        ``scores[i, n] = sum_t max_j <q[i, t], d[n, j]>`` over real tokens; ``-inf`` for a
+        document with no real token; NaN where a similarity between real tokens is not finite.
+    """
+    q_op, d_op = _float_operand(q, "q"), _float_operand(d, "d")
+    _check_ndim(q_op, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+    _check_ndim(d_op, (3,), "(Nd, Ld, D)")
+    _check_pair(q_op, d_op)
+    q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
+    d_mask_op = _mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
+    single = q_op.ndim == 2
+    q3, q_mask3 = _as_query_batch(q_op, q_mask_op)
+    num_queries, num_docs = q3.shape[0], d_op.shape[0]
+    shape = (num_docs,) if single else (num_queries, num_docs)
+    if not q_op.on_gpu:
+        out = _cpu.score_padded(q3.host, d_op.host, _host(q_mask3), _host(d_mask_op))
+        return Output(q_op).wrap(out[0] if single else out)
+    return _gpu_score(q3, d_op, q_mask3, d_mask_op, shape, pairs=False,
+                      doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
+
+
+def score_pairs(q, d, *, q_mask=None, d_mask=None):
+    """MaxSim scores of aligned (query, document) pairs.
+
+    Parameters
+    ----------
+    q : array, shape (B, Lq, D)
+    d : array, shape (B, Ld, D)
+        Same dtype and device as ``q``.
+    q_mask : bool array, shape (B, Lq), optional
+    d_mask : bool array, shape (B, Ld), optional
+
+    Returns
+    -------
+    scores : array, shape (B,)
+        ``scores[b]`` is the MaxSim score of ``q[b]`` against ``d[b]``; same rules as
+        :func:`score`.
+    """
+    q_op, d_op = _float_operand(q, "q"), _float_operand(d, "d")
+    _check_ndim(q_op, (3,), "(B, Lq, D)")
+    _check_ndim(d_op, (3,), "(B, Ld, D)")
+    _check_pair(q_op, d_op)
+    if q_op.shape[0] != d_op.shape[0]:
+        raise ValueError(f"q and d must hold the same number of pairs, got {q_op.shape[0]} and {d_op.shape[0]}")
+    q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:2], q_op)
+    d_mask_op = _mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
+    if not q_op.on_gpu:
+        out = _cpu.score_pairs(q_op.host, d_op.host, _host(q_mask_op), _host(d_mask_op))
+        return Output(q_op).wrap(out)
+    return _gpu_score(q_op, d_op, q_mask_op, d_mask_op, (d_op.shape[0],), pairs=True,
+                      doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
+
+
+def score_packed(q, tokens, offsets, *, q_mask=None):
+    """MaxSim scores against packed variable-length documents (no padding read or computed).
+
+    Parameters
+    ----------
+    q : array, shape (Lq, D) or (Nq, Lq, D)
+    tokens : array, shape (T, D)
+        All documents' tokens, back to back; same dtype and device as ``q``.
+    offsets : int32 or int64 array, shape (Nd + 1,)
+        Document n is ``tokens[offsets[n]:offsets[n + 1]]`` (FlashAttention's ``cu_seqlens``).
+        Must be non-decreasing and within ``[0, T]``; checked before launch (one small
+        device-to-host read when the offsets live on a GPU).
+    q_mask : bool array, shape (Lq,) or (Nq, Lq), optional
+
+    Returns
+    -------
+    scores : array, shape (Nd,) or (Nq, Nd)
+        Same rules as :func:`score`; an empty document scores ``-inf``.
+    """
+    q_op, t_op = _float_operand(q, "q"), _float_operand(tokens, "tokens")
+    o_op = as_operand(offsets, "offsets")
+    _check_ndim(q_op, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+    _check_ndim(t_op, (2,), "(T, D)")
+    _check_pair(q_op, t_op)
+    _check_device(q_op, o_op)
+    _check_offsets(o_op, t_op.shape[0])
+    q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
+    single = q_op.ndim == 2
+    q3, q_mask3 = _as_query_batch(q_op, q_mask_op)
+    num_docs = o_op.shape[0] - 1
+    shape = (num_docs,) if single else (q3.shape[0], num_docs)
+    if not q_op.on_gpu:
+        out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3))
+        return Output(q_op).wrap(out[0] if single else out)
+    return _gpu_score(q3, t_op, q_mask3, None, shape, pairs=False, doc_length=0, doc_stride=0, offsets=o_op)
+
+
+def pack(docs, mask=None):
+    """Pack documents into ``(tokens, offsets)`` for :func:`score_packed`.
+
+    Parameters
+    ----------
+    docs : sequence of arrays of shape (Ld_i, D), or one padded array of shape (Nd, Ld, D)
+        Documents in one framework and on one device.
+    mask : bool array, shape (Nd, Ld), optional
+        With a padded ``docs``: True marks the real tokens kept (holes allowed).
+
+    Returns
+    -------
+    tokens : array, shape (T, D)
+    offsets : int64 array, shape (Nd + 1,)
+        In the framework and on the device of the documents.
+    """
+    if isinstance(docs, (list, tuple)):
+        if mask is not None:
+            raise ValueError("mask applies to a padded (Nd, Ld, D) array, got a sequence of documents")
+        if len(docs) == 0:
+            raise ValueError("docs must hold at least one document, got an empty sequence")
+        operands = [_float_operand(doc, f"docs[{i}]") for i, doc in enumerate(docs)]
+        first = operands[0]
+        for op in operands:
+            _check_ndim(op, (2,), "(Ld_i, D)")
+            _check_pair(first, op)
+        xp = module_of(first)
+        arrays = [_backend_array(op) for op in operands]
+        tokens = xp.concatenate(arrays, axis=0)
+        lengths = xp.asarray([a.shape[0] for a in arrays], dtype=np.int64)
+    else:
+        padded = _float_operand(docs, "docs")
+        _check_ndim(padded, (3,), "(Nd, Ld, D)")
+        first = padded
+        xp = module_of(padded)
+        array = _backend_array(padded)
+        if mask is None:
+            tokens = array.reshape(-1, array.shape[-1])
+            lengths = xp.full(array.shape[0], array.shape[1], dtype=np.int64)
+        else:
+            mask_op = _mask_operand(mask, "mask", padded.shape[:2], padded)
+            keep = _backend_array(mask_op)
+            tokens = array[keep]
+            lengths = keep.sum(axis=1).astype(np.int64)
+    offsets = xp.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    xp.cumsum(lengths, out=offsets[1:])
+    output = Output(first)
+    return output.wrap(tokens, dtype=first.dtype), output.wrap(offsets)
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def _host(operand: Operand | None):
+    return None if operand is None else operand.host
+
+
+def _backend_array(operand: Operand):
+    return operand.host if operand.host is not None else operand.cupy()
+
+
+def _result_dtype(dtype: str) -> str:
+    return "float64" if dtype == "float64" else "float32"
+
+
+def _gpu_score(q: Operand, d: Operand, q_mask, d_mask, shape, *, pairs, doc_length, doc_stride, offsets):
+    """Allocate the result in q's framework and run the forward kernel on q's stream."""
+    output = Output(q)
+    result, out_ptr = output.empty(shape, _result_dtype(q.dtype))
+    num_queries, query_length, dim = q.shape
+    num_docs = shape[-1]
+    if num_docs == 0 or num_queries == 0:
+        return result
+    if query_length == 0 or dim == 0 or (offsets is None and doc_length == 0):
+        return _fill_trivial(output, result, d, d_mask, offsets, shape, num_docs, doc_length)
+    _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_stride, pairs,
+                     out_ptr, 0 if pairs else num_docs)
+    return output.wrap(result)
+
+
+def _fill_trivial(output, result, d, d_mask, offsets, shape, num_docs, doc_length):
+    """No query token, no dim or no document token: 0 for documents with a real token, else -inf."""
+    import cupy
+
+    with cupy.cuda.Device(d.device):
+        if offsets is not None:
+            values = offsets.cupy()
+            has_token = values[1:] > values[:-1]
+        elif d_mask is not None:
+            has_token = d_mask.cupy().any(axis=1)
+        else:
+            has_token = cupy.full(num_docs, doc_length > 0)
+        scores = cupy.where(has_token, 0.0, -cupy.inf).astype(_result_dtype(d.dtype))
+        return output.wrap(cupy.ascontiguousarray(cupy.broadcast_to(scores, shape)))
+
+
+def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:
+    if q.dtype not in _MMA_DTYPES or dim % 8 or dim > 256 or query_length > max(_kernels.MMA_CONFIGS):
+        return False
+    if q.strides[-1] != 1 or d.strides[-1] != 1:
+        return False
+    if any(s % 8 for s in q.strides[:-1] + d.strides[:-1]) or q.ptr % 16 or d.ptr % 16:
+        return False
+    import cupy
+
+    return cupy.cuda.Device(q.device).compute_capability >= "80"
+
+
+def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: bool, smem_limit: int):
+    widths = sorted(_kernels.MMA_CONFIGS)
+    width = next(w for w in widths if w >= query_length)
+    if not pairs and num_queries > 1:
+        # Stack several queries on the MMA N dimension: one document tile then serves them all.
+        width = max(width, next(w for w in widths if w >= min(num_queries * query_length, 128)))
+    ksteps = -(-dim // 16)
+    config = _kernels.MmaConfig(ksteps=ksteps, **_kernels.MMA_CONFIGS[width])
+    while config.shared_bytes > smem_limit and config.stages > 2:
+        config = _kernels.MmaConfig(**{**config.__dict__, "stages": config.stages - 1})
+    return config if config.shared_bytes <= smem_limit else None
+
+
+def _ptr(operand: Operand | None) -> np.uint64:
+    return np.uint64(0 if operand is None else operand.ptr)
+
+
+def _strides2(operand: Operand | None):
+    if operand is None:
+        return np.int64(0), np.int64(0)
+    return np.int64(operand.strides[0]), np.int64(operand.strides[1])
+
+
+def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_stride, pairs, out_ptr,
+                     out_query_stride):
+    import cupy
+
+    num_queries, query_length, dim = q.shape
+    sm_count, smem_limit = _kernels.device_properties(q.device)
+    offsets_ptr = _ptr(offsets)
+    offsets_64 = np.int32(offsets is not None and offsets.dtype == "int64")
+    d_row_stride = d.strides[-2]
+    q_mask_strides = _strides2(q_mask)
+    d_mask_strides = _strides2(d_mask)
+    suffix = _DTYPE_SUFFIX[q.dtype]
+    out_item = 8 if q.dtype == "float64" else 4
+
+    with cupy.cuda.Device(q.device):
+        config = _choose_mma_config(num_queries, query_length, dim, pairs, smem_limit) \
+            if _mma_eligible(q, d, dim, query_length) else None
+        if config is not None:
+            kernel = _kernels.get_kernel("maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
+            group = 1 if pairs else max(1, min(num_queries, config.block_cols // query_length))
+            groups = 1 if pairs else -(-num_queries // group)
+            if pairs:
+                docs_per_block = 1
+            else:
+                # Enough blocks to fill every SM several times over; each streams a doc range.
+                chunks = max(1, min(num_docs, -(-sm_count * 16 // groups)))
+                docs_per_block = -(-num_docs // chunks)
+            grid_x = -(-num_docs // docs_per_block)
+            for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
+                part = min(65535, groups - first)
+                first_query = first * group
+                args = (
+                    np.uint64(q.ptr + first_query * q.strides[0] * ITEMSIZE[q.dtype]),
+                    np.int64(q.strides[0]), np.int64(q.strides[1]),
+                    np.int32(num_queries - first_query), np.int32(query_length),
+                    np.uint64(0 if q_mask is None else q_mask.ptr + first_query * q_mask.strides[0]),
+                    *q_mask_strides,
+                    np.uint64(d.ptr), np.int64(doc_stride), np.int64(d_row_stride), np.int64(doc_length),
+                    offsets_ptr, offsets_64,
+                    _ptr(d_mask), *d_mask_strides,
+                    np.int64(num_docs), np.int32(dim), np.int64(docs_per_block), np.int32(group),
+                    np.int32(pairs),
+                    np.uint64(out_ptr + first_query * out_query_stride * out_item), np.int64(out_query_stride),
+                )
+                _kernels.launch(kernel, (grid_x, part), (config.threads,), args, config.shared_bytes, q.stream)
+            return
+        accumulator = 8 if q.dtype == "float64" else 4
+        rows = max(1, _kernels.SIMT_CHUNK_BYTES // (dim * accumulator))
+        shared = _kernels.simt_shared_bytes(rows, dim, accumulator)
+        if shared > smem_limit:
+            raise ValueError(f"dim {dim} is too large for the GPU kernels (at most {smem_limit // accumulator - 160})")
+        kernel = _kernels.get_kernel("maxsim_fwd_simt", f"maxsim_fwd_simt_{suffix}", (), shared)
+        total = num_docs if pairs else num_queries * num_docs
+        grid = min(total, sm_count * 64)
+        args = (
+            np.uint64(q.ptr), np.int64(q.strides[0]), np.int64(q.strides[1]), np.int64(q.strides[2]),
+            np.int32(num_queries), np.int32(query_length),
+            _ptr(q_mask), *q_mask_strides,
+            np.uint64(d.ptr), np.int64(doc_stride), np.int64(d_row_stride), np.int64(d.strides[-1]),
+            np.int64(doc_length), offsets_ptr, offsets_64,
+            _ptr(d_mask), *d_mask_strides,
+            np.int64(num_docs), np.int32(dim), np.int32(rows), np.int32(pairs),
+            np.uint64(out_ptr), np.int64(out_query_stride),
+        )
+        _kernels.launch(kernel, (grid,), (_kernels.SIMT_THREADS,), args, shared, q.stream)

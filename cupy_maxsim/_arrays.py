@@ -1,0 +1,223 @@
+"""Arrays in and out: the one place that knows about CuPy, NumPy, PyTorch, JAX and DLPack.
+
+``as_operand`` turns any supported input into an :class:`Operand` (a NumPy array on the host,
+or a device pointer with shape, strides and dtype on a GPU) without copying, and remembers the
+caller's framework, device and stream. ``Output`` allocates results in the framework of ``q``
+and hands them back there. Host bfloat16 inputs are the single exception to zero-copy: NumPy
+has no bfloat16 arithmetic, so they are widened to float32 once (the CPU backend computes in
+float32 anyway).
+
+Per-framework fast paths keep small calls short: a torch CUDA tensor is read through
+``data_ptr()``/``stride()`` (no DLPack capsule) and results are allocated by torch itself;
+kernels then run on torch's current stream, with no device-wide synchronisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+_TORCH_DTYPES = {
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+    "torch.bool": "bool",
+    "torch.int32": "int32",
+    "torch.int64": "int64",
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+}
+
+#: Tests set this to fill every result with NaN before the kernels run, so an element a
+#: kernel forgot to write cannot pass.
+POISON_OUTPUTS = False
+
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1, "int8": 1, "uint8": 1,
+            "int32": 4, "int64": 8}
+
+
+@dataclasses.dataclass
+class Operand:
+    """An input array as the backends see it.
+
+    ``host`` holds the NumPy array when the data live in host memory; otherwise ``ptr``,
+    ``shape``, ``strides`` (in elements) and ``dtype`` describe device memory on CUDA device
+    ``device``. ``keepalive`` pins whatever owns the memory for the duration of the call.
+    """
+
+    name: str
+    framework: str
+    dtype: str
+    shape: tuple
+    strides: tuple
+    device: int  # -1 for host memory
+    ptr: int = 0
+    host: np.ndarray | None = None
+    keepalive: object = None
+    stream: int | None = None  # the producer framework's current CUDA stream, if it has one
+    torch_device: object = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device >= 0
+
+    def cupy(self):
+        """A CuPy view of device memory (zero-copy)."""
+        import cupy
+
+        if isinstance(self.keepalive, cupy.ndarray):
+            return self.keepalive
+        dtype = np.dtype(self.dtype) if self.dtype != "bfloat16" else np.uint16
+        item = ITEMSIZE[self.dtype]
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.strides)) if all(self.shape) else 0
+        memory = cupy.cuda.UnownedMemory(self.ptr, extent * item, self.keepalive, self.device)
+        return cupy.ndarray(self.shape, dtype, cupy.cuda.MemoryPointer(memory, 0),
+                            strides=tuple(s * item for s in self.strides))
+
+
+def _framework_of(x) -> str:
+    module = type(x).__module__.split(".")[0]
+    if module == "numpy" or isinstance(x, np.ndarray):
+        return "numpy"
+    if module in ("cupy", "torch", "jax", "jaxlib"):
+        return "jax" if module == "jaxlib" else module
+    if hasattr(x, "__dlpack__"):
+        return "dlpack"
+    return "other"
+
+
+def as_operand(x, name: str) -> Operand:
+    """Wrap ``x`` (any supported array) without copying. Raises TypeError for anything else."""
+    framework = _framework_of(x)
+    if framework == "numpy":
+        array = np.asarray(x)
+        return _host_operand(array, name, "numpy")
+    if framework == "torch":
+        return _torch_operand(x, name)
+    if framework == "cupy":
+        return _cupy_operand(x, name, "cupy")
+    if framework == "jax":
+        platform = next(iter(x.devices())).platform
+        if platform == "cpu":
+            return _host_operand(np.asarray(x), name, "jax")
+        import cupy
+
+        return _cupy_operand(cupy.from_dlpack(x), name, "jax")
+    if framework == "dlpack":
+        device_type, _ = x.__dlpack_device__()
+        if device_type == 1:  # kDLCPU
+            return _host_operand(np.from_dlpack(x), name, "dlpack")
+        import cupy
+
+        return _cupy_operand(cupy.from_dlpack(x), name, "dlpack")
+    raise TypeError(
+        f"{name} must be an array (NumPy, CuPy, PyTorch, JAX or any __dlpack__ producer), "
+        f"got {type(x).__name__}"
+    )
+
+
+def _host_operand(array: np.ndarray, name: str, framework: str) -> Operand:
+    dtype = array.dtype.name
+    if dtype == "bfloat16":  # ml_dtypes (JAX): widen once, NumPy cannot compute in it
+        array = array.astype(np.float32)
+    item = array.dtype.itemsize
+    return Operand(name, framework, dtype, array.shape, tuple(s // item for s in array.strides), -1,
+                   host=array)
+
+
+def _cupy_operand(array, name: str, framework: str) -> Operand:
+    dtype = array.dtype.name
+    item = array.dtype.itemsize
+    return Operand(name, framework, dtype, tuple(array.shape), tuple(s // item for s in array.strides),
+                   array.device.id, ptr=array.data.ptr, keepalive=array)
+
+
+def _torch_operand(x, name: str) -> Operand:
+    dtype = _TORCH_DTYPES.get(str(x.dtype), str(x.dtype))
+    if x.requires_grad:
+        x = x.detach()
+    if not x.is_cuda:
+        if dtype == "bfloat16":
+            array = x.float().numpy()
+        else:
+            array = x.resolve_conj().resolve_neg().numpy()
+        operand = _host_operand(array, name, "torch")
+        operand.dtype = dtype
+        return operand
+    import torch
+
+    return Operand(name, "torch", dtype, tuple(x.shape), tuple(x.stride()), x.device.index,
+                   ptr=x.data_ptr(), keepalive=x,
+                   stream=torch.cuda.current_stream(x.device).cuda_stream, torch_device=x.device)
+
+
+class Output:
+    """Allocates results in the framework and on the device of ``like`` (the query operand)."""
+
+    def __init__(self, like: Operand):
+        self.like = like
+
+    def empty(self, shape: tuple, dtype: str):
+        """Returns (array handed back to the caller later, device pointer or host ndarray)."""
+        like = self.like
+        if not like.on_gpu:
+            array = np.empty(shape, dtype)
+            return array, array
+        if like.framework == "torch":
+            import torch
+
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=like.torch_device)
+            if POISON_OUTPUTS:
+                tensor.fill_(float("nan"))
+            return tensor, tensor.data_ptr()
+        import cupy
+
+        with cupy.cuda.Device(like.device):
+            array = cupy.empty(shape, dtype)
+            if POISON_OUTPUTS:
+                array.fill(np.nan)
+        return array, array.data.ptr
+
+    def wrap(self, array, dtype: str | None = None):
+        """Hand a NumPy or CuPy array back in the caller's framework.
+
+        ``dtype="bfloat16"`` marks raw bfloat16 bits held as uint16 (CuPy has no bfloat16
+        without ml_dtypes), which are viewed back as bfloat16 in frameworks that have it.
+        """
+        like = self.like
+        bits = dtype == "bfloat16" and array.dtype == np.uint16
+        if like.framework == "torch":
+            import torch
+
+            if isinstance(array, torch.Tensor):
+                return array
+            tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else torch.from_dlpack(array)
+            return tensor.view(torch.bfloat16) if bits else tensor
+        if like.framework == "jax":
+            import jax
+
+            if isinstance(array, np.ndarray):
+                return jax.numpy.asarray(array)
+            result = jax.dlpack.from_dlpack(array)
+            return jax.lax.bitcast_convert_type(result, jax.numpy.bfloat16) if bits else result
+        return array
+
+
+def module_of(operand: Operand):
+    """The array module (NumPy or CuPy) that computes on the operand's memory."""
+    if operand.on_gpu:
+        import cupy
+
+        return cupy
+    return np
+
+
+def torch_loaded() -> bool:
+    return "torch" in sys.modules

@@ -1,0 +1,276 @@
+"""Find, compile, cache and launch the CUDA kernels of ``kernels_cu/``.
+
+No validation happens here: ``_api.py`` checks every argument before a launch reaches this
+module. Kernels compile through ``cupy.RawModule`` on first use, one module per (device, source
+family, tile configuration), and CuPy's disk cache keeps them across processes. Because that
+cache hashes the source string only, ``common.cuh`` is concatenated into each source rather
+than ``#include``-d, so an edited header can never serve a stale binary.
+
+``compile_with_nvrtc`` compiles the same sources through NVRTC directly (``ctypes``), with no
+GPU and no driver, for any architecture: the CI compile check and ``python -m cupy_maxsim
+compile`` use it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import glob
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+#: Kernel names each source family defines; tests check that every one exists in the source.
+FAMILIES = {
+    "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16")),
+    "maxsim_fwd_simt": (
+        "maxsim_fwd_simt.cu",
+        ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64"),
+    ),
+}
+
+SIMT_THREADS = 128
+#: The SIMT kernel stages this many bytes of document rows in shared memory per chunk.
+SIMT_CHUNK_BYTES = 32 * 1024
+_NVRTC_OPTIONS = ("-std=c++17",)
+
+
+def kernel_dir() -> Path:
+    """The ``kernels_cu`` folder: inside the installed wheel, else the repository root."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"cannot find kernels_cu/ (looked in {here / 'kernels_cu'} and {here.parent / 'kernels_cu'})"
+    )
+
+
+def source(family: str) -> str:
+    """Full source of a kernel family: common.cuh followed by the family's .cu file."""
+    folder = kernel_dir()
+    filename, _ = FAMILIES[family]
+    return (folder / "common.cuh").read_text() + "\n" + (folder / filename).read_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class MmaConfig:
+    """Tile shape of the tensor-core forward kernel (``maxsim_fwd.cu``)."""
+
+    warps_m: int
+    warps_n: int
+    mt: int
+    nt: int
+    stages: int
+    ksteps: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def block_rows(self) -> int:
+        """BM: document tokens per pipeline tile."""
+        return self.warps_m * 16 * self.mt
+
+    @property
+    def block_cols(self) -> int:
+        """BN: stacked query tokens a block holds."""
+        return self.warps_n * 8 * self.nt
+
+    @property
+    def shared_bytes(self) -> int:
+        # Mirrors the formula at the top of maxsim_fwd.cu.
+        row = self.ksteps * 16 + 8
+        bm, bn = self.block_rows, self.block_cols
+        warps = self.warps_m * self.warps_n
+        return 2 * row * (bn + self.stages * bm) + 4 * (self.stages * bm + 2 * self.warps_m * bn + bn + warps)
+
+    def defines(self) -> tuple[str, ...]:
+        return (
+            f"-DMAXSIM_WARPS_M={self.warps_m}",
+            f"-DMAXSIM_WARPS_N={self.warps_n}",
+            f"-DMAXSIM_MT={self.mt}",
+            f"-DMAXSIM_NT={self.nt}",
+            f"-DMAXSIM_STAGES={self.stages}",
+            f"-DMAXSIM_KSTEPS={self.ksteps}",
+        )
+
+
+def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
+    # Mirrors the formula at the top of maxsim_fwd_simt.cu.
+    return rows_per_chunk * dim * accumulator_bytes + SIMT_THREADS * accumulator_bytes + rows_per_chunk + SIMT_THREADS
+
+
+# ---- CuPy side ------------------------------------------------------------------------------
+
+_modules: dict = {}
+_streams: dict = {}
+
+
+def get_kernel(family: str, name: str, defines: tuple[str, ...] = (), shared_bytes: int = 0):
+    """The compiled ``RawKernel`` ``name`` of ``family`` for the current device."""
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    key = (device, family, defines)
+    module = _modules.get(key)
+    if module is None:
+        module = cupy.RawModule(code=source(family), options=_NVRTC_OPTIONS + defines)
+        _modules[key] = module
+    kernel = module.get_function(name)
+    if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
+        kernel.max_dynamic_shared_size_bytes = shared_bytes
+    return kernel
+
+
+def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None) -> None:
+    """Launch on the caller's stream (``stream_ptr``), or CuPy's current stream when None."""
+    import cupy
+
+    if stream_ptr is None:
+        kernel(grid, block, args, shared_mem=shared_bytes)
+        return
+    stream = _streams.get(stream_ptr)
+    if stream is None:
+        stream = _streams[stream_ptr] = cupy.cuda.ExternalStream(stream_ptr)
+    with stream:
+        kernel(grid, block, args, shared_mem=shared_bytes)
+
+
+def device_properties(device: int) -> tuple[int, int]:
+    """(multiprocessor count, opt-in shared memory per block) of a CUDA device, cached."""
+    props = _device_props.get(device)
+    if props is None:
+        import cupy
+
+        attributes = cupy.cuda.Device(device).attributes
+        props = (attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"])
+        _device_props[device] = props
+    return props
+
+
+_device_props: dict = {}
+
+
+# ---- NVRTC without a GPU --------------------------------------------------------------------
+
+
+def _find_nvrtc() -> ctypes.CDLL:
+    candidates = []
+    for entry in sys.path:
+        candidates += glob.glob(os.path.join(entry, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*"))
+        candidates += glob.glob(os.path.join(entry, "nvidia", "cu13", "lib", "libnvrtc.so*"))
+    for root in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            candidates += glob.glob(os.path.join(root, "lib64", "libnvrtc.so*"))
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    candidates = [c for c in candidates if "builtins" not in c and ".alt." not in c]
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    raise RuntimeError(
+        "NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (or set CUDA_PATH to a CUDA toolkit)"
+    )
+
+
+_RESOURCE = re.compile(r"Function properties for (\w+)|Compiling entry function '(\w+)'|Used (\d+) registers"
+                       r"|(\d+) bytes spill stores, (\d+) bytes spill loads|(\d+) bytes smem")
+
+
+@dataclasses.dataclass
+class CompileReport:
+    kernel: str
+    arch: str
+    defines: tuple[str, ...]
+    registers: int = 0
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+    static_shared_bytes: int = 0
+
+
+def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) -> list[CompileReport]:
+    """Compile a family to a cubin for ``arch`` (e.g. ``"sm_90"``) and return the ptxas report
+    of each kernel. Raises ``RuntimeError`` with the compiler log on failure."""
+    nvrtc = _find_nvrtc()
+    program = ctypes.c_void_p()
+    code = source(family).encode()
+    _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, f"{family}.cu".encode(), 0, None, None))
+    try:
+        options = list(_NVRTC_OPTIONS) + list(defines) + [f"-arch={arch}", "--ptxas-options=-v"]
+        array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        status = nvrtc.nvrtcCompileProgram(program, len(options), array)
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(program, log)
+        text = log.value.decode(errors="replace")
+        if status != 0:
+            raise RuntimeError(f"NVRTC failed to compile {family} for {arch} {defines}:\n{text}")
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+    return _parse_ptxas(text, arch, defines)
+
+
+def _parse_ptxas(log: str, arch: str, defines: tuple[str, ...]) -> list[CompileReport]:
+    reports: dict[str, CompileReport] = {}
+    current = None
+    for line in log.splitlines():
+        entry = re.search(r"Compiling entry function '(\w+)'|Function properties for (\w+)", line)
+        if entry:
+            name = entry.group(1) or entry.group(2)
+            current = reports.setdefault(name, CompileReport(name, arch, defines))
+            continue
+        if current is None:
+            continue
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if spill:
+            current.spill_store_bytes = int(spill.group(1))
+            current.spill_load_bytes = int(spill.group(2))
+        used = re.search(r"Used (\d+) registers", line)
+        if used:
+            current.registers = int(used.group(1))
+            shared = re.search(r"(\d+) bytes smem", line)
+            current.static_shared_bytes = int(shared.group(1)) if shared else 0
+    return [r for r in reports.values() if r.kernel.startswith("maxsim")]
+
+
+def _check(nvrtc, status: int) -> None:
+    if status != 0:
+        nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError(f"NVRTC error {status}: {nvrtc.nvrtcGetErrorString(status).decode()}")
+
+
+#: Tile configurations the dispatcher uses (see _api._choose_mma_config), by stacked width BN.
+MMA_CONFIGS = {
+    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4),
+    64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4),
+    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3),
+    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
+}
+
+
+def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
+    """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256."""
+    variants = [("maxsim_fwd_simt", ())]
+    for shape in MMA_CONFIGS.values():
+        for ksteps in (4, 6, 8, 16):
+            variants.append(("maxsim_fwd", MmaConfig(ksteps=ksteps, **shape).defines()))
+    return variants
+
+
+def compile_all(archs=("sm_80", "sm_86", "sm_89", "sm_90")) -> list[CompileReport]:
+    """Compile every kernel variant for every architecture through NVRTC (no GPU needed)."""
+    reports = []
+    for arch in archs:
+        for family, defines in compile_variants():
+            reports += compile_with_nvrtc(family, arch, defines)
+    return reports

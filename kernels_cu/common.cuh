@@ -1,0 +1,123 @@
+// common.cuh: types, conversions, reductions and sm_80+ tensor-core helpers shared by every
+// kernel family. No CUDA headers are included, so the same source compiles through CuPy's
+// RawModule and through bare NVRTC (the CI compile check) alike; the loader prepends this file
+// to each .cu source instead of #include-ing it, so CuPy's source-hash cache sees header edits.
+#pragma once
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+// 16-bit float storage types. Only their bits travel through shared memory and the tensor
+// cores; arithmetic happens after conversion to float.
+struct fp16_t { u16 bits; };
+struct bf16_t { u16 bits; };
+
+#define MAXSIM_FLT_MAX 3.402823466e+38f
+#define MAXSIM_INF __int_as_float(0x7f800000)
+#define MAXSIM_NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float to_float(fp16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float to_float(bf16_t x) { return __uint_as_float(((u32)x.bits) << 16); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ double to_double(fp16_t x) { return (double)to_float(x); }
+__device__ __forceinline__ double to_double(bf16_t x) { return (double)to_float(x); }
+__device__ __forceinline__ double to_double(float x) { return (double)x; }
+__device__ __forceinline__ double to_double(double x) { return x; }
+
+// Accumulator conversions: fp32 accumulation for every input type except float64.
+template <typename T> struct AccumulatorOf { typedef float type; };
+template <> struct AccumulatorOf<double> { typedef double type; };
+template <typename A, typename T> __device__ __forceinline__ A convert(T x);
+template <> __device__ __forceinline__ float convert<float, fp16_t>(fp16_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float convert<float, bf16_t>(bf16_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float convert<float, float>(float x) { return x; }
+template <> __device__ __forceinline__ double convert<double, double>(double x) { return x; }
+
+// Max that propagates NaN (NumPy semantics). IEEE fmaxf would drop a NaN silently.
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ double max_nan(double a, double b) { return (b > a || b != b) ? b : a; }
+__device__ __forceinline__ double min_plain(double a, double b) { return b < a ? b : a; }
+__device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b); }
+
+// Document rows: where doc `doc` starts (in elements) and how many tokens it has. Padded
+// batches use a fixed length and a doc stride; packed corpora use cu_seqlens-style offsets
+// (int32 or int64, as the caller gave them: no conversion copy).
+struct DocLayout {
+    i64 doc_stride;          // padded: elements between documents
+    i64 row_stride;          // elements between consecutive tokens of one document
+    i64 padded_length;       // padded: Ld; unused when packed
+    const void* offsets;     // packed: (Nd + 1,) token offsets, else nullptr
+    int offsets_are_64bit;
+};
+
+__device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& base, i64& length) {
+    if (L.offsets == nullptr) {
+        base = doc * L.doc_stride;
+        length = L.padded_length;
+    } else {
+        i64 begin, end;
+        if (L.offsets_are_64bit) {
+            begin = ((const i64*)L.offsets)[doc];
+            end = ((const i64*)L.offsets)[doc + 1];
+        } else {
+            begin = ((const int*)L.offsets)[doc];
+            end = ((const int*)L.offsets)[doc + 1];
+        }
+        base = begin * L.row_stride;
+        length = end - begin;
+    }
+}
+
+// ---- sm_80+ tensor-core and async-copy helpers -------------------------------------------
+
+__device__ __forceinline__ u32 smem_address(const void* p) {
+    u32 address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+// 16-byte global->shared copy; fewer than 16 source bytes zero-fill the rest (0 = all zeros,
+// no global read at all, which is how masked and out-of-range tokens cost no bandwidth).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
+                 "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_address(smem)));
+}
+
+template <typename T> struct Mma16816;
+template <> struct Mma16816<fp16_t> {
+    static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct Mma16816<bf16_t> {
+    static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};

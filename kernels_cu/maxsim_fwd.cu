@@ -1,0 +1,286 @@
+// maxsim_fwd.cu: fused MaxSim forward on tensor cores (mma.sync m16n8k16, fp16 / bf16 in,
+// fp32 accumulate), sm_80 and later.
+//
+//   out[q, n] = sum over real query tokens i of  max over real doc tokens j of  <q_i, d_nj>
+//
+// The [queries x docs x Lq x Ld] similarity tensor never leaves registers.
+//
+// Mapping. Document tokens sit on the MMA M dimension, query tokens on N. A block owns a
+// group of whole queries, stacked into BN = WARPS_N * 8 * NT columns (query g, token i is
+// column g * Lq + i), kept resident in shared memory for the block's lifetime, and a
+// contiguous range of documents (grid.x) which it streams through a STAGES-deep cp.async
+// ring of BM-row tiles (BM = WARPS_M * 16 * MT). One document tile in shared memory thus
+// serves every stacked query. Warp (wm, wn) computes rows [wm*16*MT, +16*MT) x columns
+// [wn*8*NT, +8*NT) of each tile over the whole padded dim (KSTEPS * 16) and folds the result
+// element-wise into a running max held in registers; lanes and warps are reduced once per
+// document, not once per tile. grid.y enumerates query groups. In pairs mode (score_pairs)
+// block n scores query n against document n only.
+//
+// Masks. A masked or out-of-range document row is never read: cp.async zero-fills it and
+// the row gets a -FLT_MAX bias, so it can never win the max (padding is not 0). A masked
+// query token is zero-filled and left out of the sum. A document with no real token scores
+// -inf. Non-finite policy: if any similarity between a real query token and a real document
+// token is NaN or +-inf, the score is NaN (the max propagates NaN, a running min catches -inf).
+//
+// Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
+// tile ring, plus 4 * (STAGES * BM + 2 * WARPS_M * BN + BN + WARPS) for row biases, the
+// cross-warp max/min and the per-column query index; _kernels.py mirrors this formula.
+//
+// Preconditions (checked in Python): dim % 8 == 0 and dim <= KSTEPS * 16; every row start
+// 16-byte aligned (base pointers, doc and row strides in multiples of 8 elements); query
+// length <= BN; pairs mode uses docs_per_block == 1.
+
+#ifndef MAXSIM_WARPS_M
+#define MAXSIM_WARPS_M 4
+#endif
+#ifndef MAXSIM_WARPS_N
+#define MAXSIM_WARPS_N 1
+#endif
+#ifndef MAXSIM_MT
+#define MAXSIM_MT 1
+#endif
+#ifndef MAXSIM_NT
+#define MAXSIM_NT 4
+#endif
+#ifndef MAXSIM_STAGES
+#define MAXSIM_STAGES 4
+#endif
+#ifndef MAXSIM_KSTEPS
+#define MAXSIM_KSTEPS 8
+#endif
+
+namespace fwd {
+constexpr int WARPS_M = MAXSIM_WARPS_M, WARPS_N = MAXSIM_WARPS_N;
+constexpr int MT = MAXSIM_MT, NT = MAXSIM_NT, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
+constexpr int WARPS = WARPS_M * WARPS_N, THREADS = 32 * WARPS;
+constexpr int BM = WARPS_M * 16 * MT;
+constexpr int BN = WARPS_N * 8 * NT;
+constexpr int KPAD = KSTEPS * 16;
+// +8 elements (16 bytes) per row: the 8 rows an ldmatrix reads land on distinct banks.
+constexpr int LDS = KPAD + 8;
+constexpr int CHUNKS = KPAD / 8;  // 16-byte chunks per row
+static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles at a time");
+static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
+}  // namespace fwd
+
+template <typename T>
+__device__ __forceinline__ void maxsim_fwd_mma(
+    const T* __restrict__ q, i64 q_query_stride, i64 q_row_stride, int num_queries,
+    int query_length, const unsigned char* __restrict__ q_mask, i64 q_mask_query_stride,
+    i64 q_mask_row_stride, const T* __restrict__ d, i64 d_doc_stride, i64 d_row_stride,
+    i64 doc_length, const void* __restrict__ offsets, int offsets_are_64bit,
+    const unsigned char* __restrict__ d_mask, i64 d_mask_doc_stride, i64 d_mask_row_stride,
+    i64 num_docs, int dim, i64 docs_per_block, int queries_per_group, int pairs,
+    float* __restrict__ out, i64 out_query_stride) {
+    using namespace fwd;
+    extern __shared__ __align__(16) unsigned char smem[];
+    u16* sQ = (u16*)smem;
+    u16* sD = sQ + BN * LDS;
+    float* sBias = (float*)(sD + STAGES * BM * LDS);
+    float* sRedMax = sBias + STAGES * BM;
+    float* sRedMin = sRedMax + WARPS_M * BN;
+    int* sColQuery = (int*)(sRedMin + WARPS_M * BN);
+    int* sHasRow = sColQuery + BN;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+    const i64 doc_begin = (i64)blockIdx.x * docs_per_block;
+    const i64 doc_end = min(doc_begin + docs_per_block, num_docs);
+    if (doc_begin >= doc_end) return;
+    const i64 first_query = pairs ? doc_begin : (i64)blockIdx.y * queries_per_group;
+    const int group_size = pairs ? 1 : (int)min((i64)queries_per_group, num_queries - first_query);
+
+    DocLayout layout;
+    layout.doc_stride = d_doc_stride;
+    layout.row_stride = d_row_stride;
+    layout.padded_length = doc_length;
+    layout.offsets = offsets;
+    layout.offsets_are_64bit = offsets_are_64bit;
+
+    // Query block -> shared memory, once.
+    for (int c = tid; c < BN * CHUNKS; c += THREADS) {
+        const int col = c / CHUNKS, chunk = c % CHUNKS;
+        const int g = col / query_length, token = col % query_length;
+        const i64 query = first_query + g;
+        bool real = g < group_size;
+        if (real && q_mask != nullptr)
+            real = q_mask[query * q_mask_query_stride + token * q_mask_row_stride] != 0;
+        const int bytes = (real && chunk * 8 < dim) ? 16 : 0;
+        const T* src = q + query * q_query_stride + token * q_row_stride + chunk * 8;
+        cp_async_16(sQ + col * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
+        if (chunk == 0) sColQuery[col] = real ? g : -1;
+    }
+    cp_async_commit();
+
+    // Producer cursor: which (document, tile) the next load fetches. Every document has at
+    // least one tile, so an empty document still reaches the epilogue and scores -inf.
+    i64 load_doc = doc_begin, load_base, load_length;
+    int load_tile = 0;
+    doc_extent(layout, load_doc, load_base, load_length);
+    int load_tiles = max(1, (int)((load_length + BM - 1) / BM));
+
+    auto issue_tile_load = [&](int stage) {
+        if (load_doc >= doc_end) return;
+        u16* dst = sD + stage * BM * LDS;
+        const i64 row0 = (i64)load_tile * BM;
+        for (int c = tid; c < BM * CHUNKS; c += THREADS) {
+            const int r = c / CHUNKS, chunk = c % CHUNKS;
+            const i64 row = row0 + r;
+            bool real = row < load_length;
+            if (real && d_mask != nullptr)
+                real = d_mask[load_doc * d_mask_doc_stride + row * d_mask_row_stride] != 0;
+            const int bytes = (real && chunk * 8 < dim) ? 16 : 0;
+            const T* src = d + load_base + row * d_row_stride + chunk * 8;
+            cp_async_16(dst + r * LDS + chunk * 8, bytes ? (const void*)src : (const void*)d,
+                        bytes);
+            if (chunk == 0) sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+        }
+        if (++load_tile == load_tiles) {
+            load_tile = 0;
+            if (++load_doc < doc_end) {
+                doc_extent(layout, load_doc, load_base, load_length);
+                load_tiles = max(1, (int)((load_length + BM - 1) / BM));
+            }
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        issue_tile_load(s);
+        cp_async_commit();
+    }
+
+    i64 doc = doc_begin, base_unused, length;
+    doc_extent(layout, doc, base_unused, length);
+    int tiles = max(1, (int)((length + BM - 1) / BM)), tile = 0;
+
+    float run_max[NT][2], run_min[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) run_max[nt][j] = MAXSIM_NEG_INF, run_min[nt][j] = MAXSIM_INF;
+    bool has_row = false;
+
+    for (int stage = 0; doc < doc_end; stage = (stage + 1) % STAGES) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        issue_tile_load((stage + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        const u16* tile_d = sD + stage * BM * LDS;
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            u32 a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(a[mt], tile_d + (warp_m * 16 * MT + mt * 16 + (lane & 15)) * LDS +
+                                       ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) {
+                u32 b[4];
+                ldmatrix_x4(b, sQ + (warp_n * 8 * NT + np * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS +
+                                   ks * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    Mma16816<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+                    Mma16816<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2);
+            const float bias_lo = sBias[stage * BM + r], bias_hi = sBias[stage * BM + r + 8];
+            has_row |= (bias_lo == 0.f) | (bias_hi == 0.f);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float v0 = acc[mt][nt][0] + bias_lo, v1 = acc[mt][nt][1] + bias_lo;
+                const float v2 = acc[mt][nt][2] + bias_hi, v3 = acc[mt][nt][3] + bias_hi;
+                run_max[nt][0] = max_nan(run_max[nt][0], max_nan(v0, v2));
+                run_max[nt][1] = max_nan(run_max[nt][1], max_nan(v1, v3));
+                run_min[nt][0] = fminf(run_min[nt][0], fminf(v0, v2));
+                run_min[nt][1] = fminf(run_min[nt][1], fminf(v1, v3));
+            }
+        }
+
+        if (++tile < tiles) continue;
+
+        // Document finished: reduce over the 8 row lanes, then over WARPS_M warps.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float m = run_max[nt][j], lo = run_min[nt][j];
+#pragma unroll
+                for (int offset = 4; offset < 32; offset <<= 1) {
+                    m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, offset));
+                    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
+                }
+                if (lane < 4) {
+                    const int col = warp_n * 8 * NT + nt * 8 + 2 * lane + j;
+                    sRedMax[warp_m * BN + col] = m;
+                    sRedMin[warp_m * BN + col] = lo;
+                }
+                run_max[nt][j] = MAXSIM_NEG_INF;
+                run_min[nt][j] = MAXSIM_INF;
+            }
+        const bool warp_has_row = __any_sync(0xffffffffu, has_row);
+        if (lane == 0) sHasRow[warp] = warp_has_row;
+        has_row = false;
+        __syncthreads();
+        if (tid < group_size) {
+            bool doc_has_row = false;
+            for (int w = 0; w < WARPS; ++w) doc_has_row |= sHasRow[w] != 0;
+            float sum = 0.f;
+            bool non_finite = false;
+            for (int i = 0; i < query_length; ++i) {
+                const int col = tid * query_length + i;
+                if (sColQuery[col] < 0) continue;
+                float m = MAXSIM_NEG_INF, lo = MAXSIM_INF;
+                for (int w = 0; w < WARPS_M; ++w) {
+                    m = max_nan(m, sRedMax[w * BN + col]);
+                    lo = fminf(lo, sRedMin[w * BN + col]);
+                }
+                non_finite |= !(m < MAXSIM_INF) || lo == MAXSIM_NEG_INF;
+                sum += m;
+            }
+            const float score = !doc_has_row ? MAXSIM_NEG_INF
+                                : non_finite ? __int_as_float(0x7fffffff)
+                                             : sum;
+            out[(first_query + tid) * out_query_stride + doc] = score;
+        }
+        tile = 0;
+        if (++doc < doc_end) {
+            doc_extent(layout, doc, base_unused, length);
+            tiles = max(1, (int)((length + BM - 1) / BM));
+        }
+    }
+    cp_async_wait<0>();
+}
+
+#define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                            \
+    extern "C" __global__ void __launch_bounds__(fwd::THREADS, 1) NAME(                          \
+        const T* q, i64 q_query_stride, i64 q_row_stride, int num_queries, int query_length,     \
+        const unsigned char* q_mask, i64 q_mask_query_stride, i64 q_mask_row_stride, const T* d, \
+        i64 d_doc_stride, i64 d_row_stride, i64 doc_length, const void* offsets,                 \
+        int offsets_are_64bit, const unsigned char* d_mask, i64 d_mask_doc_stride,              \
+        i64 d_mask_row_stride, i64 num_docs, int dim, i64 docs_per_block,                        \
+        int queries_per_group, int pairs, float* out, i64 out_query_stride) {                    \
+        maxsim_fwd_mma<T>(q, q_query_stride, q_row_stride, num_queries, query_length, q_mask,    \
+                          q_mask_query_stride, q_mask_row_stride, d, d_doc_stride, d_row_stride, \
+                          doc_length, offsets, offsets_are_64bit, d_mask, d_mask_doc_stride,     \
+                          d_mask_row_stride, num_docs, dim, docs_per_block, queries_per_group,   \
+                          pairs, out, out_query_stride);                                         \
+    }
+
+MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp16, fp16_t)
+MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_bf16, bf16_t)

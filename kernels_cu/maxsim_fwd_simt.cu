@@ -1,0 +1,137 @@
+// maxsim_fwd_simt.cu: MaxSim forward on CUDA cores, for what the tensor-core kernel does not
+// take: float32 (scored to fp32 accuracy, not tf32), float64 (computed in float64), and
+// fp16 / bf16 inputs that are misaligned, have dim % 8 != 0 or dim too large for the
+// resident query block. Any stride, any dim, sm_80 and later (sm_60 would do).
+//
+// Mapping. A 1-D grid strides over (query, document) pairs (pair = query * Nd + doc; in pairs
+// mode pair = doc = query). A block of SIMT_THREADS threads gives each thread one query token
+// (tid, tid + SIMT_THREADS, ... for long queries) and walks the document in chunks of
+// rows_per_chunk tokens staged in shared memory, converted to the accumulator type; each
+// thread keeps its token's running max in a register. A fixed-order tree then sums the
+// per-token maxima, so results are bitwise reproducible.
+//
+// Shared memory (dynamic, bytes): rows_per_chunk * dim * sizeof(accumulator) for the chunk,
+// plus SIMT_THREADS * sizeof(accumulator) + rows_per_chunk + SIMT_THREADS for the reduction,
+// validity flags and non-finite flags; _kernels.py mirrors this formula.
+//
+// Semantics match maxsim_fwd.cu: masked document tokens never win, masked query tokens add
+// nothing, a document with no real token scores -inf, and a non-finite similarity between
+// real tokens makes the score NaN.
+
+#ifndef MAXSIM_SIMT_THREADS
+#define MAXSIM_SIMT_THREADS 128
+#endif
+
+template <typename T>
+__device__ __forceinline__ void maxsim_fwd_simt(
+    const T* __restrict__ q, i64 q_query_stride, i64 q_row_stride, i64 q_dim_stride,
+    int num_queries, int query_length, const unsigned char* __restrict__ q_mask,
+    i64 q_mask_query_stride, i64 q_mask_row_stride, const T* __restrict__ d, i64 d_doc_stride,
+    i64 d_row_stride, i64 d_dim_stride, i64 doc_length, const void* __restrict__ offsets,
+    int offsets_are_64bit, const unsigned char* __restrict__ d_mask, i64 d_mask_doc_stride,
+    i64 d_mask_row_stride, i64 num_docs, int dim, int rows_per_chunk, int pairs,
+    typename AccumulatorOf<T>::type* __restrict__ out, i64 out_query_stride) {
+    typedef typename AccumulatorOf<T>::type A;
+    constexpr int THREADS = MAXSIM_SIMT_THREADS;
+    extern __shared__ __align__(16) unsigned char smem[];
+    A* sRows = (A*)smem;
+    A* sPartial = sRows + (i64)rows_per_chunk * dim;
+    unsigned char* sRowReal = (unsigned char*)(sPartial + THREADS);
+    unsigned char* sNonFinite = sRowReal + rows_per_chunk;
+
+    const int tid = threadIdx.x;
+    const A neg_inf = (A)MAXSIM_NEG_INF, pos_inf = (A)MAXSIM_INF;
+    DocLayout layout;
+    layout.doc_stride = d_doc_stride;
+    layout.row_stride = d_row_stride;
+    layout.padded_length = doc_length;
+    layout.offsets = offsets;
+    layout.offsets_are_64bit = offsets_are_64bit;
+
+    const i64 total = pairs ? num_docs : (i64)num_queries * num_docs;
+    for (i64 pair = blockIdx.x; pair < total; pair += gridDim.x) {
+        const i64 query = pairs ? pair : pair / num_docs;
+        const i64 doc = pairs ? pair : pair % num_docs;
+        i64 base, length;
+        doc_extent(layout, doc, base, length);
+
+        A partial = 0;
+        bool non_finite = false, doc_has_row = false;
+        for (int token0 = 0; token0 < query_length; token0 += THREADS) {
+            const int token = token0 + tid;
+            bool active = token < query_length;
+            if (active && q_mask != nullptr)
+                active = q_mask[query * q_mask_query_stride + token * q_mask_row_stride] != 0;
+            const T* q_row = q + query * q_query_stride + (i64)token * q_row_stride;
+            A best = neg_inf, lowest = pos_inf;
+            for (i64 row0 = 0; row0 < length; row0 += rows_per_chunk) {
+                const int rows = (int)min((i64)rows_per_chunk, length - row0);
+                __syncthreads();  // the previous chunk is no longer read
+                for (int r = tid; r < rows; r += THREADS) {
+                    bool real = true;
+                    if (d_mask != nullptr)
+                        real = d_mask[doc * d_mask_doc_stride + (row0 + r) * d_mask_row_stride] != 0;
+                    sRowReal[r] = real;
+                }
+                for (i64 e = tid; e < (i64)rows * dim; e += THREADS) {
+                    const int r = (int)(e / dim), k = (int)(e % dim);
+                    sRows[e] = convert<A, T>(d[base + (row0 + r) * d_row_stride + k * d_dim_stride]);
+                }
+                __syncthreads();
+                for (int r = 0; r < rows; ++r) {
+                    if (!sRowReal[r]) continue;
+                    doc_has_row = true;
+                    if (!active) continue;
+                    A dot = 0;
+                    const A* row = sRows + (i64)r * dim;
+                    for (int k = 0; k < dim; ++k)
+                        dot += convert<A, T>(q_row[k * q_dim_stride]) * row[k];
+                    best = max_nan(best, dot);
+                    lowest = min_plain(lowest, dot);
+                }
+            }
+            if (active && doc_has_row) {
+                non_finite |= !(best < pos_inf) || lowest == neg_inf;
+                partial += best;
+            }
+        }
+
+        sPartial[tid] = partial;
+        sNonFinite[tid] = non_finite;
+        __syncthreads();
+        for (int width = THREADS / 2; width > 0; width >>= 1) {
+            if (tid < width) {
+                sPartial[tid] += sPartial[tid + width];
+                sNonFinite[tid] |= sNonFinite[tid + width];
+            }
+            __syncthreads();
+        }
+        if (tid == 0) {
+            A score = sPartial[0];
+            if (!doc_has_row) score = neg_inf;
+            else if (sNonFinite[0]) score = (A)__int_as_float(0x7fffffff);
+            out[query * out_query_stride + doc] = score;
+        }
+        __syncthreads();  // sPartial is reused by the next pair
+    }
+}
+
+#define MAXSIM_FWD_SIMT_ENTRY(NAME, T)                                                           \
+    extern "C" __global__ void __launch_bounds__(MAXSIM_SIMT_THREADS) NAME(                     \
+        const T* q, i64 q_query_stride, i64 q_row_stride, i64 q_dim_stride, int num_queries,     \
+        int query_length, const unsigned char* q_mask, i64 q_mask_query_stride,                  \
+        i64 q_mask_row_stride, const T* d, i64 d_doc_stride, i64 d_row_stride, i64 d_dim_stride, \
+        i64 doc_length, const void* offsets, int offsets_are_64bit, const unsigned char* d_mask, \
+        i64 d_mask_doc_stride, i64 d_mask_row_stride, i64 num_docs, int dim, int rows_per_chunk, \
+        int pairs, typename AccumulatorOf<T>::type* out, i64 out_query_stride) {                 \
+        maxsim_fwd_simt<T>(q, q_query_stride, q_row_stride, q_dim_stride, num_queries,           \
+                           query_length, q_mask, q_mask_query_stride, q_mask_row_stride, d,      \
+                           d_doc_stride, d_row_stride, d_dim_stride, doc_length, offsets,        \
+                           offsets_are_64bit, d_mask, d_mask_doc_stride, d_mask_row_stride,      \
+                           num_docs, dim, rows_per_chunk, pairs, out, out_query_stride);         \
+    }
+
+MAXSIM_FWD_SIMT_ENTRY(maxsim_fwd_simt_fp16, fp16_t)
+MAXSIM_FWD_SIMT_ENTRY(maxsim_fwd_simt_bf16, bf16_t)
+MAXSIM_FWD_SIMT_ENTRY(maxsim_fwd_simt_fp32, float)
+MAXSIM_FWD_SIMT_ENTRY(maxsim_fwd_simt_fp64, double)

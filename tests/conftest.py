@@ -1,0 +1,22 @@
+import pytest
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+GPU = _gpu_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU:
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU (CuPy and a driver are needed)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

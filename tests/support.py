@@ -1,0 +1,40 @@
+"""Shared test helpers: comparison under the MaxSim semantics, input generators."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def to_numpy(x) -> np.ndarray:
+    """Any result (NumPy, CuPy, torch, JAX) as a host float64 array."""
+    if hasattr(x, "get"):
+        x = x.get()
+    elif type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def assert_scores_match(actual, expected, atol: float, rtol: float = 0.0) -> None:
+    """Equal infinities and NaNs at the same places; finite values within tolerance."""
+    actual, expected = to_numpy(actual), to_numpy(expected)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected), err_msg="NaN positions differ")
+    np.testing.assert_array_equal(np.isposinf(actual), np.isposinf(expected), err_msg="+inf positions differ")
+    np.testing.assert_array_equal(np.isneginf(actual), np.isneginf(expected), err_msg="-inf positions differ")
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], atol=atol, rtol=rtol)
+
+
+def unit_rows(rng, shape, dtype=np.float32) -> np.ndarray:
+    """Random unit-norm token vectors (the embeddings MaxSim models produce)."""
+    x = rng.standard_normal(shape)
+    x /= np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return x.astype(dtype)
+
+
+def holey_mask(rng, shape, keep=0.7) -> np.ndarray:
+    """A boolean mask with holes (not a prefix), one all-False row when there are 3+ rows."""
+    mask = rng.random(shape) < keep
+    if mask.ndim == 2 and mask.shape[0] >= 3:
+        mask[1] = False
+    return mask

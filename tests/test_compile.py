@@ -1,0 +1,32 @@
+"""Every kernel variant compiles through NVRTC for sm_80, sm_86, sm_89 and sm_90, with no GPU,
+and the ptxas report shows no spills."""
+
+import os
+
+import pytest
+
+from cupy_maxsim import _kernels
+
+ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
+
+
+def _nvrtc_or_skip():
+    try:
+        _kernels._find_nvrtc()
+    except RuntimeError as error:
+        if os.environ.get("CUPY_MAXSIM_REQUIRE_NVRTC"):
+            raise
+        pytest.skip(str(error))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("family,defines", _kernels.compile_variants(),
+                         ids=lambda v: v if isinstance(v, str) else "-".join(d.split("=")[1] for d in v) or "default")
+def test_compiles_without_spills(arch, family, defines):
+    _nvrtc_or_skip()
+    reports = _kernels.compile_with_nvrtc(family, arch, defines)
+    expected = set(_kernels.FAMILIES[family][1])
+    assert {r.kernel for r in reports} == expected
+    for report in reports:
+        assert report.registers > 0, report
+        assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report

@@ -1,0 +1,249 @@
+"""CUDA kernels against the float64 reference (GPU only; skipped without one).
+
+Error rule (FlashAttention's): the kernel's error against float64 is at most twice the error of
+a naive implementation that keeps the similarity tensor in the input precision, plus rounding
+noise. Results are poisoned with NaN before every launch, so an unwritten element fails.
+"""
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from cupy_maxsim import _arrays, reference
+from support import assert_scores_match, holey_mask, to_numpy, unit_rows
+
+pytestmark = pytest.mark.gpu
+
+# Rounding noise added to the naive error bound, per input dtype (unit-norm rows, |score| <= Lq).
+NOISE = {"float16": 1e-4, "bfloat16": 1e-4, "float32": 2e-6, "float64": 1e-12}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(_arrays, "POISON_OUTPUTS", True)
+
+
+def _round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        bits = x.astype(np.float32).view(np.uint32)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return bits.view(np.float32).astype(np.float64)
+    if dtype == "float32":
+        return x.astype(np.float32).astype(np.float64)
+    return x
+
+
+def naive_error(q, d, q_mask, d_mask, dtype, expected) -> float:
+    """Error of the naive way (similarities stored in the input dtype) against float64."""
+    sims = _round_to(np.einsum("qid,njd->qnij", q, d), dtype)
+    sims = np.where(d_mask[None, :, None, :], sims, -np.inf)
+    token_max = np.where(q_mask[:, None, :], sims.max(axis=-1), 0)
+    naive = token_max.sum(axis=-1)
+    finite = np.isfinite(expected)
+    return float(np.abs(naive - expected)[finite].max()) if finite.any() else 0.0
+
+
+def _inputs(rng, nq, lq, nd, ld, dim, dtype):
+    """Host float64 values already rounded to dtype, and the same values as CuPy arrays."""
+    import cupy
+
+    q64 = _round_to(unit_rows(rng, (nq, lq, dim), np.float64), dtype)
+    d64 = _round_to(unit_rows(rng, (nd, ld, dim), np.float64), dtype)
+    return q64, d64, _to_device(q64, dtype), _to_device(d64, dtype)
+
+
+def _to_device(x64, dtype):
+    import cupy
+
+    if dtype == "bfloat16":
+        import torch
+
+        return torch.from_numpy(x64).to("cuda", torch.bfloat16)
+    return cupy.asarray(x64.astype(dtype))
+
+
+SHAPES = [
+    pytest.param(1, 1, 5, 1, 64, id="Lq1-Ld1-dim64"),
+    pytest.param(2, 31, 9, 7, 96, id="Lq31-Ld7-dim96"),
+    pytest.param(3, 33, 6, 1023, 128, id="Lq33-Ld1023-dim128"),
+    pytest.param(5, 31, 40, 130, 128, id="stacked-5x31-Ld130"),
+    pytest.param(9, 32, 20, 64, 128, id="stacked-9x32-Ld64"),
+    pytest.param(2, 100, 7, 50, 64, id="Lq100-dim64"),
+    pytest.param(1, 300, 3, 40, 32, id="Lq300-simt"),
+    pytest.param(2, 8, 5, 20, 100, id="dim100-simt"),
+]
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nq,lq,nd,ld,dim", SHAPES)
+def test_score_padded_masked(dtype, nq, lq, nd, ld, dim):
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(nq * 7 + lq + ld + dim)
+    q64, d64, q, d = _inputs(rng, nq, lq, nd, ld, dim, dtype)
+    q_mask, d_mask = holey_mask(rng, (nq, lq), 0.8), holey_mask(rng, (nd, ld), 0.6)
+    got = cm.score(q, d, q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
+    expected = reference.maxsim_reference(q64, d64, q_mask, d_mask)
+    bound = 2 * naive_error(q64, d64, q_mask, d_mask, dtype, expected) + NOISE[dtype] * lq
+    assert_scores_match(got, expected, atol=bound)
+    if nd >= 3:
+        assert np.all(to_numpy(got)[:, 1] == -np.inf)  # holey_mask empties document 1
+    again = cm.score(q, d, q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(again))  # bitwise reproducible
+
+
+def _like(reference_array, mask):
+    import cupy
+
+    if type(reference_array).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(mask).cuda()
+    return cupy.asarray(mask)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_fp32_accuracy_and_unmasked(dtype):
+    rng = np.random.default_rng(1)
+    q64, d64, q, d = _inputs(rng, 4, 32, 50, 77, 128, dtype)
+    got = to_numpy(cm.score(q, d))
+    expected = reference.maxsim_reference(q64, d64)
+    if dtype == "float32":
+        assert np.linalg.norm(got - expected) / np.linalg.norm(expected) <= 1e-5
+    assert_scores_match(got, expected, atol=1e-3 * 32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_pairs_and_packed(dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    import cupy
+
+    rng = np.random.default_rng(2)
+    q64, d64, q, d = _inputs(rng, 6, 32, 6, 90, 128, dtype)
+    q_mask, d_mask = holey_mask(rng, (6, 32)), holey_mask(rng, (6, 90))
+    got = cm.score_pairs(q, d, q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
+    assert_scores_match(got, reference.maxsim_pairs_reference(q64, d64, q_mask, d_mask), atol=2e-2)
+    lengths = np.array([90, 0, 1, 17, 64, 33])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens64 = np.concatenate([d64[n, :lengths[n]] for n in range(6)])
+    tokens = _to_device(tokens64, dtype)
+    for offset_dtype in (np.int32, np.int64):
+        device_offsets = _like(q, offsets.astype(offset_dtype))
+        got = cm.score_packed(q, tokens, device_offsets, q_mask=_like(q, q_mask))
+        expected = reference.maxsim_packed_reference(q64, tokens64, offsets, q_mask)
+        assert_scores_match(got, expected, atol=2e-2)
+        assert np.all(to_numpy(got)[:, 1] == -np.inf)
+
+
+def test_non_finite_policy_on_gpu():
+    import cupy
+
+    rng = np.random.default_rng(3)
+    q = unit_rows(rng, (2, 32, 64), np.float16)
+    d = unit_rows(rng, (4, 40, 64), np.float16)
+    d_mask = np.ones((4, 40), bool)
+    d[0, 5, 3] = np.nan
+    d[1, 39, 0] = -np.inf
+    d[2, 7, 1] = np.nan
+    d_mask[2, 7] = False
+    for dtype in (np.float16, np.float32):
+        got = cm.score(cupy.asarray(q.astype(dtype)), cupy.asarray(d.astype(dtype)), d_mask=cupy.asarray(d_mask))
+        expected = reference.maxsim_reference(q, d, None, d_mask)
+        assert_scores_match(got, expected, atol=1e-2)
+        assert np.isnan(to_numpy(got)[:, :2]).all()
+
+
+def test_non_contiguous_and_misaligned():
+    import cupy
+
+    rng = np.random.default_rng(4)
+    base = unit_rows(rng, (6, 50, 136), np.float16)
+    q = cupy.asarray(unit_rows(rng, (2, 16, 128), np.float16))
+    d = cupy.asarray(base)[:, :, :128]       # row stride 136: aligned, tensor-core path
+    d_odd = cupy.asarray(base)[:, 1:, 3:131]  # misaligned rows: CUDA-core path
+    for view in (d, d_odd, d[::2]):
+        expected = reference.maxsim_reference(q.get(), view.get())
+        assert_scores_match(cm.score(q, view), expected, atol=1e-2)
+
+
+def test_every_framework_in_and_out():
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    rng = np.random.default_rng(5)
+    q64 = unit_rows(rng, (3, 32, 128), np.float64)
+    d64 = unit_rows(rng, (20, 60, 128), np.float64)
+    expected = reference.maxsim_reference(q64.astype(np.float16), d64.astype(np.float16))
+    q, d = q64.astype(np.float16), d64.astype(np.float16)
+
+    got = cm.score(cupy.asarray(q), cupy.asarray(d))
+    assert isinstance(got, cupy.ndarray)
+    assert_scores_match(got, expected, atol=1e-2)
+
+    got = cm.score(torch.from_numpy(q).cuda(), torch.from_numpy(d).cuda())
+    assert isinstance(got, torch.Tensor) and got.is_cuda
+    assert_scores_match(got, expected, atol=1e-2)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        tq, td = torch.from_numpy(q).cuda(), torch.from_numpy(d).cuda()
+        got = cm.score(tq, td)
+    stream.synchronize()
+    assert_scores_match(got, expected, atol=1e-2)
+
+    got = cm.score(q, d)  # NumPy in: CPU backend, NumPy out
+    assert isinstance(got, np.ndarray)
+    assert_scores_match(got, expected, atol=1e-3)
+
+    jax = pytest.importorskip("jax")
+    gpu = [device for device in jax.devices() if device.platform == "gpu"]
+    if gpu:
+        jq = jax.device_put(jax.numpy.asarray(q), gpu[0])
+        jd = jax.device_put(jax.numpy.asarray(d), gpu[0])
+        got = cm.score(jq, jd)
+        assert isinstance(got, jax.Array) and next(iter(got.devices())).platform == "gpu"
+        assert_scores_match(np.asarray(got), expected, atol=1e-2)
+        got = cm.score(jq.astype(jax.numpy.bfloat16), jd.astype(jax.numpy.bfloat16))
+        assert isinstance(got, jax.Array)
+
+
+def test_pack_on_gpu_round_trips():
+    import cupy
+
+    rng = np.random.default_rng(6)
+    d = cupy.asarray(unit_rows(rng, (5, 30, 64), np.float16))
+    mask = cupy.asarray(holey_mask(rng, (5, 30)))
+    tokens, offsets = cm.pack(d, mask)
+    q = cupy.asarray(unit_rows(rng, (2, 8, 64), np.float16))
+    assert_scores_match(cm.score_packed(q, tokens, offsets), cm.score(q, d, d_mask=mask), atol=1e-5)
+
+
+def test_errors_come_before_any_launch():
+    import cupy
+
+    q = cupy.zeros((2, 8, 64), cupy.float16)
+    with pytest.raises(ValueError, match="offsets must be non-decreasing"):
+        cm.score_packed(q, cupy.zeros((10, 64), cupy.float16), cupy.asarray([0, 4, 11]))
+    with pytest.raises(ValueError, match="same device"):
+        cm.score(q, np.zeros((3, 4, 64), np.float16))
+
+
+@pytest.mark.slow
+def test_past_two_to_the_31_elements():
+    """140,000 x 128 x 128 fp16 = 2.29e9 elements: 64-bit index arithmetic throughout."""
+    import cupy
+
+    num_docs, doc_length, dim = 140_000, 128, 128
+    assert num_docs * doc_length * dim > 2**31
+    d = cupy.random.default_rng(7).standard_normal((num_docs, doc_length, dim), dtype=cupy.float32)
+    d = d.astype(cupy.float16)
+    q = cupy.random.default_rng(8).standard_normal((32, dim), dtype=cupy.float32).astype(cupy.float16)
+    got = cm.score(q, d)
+    sample = np.r_[0:3, num_docs // 2, num_docs - 3:num_docs]
+    expected = reference.maxsim_reference(q.get(), d[sample].get())
+    assert_scores_match(got[sample], expected, atol=2e-2, rtol=1e-3)
+    assert bool(cupy.isfinite(got).all())

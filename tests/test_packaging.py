@@ -1,0 +1,65 @@
+"""Packaging: kernel names, the source loader in a checkout and in an installed wheel."""
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import cupy_maxsim
+from cupy_maxsim import _api, _kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_kernel_name_exists_in_its_source():
+    for family, (filename, names) in _kernels.FAMILIES.items():
+        text = _kernels.source(family)
+        for name in names:
+            assert re.search(rf"ENTRY\({name},", text), f"{name} missing from kernels_cu/{filename}"
+
+
+def test_api_asks_only_for_declared_kernels():
+    text = Path(_api.__file__).read_text()
+    declared = {name for _, names in _kernels.FAMILIES.values() for name in names}
+    for prefix in re.findall(r'f"(maxsim_fwd(?:_simt)?)_\{suffix\}"', text):
+        for suffix in _api._DTYPE_SUFFIX.values():
+            name = f"{prefix}_{suffix}"
+            if prefix == "maxsim_fwd" and suffix in ("fp32", "fp64"):
+                continue  # fp32 / fp64 never take the tensor-core path (see _api._mma_eligible)
+            assert name in declared, name
+
+
+def test_loader_finds_sources_in_checkout():
+    assert _kernels.kernel_dir() == ROOT / "kernels_cu"
+    assert "maxsim_fwd_mma" in _kernels.source("maxsim_fwd")
+
+
+def test_every_cu_file_documents_itself():
+    for path in (ROOT / "kernels_cu").glob("*.cu"):
+        first = path.read_text().splitlines()[0]
+        assert first.startswith(f"// {path.name}:"), path
+
+
+def test_import_needs_only_numpy():
+    code = "import sys, cupy_maxsim; bad = {'torch', 'jax', 'cupy'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.skipif(not os.environ.get("CUPY_MAXSIM_TEST_WHEEL"), reason="set CUPY_MAXSIM_TEST_WHEEL=1 (CI does)")
+def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True)
+    wheel = next(tmp_path.glob("*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for cu in (ROOT / "kernels_cu").iterdir():
+        assert f"cupy_maxsim/kernels_cu/{cu.name}" in names
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    code = ("from cupy_maxsim import _kernels; p = _kernels.kernel_dir(); print(p); "
+            "assert 'site' in str(p) and (p / 'maxsim_fwd.cu').is_file()")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
