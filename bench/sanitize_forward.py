@@ -1,0 +1,33 @@
+"""Small calls of every forward kernel variant, for compute-sanitizer memcheck / racecheck."""
+
+import cupy
+import numpy as np
+
+import cupy_maxsim as cm
+
+rng = np.random.default_rng(0)
+
+
+def rows(shape, dtype):
+    return cupy.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+for dtype in (cupy.float16, cupy.float32, cupy.float64):
+    for nq, lq, nd, ld, dim in [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (3, 20, 4, 17, 64)]:
+        q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+        mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
+        cm.score(q, d, d_mask=mask)
+        cm.score(q[0], d)
+        cm.score_pairs(q, d[:nq] if nd >= nq else rows((nq, ld, dim), dtype))
+        offsets = cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
+        cm.score_packed(q, rows((41, dim), dtype), offsets)
+try:
+    import torch
+
+    q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
+    d = torch.randn(7, 50, 128, device="cuda", dtype=torch.bfloat16)
+    cm.score(q, d)
+except ImportError:
+    pass
+cupy.cuda.Device().synchronize()
+print("sanitize_forward: done")
