@@ -11,6 +11,8 @@ ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
 
 
 def _nvrtc_or_skip():
+    """NVRTC comes with the test extra; without it (e.g. on the bare GPU image) skip, unless
+    CUPY_MAXSIM_REQUIRE_NVRTC is set, as .ci/run does, so that CI can never skip silently."""
     try:
         _kernels._find_nvrtc()
     except RuntimeError as error:

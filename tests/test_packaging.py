@@ -49,8 +49,8 @@ def test_import_needs_only_numpy():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-@pytest.mark.skipif(not os.environ.get("CUPY_MAXSIM_TEST_WHEEL"), reason="set CUPY_MAXSIM_TEST_WHEEL=1 (CI does)")
 def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
+    pytest.importorskip("build")
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
                    check=True, capture_output=True)
     wheel = next(tmp_path.glob("*.whl"))
