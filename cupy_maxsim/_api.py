@@ -307,9 +307,7 @@ def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:
         return False
     if any(s % 8 for s in q.strides[:-1] + d.strides[:-1]) or q.ptr % 16 or d.ptr % 16:
         return False
-    import cupy
-
-    return cupy.cuda.Device(q.device).compute_capability >= "80"
+    return _kernels.device_properties(q.device)[3] >= 80
 
 
 def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: bool, smem_limit: int):
@@ -340,7 +338,7 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
     import cupy
 
     num_queries, query_length, dim = q.shape
-    sm_count, smem_limit = _kernels.device_properties(q.device)
+    sm_count, smem_limit, smem_per_sm, _ = _kernels.device_properties(q.device)
     offsets_ptr = _ptr(offsets)
     offsets_64 = np.int32(offsets is not None and offsets.dtype == "int64")
     d_row_stride = d.strides[-2]
@@ -353,14 +351,17 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
         config = _choose_mma_config(num_queries, query_length, dim, pairs, smem_limit) \
             if _mma_eligible(q, d, dim, query_length) else None
         if config is not None:
-            kernel = _kernels.get_kernel("maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
+            kernel = _kernels.get_kernel(q.device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
             group = 1 if pairs else max(1, min(num_queries, config.block_cols // query_length))
             groups = 1 if pairs else -(-num_queries // group)
             if pairs:
                 docs_per_block = 1
             else:
-                # Enough blocks to fill every SM several times over; each streams a doc range.
-                chunks = max(1, min(num_docs, -(-sm_count * 16 // groups)))
+                # One wave of resident blocks, each streaming an equal range of documents
+                # through its pipeline (a persistent grid): no tail of half-empty waves.
+                resident = sm_count * max(1, min(smem_per_sm // (config.shared_bytes + 1024),
+                                                 2048 // config.threads))
+                chunks = max(1, min(num_docs, -(-resident // groups)))
                 docs_per_block = -(-num_docs // chunks)
             grid_x = -(-num_docs // docs_per_block)
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
@@ -386,7 +387,7 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
         shared = _kernels.simt_shared_bytes(rows, dim, accumulator)
         if shared > smem_limit:
             raise ValueError(f"dim {dim} is too large for the GPU kernels (at most {smem_limit // accumulator - 160})")
-        kernel = _kernels.get_kernel("maxsim_fwd_simt", f"maxsim_fwd_simt_{suffix}", (), shared)
+        kernel = _kernels.get_kernel(q.device, "maxsim_fwd_simt", f"maxsim_fwd_simt_{suffix}", (), shared)
         total = num_docs if pairs else num_queries * num_docs
         grid = min(total, sm_count * 64)
         args = (

@@ -57,8 +57,17 @@ class Operand:
     ptr: int = 0
     host: np.ndarray | None = None
     keepalive: object = None
-    stream: int | None = None  # the producer framework's current CUDA stream, if it has one
     torch_device: object = None
+
+    @property
+    def stream(self) -> int | None:
+        """The CUDA stream to launch on: torch's current stream for torch tensors (read only
+        when a launch needs it, since it costs microseconds), else None (CuPy's current)."""
+        if self.torch_device is None:
+            return None
+        import torch
+
+        return torch.cuda.current_stream(self.torch_device).cuda_stream
 
     @property
     def ndim(self) -> int:
@@ -151,11 +160,8 @@ def _torch_operand(x, name: str) -> Operand:
         operand = _host_operand(array, name, "torch")
         operand.dtype = dtype
         return operand
-    import torch
-
     return Operand(name, "torch", dtype, tuple(x.shape), tuple(x.stride()), x.device.index,
-                   ptr=x.data_ptr(), keepalive=x,
-                   stream=torch.cuda.current_stream(x.device).cuda_stream, torch_device=x.device)
+                   ptr=x.data_ptr(), keepalive=x, torch_device=x.device)
 
 
 class Output:

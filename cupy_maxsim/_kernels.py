@@ -88,7 +88,7 @@ class MmaConfig:
         row = self.ksteps * 16 + 8
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
-        return 2 * row * (bn + self.stages * bm) + 4 * (self.stages * bm + 2 * self.warps_m * bn + bn + warps)
+        return 2 * row * (bn + self.stages * bm) + 4 * (self.stages * bm + 4 * self.warps_m * bn + bn + 2 * warps)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -112,20 +112,23 @@ _modules: dict = {}
 _streams: dict = {}
 
 
-def get_kernel(family: str, name: str, defines: tuple[str, ...] = (), shared_bytes: int = 0):
-    """The compiled ``RawKernel`` ``name`` of ``family`` for the current device."""
-    import cupy
+def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (), shared_bytes: int = 0):
+    """The compiled ``RawKernel`` ``name`` of ``family`` for ``device`` (the current device)."""
+    key = (device, family, defines, name)
+    kernel = _kernel_cache.get(key)
+    if kernel is None:
+        import cupy
 
-    device = cupy.cuda.runtime.getDevice()
-    key = (device, family, defines)
-    module = _modules.get(key)
-    if module is None:
-        module = cupy.RawModule(code=source(family), options=_NVRTC_OPTIONS + defines)
-        _modules[key] = module
-    kernel = module.get_function(name)
+        module = _modules.get(key[:3])
+        if module is None:
+            module = _modules[key[:3]] = cupy.RawModule(code=source(family), options=_NVRTC_OPTIONS + defines)
+        kernel = _kernel_cache[key] = module.get_function(name)
     if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
     return kernel
+
+
+_kernel_cache: dict = {}
 
 
 def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None) -> None:
@@ -137,24 +140,37 @@ def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None)
         return
     stream = _streams.get(stream_ptr)
     if stream is None:
-        stream = _streams[stream_ptr] = cupy.cuda.ExternalStream(stream_ptr)
+        stream = _streams[stream_ptr] = cupy.cuda.Stream.from_external(_StreamHandle(stream_ptr))
     with stream:
         kernel(grid, block, args, shared_mem=shared_bytes)
 
 
-def device_properties(device: int) -> tuple[int, int]:
-    """(multiprocessor count, opt-in shared memory per block) of a CUDA device, cached."""
+def device_properties(device: int) -> tuple[int, int, int, int]:
+    """(multiprocessor count, opt-in shared memory per block, shared memory per SM, compute
+    capability as 10 * major + minor) of a CUDA device, cached."""
     props = _device_props.get(device)
     if props is None:
         import cupy
 
         attributes = cupy.cuda.Device(device).attributes
-        props = (attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"])
+        props = (attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"],
+                 attributes["MaxSharedMemoryPerMultiprocessor"],
+                 10 * attributes["ComputeCapabilityMajor"] + attributes["ComputeCapabilityMinor"])
         _device_props[device] = props
     return props
 
 
 _device_props: dict = {}
+
+
+class _StreamHandle:
+    """A raw CUDA stream pointer speaking the CUDA stream protocol (for Stream.from_external)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
 
 
 # ---- NVRTC without a GPU --------------------------------------------------------------------
@@ -253,7 +269,7 @@ def _check(nvrtc, status: int) -> None:
 MMA_CONFIGS = {
     32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4),
     64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4),
-    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3),
+    128: dict(warps_m=2, warps_n=4, mt=4, nt=4, stages=3),
     256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
 }
 

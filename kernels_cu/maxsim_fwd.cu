@@ -23,8 +23,9 @@
 // token is NaN or +-inf, the score is NaN (the max propagates NaN, a running min catches -inf).
 //
 // Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
-// tile ring, plus 4 * (STAGES * BM + 2 * WARPS_M * BN + BN + WARPS) for row biases, the
-// cross-warp max/min and the per-column query index; _kernels.py mirrors this formula.
+// tile ring, plus 4 * (STAGES * BM + 4 * WARPS_M * BN + BN + 2 * WARPS) for row biases, the
+// cross-warp max/min of two documents in flight, the per-column query index and row flags;
+// _kernels.py mirrors this formula.
 //
 // Preconditions (checked in Python): dim % 8 == 0 and dim <= KSTEPS * 16; every row start
 // 16-byte aligned (base pointers, doc and row strides in multiples of 8 elements); query
@@ -61,7 +62,19 @@ constexpr int LDS = KPAD + 8;
 constexpr int CHUNKS = KPAD / 8;  // 16-byte chunks per row
 static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles at a time");
 static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
+// Query (B) fragments stay in registers when they fit in 64 of them; else re-read per k-step.
+constexpr bool B_IN_REGISTERS = KSTEPS * NT * 2 <= 64;
 }  // namespace fwd
+
+// Where lane `lane` points ldmatrix.x4 for the B fragments of n-tiles 2*np and 2*np+1 of warp
+// column block warp_n at k-step ks: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+// (n 8-15, k 8-15) give b0, b1 of the first n-tile and b0, b1 of the second.
+__device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp_n, int np, int ks,
+                                                         int lane) {
+    using namespace fwd;
+    return sQ + (warp_n * 8 * NT + np * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS + ks * 16 +
+           ((lane >> 3) & 1) * 8;
+}
 
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_mma(
@@ -77,10 +90,10 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     u16* sQ = (u16*)smem;
     u16* sD = sQ + BN * LDS;
     float* sBias = (float*)(sD + STAGES * BM * LDS);
-    float* sRedMax = sBias + STAGES * BM;
-    float* sRedMin = sRedMax + WARPS_M * BN;
-    int* sColQuery = (int*)(sRedMin + WARPS_M * BN);
-    int* sHasRow = sColQuery + BN;
+    float* sRedMax = sBias + STAGES * BM;       // [2 parities][WARPS_M][BN]
+    float* sRedMin = sRedMax + 2 * WARPS_M * BN;
+    int* sColQuery = (int*)(sRedMin + 2 * WARPS_M * BN);
+    int* sHasRow = sColQuery + BN;              // [2 parities][WARPS]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
@@ -150,9 +163,59 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         cp_async_commit();
     }
 
+    // The query block is the oldest cp.async group: once it lands, each warp keeps its
+    // columns' B fragments in registers for the whole kernel (when they fit), so the inner
+    // loop reads only document fragments from shared memory.
+    cp_async_wait<STAGES - 1>();
+    __syncthreads();
+    u32 b_regs[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4];
+    if constexpr (B_IN_REGISTERS) {
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np)
+                ldmatrix_x4(b_regs[ks][np], b_fragment_address(sQ, warp_n, np, ks, lane));
+    }
+
+    // Scores of a finished document are summed one iteration later, after the barrier the
+    // pipeline needs anyway (no extra __syncthreads per document); per-document buffers
+    // alternate by parity, and one warp sums each query with its lanes over query tokens.
+    auto finish_document = [&](i64 finished_doc, int parity) {
+        const float* red_max = sRedMax + parity * WARPS_M * BN;
+        const float* red_min = sRedMin + parity * WARPS_M * BN;
+        bool doc_has_row = false;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) doc_has_row |= sHasRow[parity * WARPS + w] != 0;
+        for (int g = warp; g < group_size; g += WARPS) {
+            float sum = 0.f;
+            bool non_finite = false;
+            for (int i = lane; i < query_length; i += 32) {
+                const int col = g * query_length + i;
+                if (sColQuery[col] < 0) continue;
+                float m = MAXSIM_NEG_INF, lo = MAXSIM_INF;
+#pragma unroll
+                for (int w = 0; w < WARPS_M; ++w) {
+                    m = max_nan(m, red_max[w * BN + col]);
+                    lo = fminf(lo, red_min[w * BN + col]);
+                }
+                non_finite |= !(m < MAXSIM_INF) || lo == MAXSIM_NEG_INF;
+                sum += m;
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1)
+                sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+            non_finite = __any_sync(0xffffffffu, non_finite);
+            if (lane == 0)
+                out[(first_query + g) * out_query_stride + finished_doc] =
+                    !doc_has_row ? MAXSIM_NEG_INF : non_finite ? __int_as_float(0x7fffffff) : sum;
+        }
+    };
+
     i64 doc = doc_begin, base_unused, length;
     doc_extent(layout, doc, base_unused, length);
     int tiles = max(1, (int)((length + BM - 1) / BM)), tile = 0;
+    i64 pending_doc = -1;
+    int parity = 0;
 
     float run_max[NT][2], run_min[NT][2];
 #pragma unroll
@@ -164,6 +227,10 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     for (int stage = 0; doc < doc_end; stage = (stage + 1) % STAGES) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
+        if (pending_doc >= 0) {
+            finish_document(pending_doc, parity ^ 1);
+            pending_doc = -1;
+        }
         issue_tile_load((stage + STAGES - 1) % STAGES);
         cp_async_commit();
 
@@ -185,9 +252,10 @@ __device__ __forceinline__ void maxsim_fwd_mma(
                                        ks * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np) {
-                u32 b[4];
-                ldmatrix_x4(b, sQ + (warp_n * 8 * NT + np * 16 + (lane >> 4) * 8 + (lane & 7)) * LDS +
-                                   ks * 16 + ((lane >> 3) & 1) * 8);
+                u32 b_smem[4];
+                if constexpr (!B_IN_REGISTERS)
+                    ldmatrix_x4(b_smem, b_fragment_address(sQ, warp_n, np, ks, lane));
+                const u32(&b)[4] = B_IN_REGISTERS ? b_regs[B_IN_REGISTERS ? ks : 0][np] : b_smem;
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Mma16816<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -214,7 +282,9 @@ __device__ __forceinline__ void maxsim_fwd_mma(
 
         if (++tile < tiles) continue;
 
-        // Document finished: reduce over the 8 row lanes, then over WARPS_M warps.
+        // Document finished: reduce over the 8 row lanes here; over warps in finish_document.
+        float* red_max = sRedMax + parity * WARPS_M * BN;
+        float* red_min = sRedMin + parity * WARPS_M * BN;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -227,37 +297,17 @@ __device__ __forceinline__ void maxsim_fwd_mma(
                 }
                 if (lane < 4) {
                     const int col = warp_n * 8 * NT + nt * 8 + 2 * lane + j;
-                    sRedMax[warp_m * BN + col] = m;
-                    sRedMin[warp_m * BN + col] = lo;
+                    red_max[warp_m * BN + col] = m;
+                    red_min[warp_m * BN + col] = lo;
                 }
                 run_max[nt][j] = MAXSIM_NEG_INF;
                 run_min[nt][j] = MAXSIM_INF;
             }
         const bool warp_has_row = __any_sync(0xffffffffu, has_row);
-        if (lane == 0) sHasRow[warp] = warp_has_row;
+        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row;
         has_row = false;
-        __syncthreads();
-        if (tid < group_size) {
-            bool doc_has_row = false;
-            for (int w = 0; w < WARPS; ++w) doc_has_row |= sHasRow[w] != 0;
-            float sum = 0.f;
-            bool non_finite = false;
-            for (int i = 0; i < query_length; ++i) {
-                const int col = tid * query_length + i;
-                if (sColQuery[col] < 0) continue;
-                float m = MAXSIM_NEG_INF, lo = MAXSIM_INF;
-                for (int w = 0; w < WARPS_M; ++w) {
-                    m = max_nan(m, sRedMax[w * BN + col]);
-                    lo = fminf(lo, sRedMin[w * BN + col]);
-                }
-                non_finite |= !(m < MAXSIM_INF) || lo == MAXSIM_NEG_INF;
-                sum += m;
-            }
-            const float score = !doc_has_row ? MAXSIM_NEG_INF
-                                : non_finite ? __int_as_float(0x7fffffff)
-                                             : sum;
-            out[(first_query + tid) * out_query_stride + doc] = score;
-        }
+        pending_doc = doc;
+        parity ^= 1;
         tile = 0;
         if (++doc < doc_end) {
             doc_extent(layout, doc, base_unused, length);
@@ -265,6 +315,8 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         }
     }
     cp_async_wait<0>();
+    __syncthreads();
+    if (pending_doc >= 0) finish_document(pending_doc, parity ^ 1);
 }
 
 #define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                            \

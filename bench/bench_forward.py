@@ -1,0 +1,301 @@
+"""Forward MaxSim benchmark: cupy_maxsim against the peers, same process, same run.
+
+Providers: cupy_maxsim (called with torch CUDA tensors, interop included), naive PyTorch fp16
+(einsum, max, sum), naive CuPy, flash-maxsim 0.3.0 and late-interaction-kernels 0.4.5, each
+skipped with a note when it is not importable or the shape is out of its reach. Per shape:
+median time (CUDA events, after warm-up), the floor from ceilings measured in this run
+(device copy bandwidth, bf16 matrix rate), the fraction of the floor reached, the speedup over
+the best peer and the peak extra memory. Writes JSON with provenance and a PNG under
+bench/results/ (or --out).
+
+    python -m cupy_maxsim bench [--dtype float16] [--shapes rerank-1k,corpus-10k] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {  # name: (Nq, Lq, Nd, Ld); dim 128
+    "rerank-1k": (1, 32, 1_000, 300),
+    "corpus-10k": (1, 32, 10_000, 300),
+    "colpali-1q-10k": (1, 32, 10_000, 1030),
+    "colpali-32q-10k": (32, 32, 10_000, 1030),
+    "inbatch-128": (128, 32, 128, 300),
+    "colbert-1q-1M": (1, 32, 1_000_000, 128),
+    "colbert-256q-100k": (256, 32, 100_000, 128),
+    "packed-ragged-100k": (1, 32, 100_000, 300),  # lengths uniform in [16, 300]; packed
+}
+DIM = 128
+NAIVE_LIMIT_BYTES = 24 * 2**30  # naive providers skip shapes whose similarity tensor is larger
+
+
+def measure_ceilings(torch):
+    """Device copy bandwidth (bytes read + written) and bf16 matrix rate, measured now."""
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    copy_ms = _median_ms(torch, lambda: y.copy_(x), reps=20)
+    del x, y
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = _median_ms(torch, lambda: a @ b, reps=20)
+    return {"copy_tbps": 2 * 2 * 2**30 / copy_ms / 1e9, "bf16_tflops": 2 * 8192**3 / mm_ms / 1e9}
+
+
+def _median_ms(torch, fn, reps=20, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return float(np.median(times))
+
+
+def _host_loop_us(torch, fn, calls=200):
+    """End-to-end time per call of back-to-back calls (host path and kernel), in microseconds."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def providers(torch):
+    import cupy_maxsim as cm
+
+    found = {"cupy_maxsim": lambda q, d, packed: cm.score_packed(q, *packed) if packed else cm.score(q, d)}
+
+    def naive_torch(q, d, packed):
+        if packed:
+            return None
+        return torch.einsum("qid,njd->qnij", q, d).amax(-1).float().sum(-1)
+
+    found["naive_torch_fp16"] = naive_torch
+    try:
+        import cupy
+
+        def naive_cupy(q, d, packed):
+            if packed or q.dtype != torch.float16:
+                return None
+            cq, cd = cupy.from_dlpack(q), cupy.from_dlpack(d)
+            return cupy.einsum("qid,njd->qnij", cq, cd).max(-1).astype(cupy.float32).sum(-1)
+
+        found["naive_cupy"] = naive_cupy
+    except ImportError:
+        pass
+    notes = {}
+    try:
+        import flash_maxsim as fm
+
+        def flash(q, d, packed):
+            if packed:
+                tokens, offsets = packed
+                return fm.flash_maxsim_packed(q[0], tokens, offsets)
+            return fm.flash_maxsim(q[0], d) if q.shape[0] == 1 else fm.flash_maxsim_batched(q, d)
+
+        found["flash_maxsim_0.3.0"] = flash
+    except Exception as error:  # noqa: BLE001 - any import failure means "not measured"
+        notes["flash_maxsim_0.3.0"] = f"not importable: {error}"
+    try:
+        import late_interaction_kernels as lik
+
+        def lik_fn(q, d, packed):
+            if packed:
+                tokens, offsets = packed
+                return lik.maxsim_varlen(q, tokens, offsets) if hasattr(lik, "maxsim_varlen") else None
+            return lik.maxsim(q, d)
+
+        found["late_interaction_kernels_0.4.5"] = lik_fn
+    except Exception as error:  # noqa: BLE001
+        notes["late_interaction_kernels_0.4.5"] = f"not importable: {error}"
+    return found, notes
+
+
+def run(args):
+    import torch
+
+    import cupy_maxsim as cm
+
+    ceilings = measure_ceilings(torch)
+    found, notes = providers(torch)
+    wanted = [s for s in args.shapes.split(",") if s] if args.shapes else list(SHAPES)
+    dtype = getattr(torch, args.dtype)
+    results = []
+    for name in wanted:
+        nq, lq, nd, ld = SHAPES[name]
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.nn.functional.normalize(torch.randn(nq, lq, DIM, device="cuda", generator=generator), dim=-1).to(dtype)
+        packed = None
+        if name.startswith("packed"):
+            lengths = torch.randint(16, ld + 1, (nd,), device="cuda", generator=generator)
+            offsets = torch.zeros(nd + 1, dtype=torch.int64, device="cuda")
+            offsets[1:] = torch.cumsum(lengths, 0)
+            tokens = torch.nn.functional.normalize(
+                torch.randn(int(offsets[-1]), DIM, device="cuda", generator=generator), dim=-1).to(dtype)
+            packed = (tokens, offsets)
+            d = None
+            real_tokens = int(offsets[-1])
+        else:
+            d = torch.nn.functional.normalize(torch.randn(nd, ld, DIM, device="cuda", generator=generator), dim=-1).to(dtype)
+            real_tokens = nd * ld
+        q_arg = q
+        bytes_moved = 2 * (nq * lq * DIM + real_tokens * DIM) + 4 * nq * nd
+        flops = 2 * nq * lq * real_tokens * DIM
+        floor_ms = max(bytes_moved / ceilings["copy_tbps"] / 1e9, flops / ceilings["bf16_tflops"] / 1e9)
+        row = {"shape": name, "nq": nq, "lq": lq, "nd": nd, "ld": ld, "dim": DIM, "dtype": args.dtype,
+               "real_tokens": real_tokens, "floor_ms": floor_ms, "providers": {}}
+        reference_scores = None
+        for provider, fn in found.items():
+            entry = {}
+            sims_bytes = 2 * nq * lq * nd * ld
+            if provider.startswith("naive") and sims_bytes > NAIVE_LIMIT_BYTES:
+                entry["skipped"] = f"similarity tensor would be {sims_bytes / 2**30:.0f} GiB"
+                row["providers"][provider] = entry
+                continue
+            if provider == "naive_cupy" and nd * ld > 3_000_000:
+                entry["skipped"] = "slow (einsum path); measured on small shapes only"
+                row["providers"][provider] = entry
+                continue
+            try:
+                call = (lambda: fn(q_arg, d, packed))
+                out = call()
+                if out is None:
+                    entry["skipped"] = "no such path"
+                    row["providers"][provider] = entry
+                    continue
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                ms = _median_ms(torch, call, reps=args.reps if nd * ld < 5e7 else max(5, args.reps // 4))
+                extra = torch.cuda.max_memory_allocated() - base
+                scores = torch.as_tensor(np.asarray(out.get() if hasattr(out, "get") else out.float().cpu()))
+                scores = scores.reshape(-1).double()
+                if reference_scores is None:
+                    reference_scores = scores
+                entry.update(ms=ms, fraction_of_floor=floor_ms / ms, extra_mb=extra / 2**20,
+                             max_abs_diff_vs_cupy_maxsim=float((scores - reference_scores).abs().max()))
+                if name == "rerank-1k":
+                    entry["end_to_end_us"] = _host_loop_us(torch, call)
+            except Exception as error:  # noqa: BLE001 - a crash is a result
+                entry["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+                torch.cuda.synchronize()
+            row["providers"][provider] = entry
+        ours = row["providers"].get("cupy_maxsim", {}).get("ms")
+        peers = [v["ms"] for k, v in row["providers"].items() if k != "cupy_maxsim" and "ms" in v]
+        if ours and peers:
+            row["speedup_vs_best_peer"] = min(peers) / ours
+        results.append(row)
+        del q, d, packed
+        torch.cuda.empty_cache()
+        _print_row(row)
+    return {"ceilings": ceilings, "notes": notes, "results": results}
+
+
+def _print_row(row):
+    parts = []
+    for provider, entry in row["providers"].items():
+        if "ms" in entry:
+            extra = f" e2e {entry['end_to_end_us']:.0f}us" if "end_to_end_us" in entry else ""
+            parts.append(f"{provider} {entry['ms']:.3f}ms ({entry['fraction_of_floor']:.2f}, {entry['extra_mb']:.0f}MB){extra}")
+        else:
+            parts.append(f"{provider} -")
+    print(f"{row['shape']}: floor {row['floor_ms']:.3f}ms | " + " | ".join(parts), flush=True)
+
+
+def provenance():
+    import cupy
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "cupy": cupy.__version__,
+                "torch": torch.__version__}
+    for name in ("triton", "flash_maxsim", "late_interaction_kernels", "jax"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001
+            versions[name] = None
+    return {"gpu": torch.cuda.get_device_name(), "versions": versions,
+            "commit": commit or os.environ.get("CUPY_MAXSIM_COMMIT", ""),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def table(report) -> str:
+    lines = [f"{'shape':<20} {'floor':>7} {'ours':>8} {'frac':>5} {'best peer':>10} {'speedup':>7} {'extra MB':>8}"]
+    for row in report["results"]:
+        ours = row["providers"].get("cupy_maxsim", {})
+        peers = {k: v["ms"] for k, v in row["providers"].items() if k != "cupy_maxsim" and "ms" in v
+                 and not k.startswith("naive")}
+        best = min(peers.values()) if peers else float("nan")
+        lines.append(f"{row['shape']:<20} {row['floor_ms']:7.3f} {ours.get('ms', float('nan')):8.3f} "
+                     f"{ours.get('fraction_of_floor', float('nan')):5.2f} {best:10.3f} "
+                     f"{best / ours['ms'] if 'ms' in ours else float('nan'):7.2f} {ours.get('extra_mb', float('nan')):8.1f}")
+    return "\n".join(lines)
+
+
+def plot(report, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    figure, axes = plt.subplots(figsize=(9, 5))
+    rows = [r for r in report["results"] if not r["shape"].startswith("packed")]
+    names = [r["shape"] for r in rows]
+    providers_seen = sorted({p for r in rows for p in r["providers"]})
+    for provider in providers_seen + ["floor"]:
+        values = [r["floor_ms"] if provider == "floor" else r["providers"][provider].get("ms", np.nan)
+                  if provider in r["providers"] else np.nan for r in rows]
+        axes.plot(names, values, marker="o", linestyle="--" if provider == "floor" else "-", label=provider)
+    axes.set_yscale("log")
+    axes.set_ylabel("median ms (log)")
+    axes.set_title(f"MaxSim forward, {report['dtype']}, {report['gpu']}")
+    axes.tick_params(axis="x", rotation=30)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--shapes", default="")
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args(argv)
+    report = {**provenance(), "dtype": args.dtype}
+    report.update(run(args))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"forward-{args.dtype}-{report['date'][:10]}"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    plot(report, out / f"{stem}.png")
+    print(f"ceilings: copy {report['ceilings']['copy_tbps']:.2f} TB/s, bf16 {report['ceilings']['bf16_tflops']:.0f} TFLOP/s")
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
