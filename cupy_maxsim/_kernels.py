@@ -152,10 +152,10 @@ def device_properties(device: int) -> tuple[int, int, int, int]:
     if props is None:
         import cupy
 
-        attributes = cupy.cuda.Device(device).attributes
+        handle = cupy.cuda.Device(device)
+        attributes = handle.attributes
         props = (attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"],
-                 attributes["MaxSharedMemoryPerMultiprocessor"],
-                 10 * attributes["ComputeCapabilityMajor"] + attributes["ComputeCapabilityMinor"])
+                 attributes["MaxSharedMemoryPerMultiprocessor"], int(handle.compute_capability))
         _device_props[device] = props
     return props
 
