@@ -67,6 +67,7 @@ class MmaConfig:
     nt: int
     stages: int
     ksteps: int
+    b_in_registers: int = 1  # keep query fragments in registers when they fit (see maxsim_fwd.cu)
 
     @property
     def threads(self) -> int:
@@ -98,6 +99,7 @@ class MmaConfig:
             f"-DMAXSIM_NT={self.nt}",
             f"-DMAXSIM_STAGES={self.stages}",
             f"-DMAXSIM_KSTEPS={self.ksteps}",
+            f"-DMAXSIM_B_IN_REGISTERS={self.b_in_registers}",
         )
 
 

@@ -49,6 +49,9 @@
 #ifndef MAXSIM_KSTEPS
 #define MAXSIM_KSTEPS 8
 #endif
+#ifndef MAXSIM_B_IN_REGISTERS
+#define MAXSIM_B_IN_REGISTERS 1
+#endif
 
 namespace fwd {
 constexpr int WARPS_M = MAXSIM_WARPS_M, WARPS_N = MAXSIM_WARPS_N;
@@ -63,7 +66,7 @@ constexpr int CHUNKS = KPAD / 8;  // 16-byte chunks per row
 static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles at a time");
 static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
 // Query (B) fragments stay in registers when they fit in 64 of them; else re-read per k-step.
-constexpr bool B_IN_REGISTERS = KSTEPS * NT * 2 <= 64;
+constexpr bool B_IN_REGISTERS = MAXSIM_B_IN_REGISTERS && KSTEPS * NT * 2 <= 64;
 }  // namespace fwd
 
 // Where lane `lane` points ldmatrix.x4 for the B fragments of n-tiles 2*np and 2*np+1 of warp

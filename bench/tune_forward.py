@@ -1,0 +1,63 @@
+"""Time candidate tile configurations of the tensor-core forward on a few shapes (fp16).
+
+Each candidate replaces an entry of _kernels.MMA_CONFIGS (the dispatcher's table) for one
+round; prints a table of median ms per (candidate, shape) and the floors.
+"""
+
+import sys
+
+import cupy
+import numpy as np
+
+import cupy_maxsim as cm
+from cupy_maxsim import _kernels
+
+CANDIDATES = {
+    32: [dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4), dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=5),
+         dict(warps_m=4, warps_n=1, mt=2, nt=4, stages=3), dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4, b_in_registers=0),
+         dict(warps_m=8, warps_n=1, mt=1, nt=4, stages=3)],
+    128: [dict(warps_m=2, warps_n=4, mt=4, nt=4, stages=3), dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3, b_in_registers=0),
+          dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3), dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
+          dict(warps_m=4, warps_n=2, mt=2, nt=4, stages=3), dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2)],
+}
+SHAPES = {32: [(1, 32, 10_000, 300), (1, 32, 10_000, 1030), (1, 32, 1_000_000, 128), (1, 32, 1_000, 300)],
+          128: [(32, 32, 10_000, 1030), (256, 32, 100_000, 128), (128, 32, 128, 300)]}
+
+
+def median_ms(fn, reps):
+    fn()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+original = dict(_kernels.MMA_CONFIGS)
+for width, candidates in CANDIDATES.items():
+    for shape in SHAPES[width]:
+        nq, lq, nd, ld = shape
+        rng = cupy.random.default_rng(0)
+        d = rng.standard_normal((nd, ld, 128), dtype=cupy.float32).astype(cupy.float16)
+        q = rng.standard_normal((nq, lq, 128), dtype=cupy.float32).astype(cupy.float16)
+        q = q[0] if nq == 1 else q
+        flops, nbytes = 2 * nq * lq * nd * ld * 128, 2 * nd * ld * 128
+        floor = max(nbytes / 4.3e9, flops / 680e9)
+        base = None
+        for candidate in candidates:
+            _kernels.MMA_CONFIGS[width] = candidate
+            try:
+                ms = median_ms(lambda: cm.score(q, d), 10 if nd * ld > 5e7 else 30)
+                got = cm.score(q, d)
+                base = got if base is None else base
+                diff = float(cupy.abs(got - base).max())
+                print(f"{str(shape):<28} {str(tuple(candidate.values())):<24} {ms:9.3f} ms  floor {floor:7.3f}  frac {floor / ms:5.2f}  diff {diff:.1e}", flush=True)
+            except Exception as error:  # noqa: BLE001
+                print(f"{str(shape):<28} {str(tuple(candidate.values())):<24} failed: {error}", flush=True)
+        _kernels.MMA_CONFIGS[width] = original[width]
+        del d
+        cupy.get_default_memory_pool().free_all_blocks()
