@@ -317,6 +317,10 @@ def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: boo
         # Stack several queries on the MMA N dimension: one document tile then serves them all.
         width = max(width, next(w for w in widths if w >= min(num_queries * query_length, 128)))
     ksteps = -(-dim // 16)
+    while ksteps > _kernels.max_ksteps(width):
+        width = widths[widths.index(width) - 1]
+    if width < query_length:
+        return None
     config = _kernels.MmaConfig(ksteps=ksteps, **_kernels.MMA_CONFIGS[width])
     while config.shared_bytes > smem_limit and config.stages > 2:
         config = _kernels.MmaConfig(**{**config.__dict__, "stages": config.stages - 1})

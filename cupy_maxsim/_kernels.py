@@ -276,12 +276,18 @@ MMA_CONFIGS = {
 }
 
 
+def max_ksteps(width: int) -> int:
+    """Deepest dim (in 16-wide k-steps) a width's tile config takes without spilling."""
+    return 8 if width >= 256 else 16
+
+
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256."""
     variants = [("maxsim_fwd_simt", ())]
-    for shape in MMA_CONFIGS.values():
+    for width, shape in MMA_CONFIGS.items():
         for ksteps in (4, 6, 8, 16):
-            variants.append(("maxsim_fwd", MmaConfig(ksteps=ksteps, **shape).defines()))
+            if ksteps <= max_ksteps(width):
+                variants.append(("maxsim_fwd", MmaConfig(ksteps=ksteps, **shape).defines()))
     return variants
 
 
