@@ -13,15 +13,13 @@ import cupy_maxsim as cm
 from cupy_maxsim import _kernels
 
 CANDIDATES = {
-    32: [dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4), dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=5),
-         dict(warps_m=4, warps_n=1, mt=2, nt=4, stages=3), dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4, b_in_registers=0),
-         dict(warps_m=8, warps_n=1, mt=1, nt=4, stages=3)],
-    128: [dict(warps_m=2, warps_n=4, mt=4, nt=4, stages=3), dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3, b_in_registers=0),
-          dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3), dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
-          dict(warps_m=4, warps_n=2, mt=2, nt=4, stages=3), dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2)],
+    32: [dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4), dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=3),
+         dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=6), dict(warps_m=2, warps_n=1, mt=1, nt=4, stages=4)],
+    256: [dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2), dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
+          dict(warps_m=4, warps_n=4, mt=1, nt=8, stages=3)],
 }
 SHAPES = {32: [(1, 32, 10_000, 300), (1, 32, 10_000, 1030), (1, 32, 1_000_000, 128), (1, 32, 1_000, 300)],
-          128: [(32, 32, 10_000, 1030), (256, 32, 100_000, 128), (128, 32, 128, 300)]}
+          256: [(32, 32, 10_000, 1030), (256, 32, 100_000, 128), (128, 32, 128, 300)]}
 
 
 def median_ms(fn, reps):

@@ -315,7 +315,9 @@ def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: boo
     width = next(w for w in widths if w >= query_length)
     if not pairs and num_queries > 1:
         # Stack several queries on the MMA N dimension: one document tile then serves them all.
-        width = max(width, next(w for w in widths if w >= min(num_queries * query_length, 128)))
+        # 256 columns (8 queries of 32) measured fastest for 32+ queries on the H200
+        # (bench/results/tune-*.log).
+        width = max(width, next(w for w in widths if w >= min(num_queries * query_length, 256)))
     ksteps = -(-dim // 16)
     while ksteps > _kernels.max_ksteps(width):
         width = widths[widths.index(width) - 1]

@@ -127,6 +127,9 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
         kernel = _kernel_cache[key] = module.get_function(name)
     if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
         kernel.max_dynamic_shared_size_bytes = shared_bytes
+        # Ask for the largest shared-memory carve-out, so that several blocks fit on an SM
+        # (the default may leave room for one).
+        kernel.preferred_shared_memory_carveout = 100
     return kernel
 
 
@@ -271,8 +274,8 @@ def _check(nvrtc, status: int) -> None:
 MMA_CONFIGS = {
     32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4),
     64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4),
-    128: dict(warps_m=2, warps_n=4, mt=4, nt=4, stages=3),
-    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
+    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3),
+    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2),
 }
 
 
