@@ -284,12 +284,13 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--tag", default="", help="added to the result file names")
     args = parser.parse_args(argv)
     report = {**provenance(), "dtype": args.dtype}
     report.update(run(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"forward-{args.dtype}-{report['date'][:10]}"
+    stem = f"forward-{args.dtype}-{report['date'][:10]}{'-' + args.tag if args.tag else ''}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     plot(report, out / f"{stem}.png")
     print(f"ceilings: copy {report['ceilings']['copy_tbps']:.2f} TB/s, bf16 {report['ceilings']['bf16_tflops']:.0f} TFLOP/s")

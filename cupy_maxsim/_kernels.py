@@ -272,7 +272,7 @@ def _check(nvrtc, status: int) -> None:
 
 #: Tile configurations the dispatcher uses (see _api._choose_mma_config), by stacked width BN.
 MMA_CONFIGS = {
-    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4),
+    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=3),
     64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4),
     128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3),
     256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2),
