@@ -168,6 +168,12 @@ def run(args):
                 entry["skipped"] = f"similarity tensor would be {sims_bytes / 2**30:.0f} GiB"
                 row["providers"][provider] = entry
                 continue
+            if provider.startswith("late_interaction") and nd * ld * DIM > 2**31:
+                # Its index arithmetic overflows past 2^31 elements (an illegal memory access,
+                # ANCHORS.md), which would poison this process's CUDA context.
+                entry["skipped"] = "crashes past 2^31 elements (illegal memory access); not run"
+                row["providers"][provider] = entry
+                continue
             if provider == "naive_cupy" and nd * ld > 3_000_000:
                 entry["skipped"] = "slow (einsum path); measured on small shapes only"
                 row["providers"][provider] = entry
