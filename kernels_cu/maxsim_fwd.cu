@@ -135,22 +135,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     doc_extent(layout, load_doc, load_base, load_length);
     int load_tiles = max(1, (int)((load_length + BM - 1) / BM));
 
-    auto issue_tile_load = [&](int stage) {
-        if (load_doc >= doc_end) return;
-        u16* dst = sD + stage * BM * LDS;
-        const i64 row0 = (i64)load_tile * BM;
-        for (int c = tid; c < BM * CHUNKS; c += THREADS) {
-            const int r = c / CHUNKS, chunk = c % CHUNKS;
-            const i64 row = row0 + r;
-            bool real = row < load_length;
-            if (real && d_mask != nullptr)
-                real = d_mask[load_doc * d_mask_doc_stride + row * d_mask_row_stride] != 0;
-            const int bytes = (real && chunk * 8 < dim) ? 16 : 0;
-            const T* src = d + load_base + row * d_row_stride + chunk * 8;
-            cp_async_16(dst + r * LDS + chunk * 8, bytes ? (const void*)src : (const void*)d,
-                        bytes);
-            if (chunk == 0) sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
-        }
+    auto advance_load_cursor = [&]() {
         if (++load_tile == load_tiles) {
             load_tile = 0;
             if (++load_doc < doc_end) {
@@ -158,6 +143,39 @@ __device__ __forceinline__ void maxsim_fwd_mma(
                 load_tiles = max(1, (int)((load_length + BM - 1) / BM));
             }
         }
+    };
+
+    // Each thread always copies the same 16-byte column chunk of rows r0, r0 + ROW_STEP, ...:
+    // the per-row work is an add and a compare, not a division and a 64-bit multiply.
+    // Chunk slots are a power of two (KSTEPS = 6 has 12 chunks: 16 slots, 4 idle).
+    constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
+    constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
+    static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0, "tile rows must split evenly");
+    const int my_chunk = tid % CHUNK_SLOTS, my_row = tid / CHUNK_SLOTS;
+    const int my_chunk_bytes = my_chunk * 8 < dim ? 16 : 0;
+
+    auto issue_tile_load = [&](int stage) {
+        if (load_doc >= doc_end || my_chunk >= CHUNKS) {
+            if (load_doc < doc_end) advance_load_cursor();
+            return;
+        }
+        u16* dst = sD + stage * BM * LDS + my_row * LDS + my_chunk * 8;
+        i64 row = (i64)load_tile * BM + my_row;
+        const T* src = d + load_base + row * d_row_stride + my_chunk * 8;
+        const i64 src_step = ROW_STEP * d_row_stride;
+#pragma unroll
+        for (int r = my_row; r < BM; r += ROW_STEP) {
+            bool real = row < load_length;
+            if (real && d_mask != nullptr)
+                real = d_mask[load_doc * d_mask_doc_stride + row * d_mask_row_stride] != 0;
+            const int bytes = real ? my_chunk_bytes : 0;
+            cp_async_16(dst, bytes ? (const void*)src : (const void*)d, bytes);
+            if (my_chunk == 0) sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+            dst += ROW_STEP * LDS;
+            src += src_step;
+            row += ROW_STEP;
+        }
+        advance_load_cursor();
     };
 
 #pragma unroll
