@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, compute-sanitizer on the forward kernels, quick timings.
+# One device call: GPU tests, compute-sanitizer on the forward kernels, a few timings.
 # Usage (device machine, repo root): bash bench/gpu_suite.sh [pytest -k expr]
 set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -11,4 +11,4 @@ if [ -z "$SKIP_SANITIZER" ]; then
   compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/memcheck.log"
   compute-sanitizer --tool racecheck python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/racecheck.log"
 fi
-[ -z "$SKIP_TIMING" ] && python3 bench/quick_forward.py 2>&1 | tee "$OUT/quick_forward.log"
+[ -z "$SKIP_TIMING" ] && python3 bench/bench_forward.py --out "$OUT" --shapes rerank-1k,corpus-10k,colpali-32q-10k 2>&1 | tail -6 | tee "$OUT/bench.log"

@@ -4,11 +4,10 @@ Each candidate replaces an entry of _kernels.MMA_CONFIGS (the dispatcher's table
 round; prints a table of median ms per (candidate, shape) and the floors.
 """
 
-import sys
-
 import cupy
 import numpy as np
 
+import bench_forward
 import cupy_maxsim as cm
 from cupy_maxsim import _kernels
 
@@ -23,16 +22,9 @@ SHAPES = {32: [(1, 32, 10_000, 300), (1, 32, 10_000, 1030), (1, 32, 1_000_000, 1
 
 
 def median_ms(fn, reps):
-    fn()
-    times = []
-    for _ in range(reps):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    import torch
+
+    return bench_forward._median_ms(torch, fn, reps=reps)
 
 
 original = dict(_kernels.MMA_CONFIGS)

@@ -59,6 +59,17 @@ struct DocLayout {
     int offsets_are_64bit;
 };
 
+__device__ __forceinline__ DocLayout make_doc_layout(i64 doc_stride, i64 row_stride, i64 padded_length,
+                                                    const void* offsets, int offsets_are_64bit) {
+    DocLayout layout;
+    layout.doc_stride = doc_stride;
+    layout.row_stride = row_stride;
+    layout.padded_length = padded_length;
+    layout.offsets = offsets;
+    layout.offsets_are_64bit = offsets_are_64bit;
+    return layout;
+}
+
 __device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& base, i64& length) {
     if (L.offsets == nullptr) {
         base = doc * L.doc_stride;

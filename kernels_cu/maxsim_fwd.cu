@@ -106,12 +106,8 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     const i64 first_query = pairs ? doc_begin : (i64)blockIdx.y * queries_per_group;
     const int group_size = pairs ? 1 : (int)min((i64)queries_per_group, num_queries - first_query);
 
-    DocLayout layout;
-    layout.doc_stride = d_doc_stride;
-    layout.row_stride = d_row_stride;
-    layout.padded_length = doc_length;
-    layout.offsets = offsets;
-    layout.offsets_are_64bit = offsets_are_64bit;
+    const DocLayout layout =
+        make_doc_layout(d_doc_stride, d_row_stride, doc_length, offsets, offsets_are_64bit);
 
     // Query block -> shared memory, once.
     for (int c = tid; c < BN * CHUNKS; c += THREADS) {

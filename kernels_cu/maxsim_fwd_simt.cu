@@ -41,12 +41,8 @@ __device__ __forceinline__ void maxsim_fwd_simt(
 
     const int tid = threadIdx.x;
     const A neg_inf = (A)MAXSIM_NEG_INF, pos_inf = (A)MAXSIM_INF;
-    DocLayout layout;
-    layout.doc_stride = d_doc_stride;
-    layout.row_stride = d_row_stride;
-    layout.padded_length = doc_length;
-    layout.offsets = offsets;
-    layout.offsets_are_64bit = offsets_are_64bit;
+    const DocLayout layout =
+        make_doc_layout(d_doc_stride, d_row_stride, doc_length, offsets, offsets_are_64bit);
 
     const i64 total = pairs ? num_docs : (i64)num_queries * num_docs;
     for (i64 pair = blockIdx.x; pair < total; pair += gridDim.x) {
