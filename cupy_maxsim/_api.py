@@ -7,7 +7,8 @@ argument, what was expected and what came.
 
 from __future__ import annotations
 
-import math
+import contextlib
+import functools
 
 import numpy as np
 
@@ -339,12 +340,35 @@ def _strides2(operand: Operand | None):
     return np.int64(operand.strides[0]), np.int64(operand.strides[1])
 
 
+@functools.lru_cache(maxsize=256)
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs):
+    """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
+    a repeated call pays no configuration work (small calls are host-bound)."""
+    sm_count, smem_limit, smem_per_sm, _ = _kernels.device_properties(device)
+    config = _choose_mma_config(num_queries, query_length, dim, pairs, smem_limit)
+    if config is None:
+        return None
+    kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
+    group = 1 if pairs else max(1, min(num_queries, config.block_cols // query_length))
+    groups = 1 if pairs else -(-num_queries // group)
+    if pairs:
+        docs_per_block = 1
+    else:
+        # One wave of resident blocks, each streaming an equal range of documents through its
+        # pipeline (a persistent grid): no tail of half-empty waves.
+        resident = sm_count * max(1, min(smem_per_sm // (config.shared_bytes + 1024), 2048 // config.threads))
+        chunks = max(1, min(num_docs, -(-resident // groups)))
+        docs_per_block = -(-num_docs // chunks)
+    grid_x = -(-num_docs // docs_per_block)
+    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x
+
+
 def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_stride, pairs, out_ptr,
                      out_query_stride):
     import cupy
 
     num_queries, query_length, dim = q.shape
-    sm_count, smem_limit, smem_per_sm, _ = _kernels.device_properties(q.device)
+    sm_count, smem_limit, _, _ = _kernels.device_properties(q.device)
     offsets_ptr = _ptr(offsets)
     offsets_64 = np.int32(offsets is not None and offsets.dtype == "int64")
     d_row_stride = d.strides[-2]
@@ -353,23 +377,12 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
     suffix = _DTYPE_SUFFIX[q.dtype]
     out_item = 8 if q.dtype == "float64" else 4
 
-    with cupy.cuda.Device(q.device):
-        config = _choose_mma_config(num_queries, query_length, dim, pairs, smem_limit) \
+    switch = cupy.cuda.runtime.getDevice() != q.device
+    with cupy.cuda.Device(q.device) if switch else contextlib.nullcontext():
+        plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs) \
             if _mma_eligible(q, d, dim, query_length) else None
-        if config is not None:
-            kernel = _kernels.get_kernel(q.device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
-            group = 1 if pairs else max(1, min(num_queries, config.block_cols // query_length))
-            groups = 1 if pairs else -(-num_queries // group)
-            if pairs:
-                docs_per_block = 1
-            else:
-                # One wave of resident blocks, each streaming an equal range of documents
-                # through its pipeline (a persistent grid): no tail of half-empty waves.
-                resident = sm_count * max(1, min(smem_per_sm // (config.shared_bytes + 1024),
-                                                 2048 // config.threads))
-                chunks = max(1, min(num_docs, -(-resident // groups)))
-                docs_per_block = -(-num_docs // chunks)
-            grid_x = -(-num_docs // docs_per_block)
+        if plan is not None:
+            kernel, threads, shared, group, groups, docs_per_block, grid_x = plan
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
                 part = min(65535, groups - first)
                 first_query = first * group
@@ -386,7 +399,7 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
                     np.int32(pairs),
                     np.uint64(out_ptr + first_query * out_query_stride * out_item), np.int64(out_query_stride),
                 )
-                _kernels.launch(kernel, (grid_x, part), (config.threads,), args, config.shared_bytes, q.stream)
+                _kernels.launch(kernel, (grid_x, part), (threads,), args, shared, q.stream)
             return
         accumulator = 8 if q.dtype == "float64" else 4
         rows = max(1, _kernels.SIMT_CHUNK_BYTES // (dim * accumulator))

@@ -67,6 +67,9 @@ class Operand:
             return None
         import torch
 
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~10x cheaper, same value
+        if raw is not None:
+            return raw(self.torch_device.index)
         return torch.cuda.current_stream(self.torch_device).cuda_stream
 
     @property
