@@ -30,9 +30,11 @@ def info(_args) -> int:
         import cupy
 
         print(f"cupy {cupy.__version__}  CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
-        from cupy.cuda import compiler
+        import os
 
-        print(f"kernel cache: {compiler.get_cache_dir()}")
+        # CuPy's documented default for its on-disk kernel cache, unless CUPY_CACHE_DIR is set.
+        cache = os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
+        print(f"kernel cache: {cache}")
         for device in range(cupy.cuda.runtime.getDeviceCount()):
             props = cupy.cuda.runtime.getDeviceProperties(device)
             print(f"device {device}: {props['name'].decode()}  sm_{props['major']}{props['minor']}  "
