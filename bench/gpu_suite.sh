@@ -4,7 +4,7 @@
 set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
+{ date -u; echo "commit ${CUPY_MAXSIM_COMMIT:-unknown (the device copy has no .git; pass CUPY_MAXSIM_COMMIT)}"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
   python3 -c "import cupy, numpy, torch, jax; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__)"; } 2>&1 | tee "$OUT/env.txt"
 python3 -m pytest -m gpu tests/test_gpu.py -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
 if [ -z "$SKIP_SANITIZER" ]; then

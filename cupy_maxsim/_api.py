@@ -8,6 +8,7 @@ argument, what was expected and what came.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import numpy as np
@@ -71,8 +72,6 @@ def _as_query_batch(q: Operand, q_mask: Operand | None):
 
 
 def _batch_view(operand: Operand) -> Operand:
-    import dataclasses
-
     host = None if operand.host is None else operand.host[None]
     return dataclasses.replace(operand, shape=(1,) + tuple(operand.shape), strides=(0,) + tuple(operand.strides),
                                host=host)
@@ -85,12 +84,14 @@ def _check_offsets(offsets: Operand, num_tokens: int) -> None:
         raise ValueError(f"offsets must have shape (num_docs + 1,), got {offsets.shape}")
     xp = module_of(offsets)
     values = offsets.host if offsets.host is not None else offsets.cupy()
-    ok = bool(xp.all(values[1:] >= values[:-1])) and int(values[0]) >= 0 and int(values[-1]) <= num_tokens
-    if not ok:
+    # One summary, one device-to-host read: (first, last, number of decreasing steps).
+    summary = xp.stack([values[0].astype(np.int64), values[-1].astype(np.int64),
+                        (values[1:] < values[:-1]).sum().astype(np.int64)])
+    first, last, decreasing = (int(v) for v in (summary.get() if hasattr(summary, "get") else summary))
+    if first < 0 or last > num_tokens or decreasing:
         raise ValueError(
             f"offsets must be non-decreasing and within [0, {num_tokens}] (tokens has {num_tokens} rows), "
-            f"got first {int(values[0])}, last {int(values[-1])}"
-            + ("" if bool(xp.all(values[1:] >= values[:-1])) else ", and a decreasing step")
+            f"got first {first}, last {last}" + (f", and {decreasing} decreasing steps" if decreasing else "")
         )
 
 
@@ -312,22 +313,24 @@ def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:
 
 
 def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: bool, smem_limit: int):
-    widths = sorted(_kernels.MMA_CONFIGS)
-    width = next(w for w in widths if w >= query_length)
+    """The tensor-core tile configuration for a problem, or None (CUDA-core path)."""
+    widths = [w for w in sorted(_kernels.MMA_CONFIGS) if w >= query_length]
     if not pairs and num_queries > 1:
         # Stack several queries on the MMA N dimension: one document tile then serves them all.
         # 256 columns (8 queries of 32) measured fastest for 32+ queries on the H200
-        # (bench/results/tune-*.log).
-        width = max(width, next(w for w in widths if w >= min(num_queries * query_length, 256)))
+        # (bench/results/tune-forward-*.log).
+        stacked = min(num_queries * query_length, 256)
+        widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
     ksteps = -(-dim // 16)
-    while ksteps > _kernels.max_ksteps(width):
-        width = widths[widths.index(width) - 1]
-    if width < query_length:
-        return None
-    config = _kernels.MmaConfig(ksteps=ksteps, **_kernels.MMA_CONFIGS[width])
-    while config.shared_bytes > smem_limit and config.stages > 2:
-        config = _kernels.MmaConfig(**{**config.__dict__, "stages": config.stages - 1})
-    return config if config.shared_bytes <= smem_limit else None
+    for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
+        config = _kernels.mma_config(width, ksteps)
+        if config is None:
+            continue
+        while config.shared_bytes > smem_limit and config.stages > 2:
+            config = dataclasses.replace(config, stages=config.stages - 1)
+        if config.shared_bytes <= smem_limit:
+            return config
+    return None
 
 
 def _ptr(operand: Operand | None) -> np.uint64:

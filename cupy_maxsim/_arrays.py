@@ -15,7 +15,6 @@ kernels then run on torch's current stream, with no device-wide synchronisation.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 
@@ -227,6 +226,3 @@ def module_of(operand: Operand):
         return cupy
     return np
 
-
-def torch_loaded() -> bool:
-    return "torch" in sys.modules

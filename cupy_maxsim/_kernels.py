@@ -115,8 +115,10 @@ _streams: dict = {}
 
 
 def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (), shared_bytes: int = 0):
-    """The compiled ``RawKernel`` ``name`` of ``family`` for ``device`` (the current device)."""
-    key = (device, family, defines, name)
+    """The compiled ``RawKernel`` ``name`` of ``family`` for ``device`` (the current device),
+    allowed ``shared_bytes`` of dynamic shared memory. Driver attributes are set once per
+    (kernel, size), never on the per-call path."""
+    key = (device, family, defines, name, shared_bytes)
     kernel = _kernel_cache.get(key)
     if kernel is None:
         import cupy
@@ -124,12 +126,13 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
         module = _modules.get(key[:3])
         if module is None:
             module = _modules[key[:3]] = cupy.RawModule(code=source(family), options=_NVRTC_OPTIONS + defines)
-        kernel = _kernel_cache[key] = module.get_function(name)
-    if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
-        kernel.max_dynamic_shared_size_bytes = shared_bytes
-        # Ask for the largest shared-memory carve-out, so that several blocks fit on an SM
-        # (the default may leave room for one).
-        kernel.preferred_shared_memory_carveout = 100
+        kernel = module.get_function(name)
+        if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
+            kernel.max_dynamic_shared_size_bytes = shared_bytes
+            # Ask for the largest shared-memory carve-out, so that several blocks fit on an SM
+            # (the default may leave room for one).
+            kernel.preferred_shared_memory_carveout = 100
+        _kernel_cache[key] = kernel
     return kernel
 
 
@@ -203,10 +206,6 @@ def _find_nvrtc() -> ctypes.CDLL:
     )
 
 
-_RESOURCE = re.compile(r"Function properties for (\w+)|Compiling entry function '(\w+)'|Used (\d+) registers"
-                       r"|(\d+) bytes spill stores, (\d+) bytes spill loads|(\d+) bytes smem")
-
-
 @dataclasses.dataclass
 class CompileReport:
     kernel: str
@@ -270,27 +269,33 @@ def _check(nvrtc, status: int) -> None:
         raise RuntimeError(f"NVRTC error {status}: {nvrtc.nvrtcGetErrorString(status).decode()}")
 
 
-#: Tile configurations the dispatcher uses (see _api._choose_mma_config), by stacked width BN.
+#: Tile configurations the dispatcher uses (see _api._choose_mma_config), by stacked width BN;
+#: max_ksteps is the deepest dim (in 16-wide k-steps) each takes without register spills.
+#: Chosen by bench/tune_forward.py on the H200 (bench/results/tune-forward-*.log).
 MMA_CONFIGS = {
-    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=3),
-    64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4),
-    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3),
-    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2),
+    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=3, max_ksteps=16),
+    64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4, max_ksteps=16),
+    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3, max_ksteps=16),
+    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2, max_ksteps=8),
 }
 
 
-def max_ksteps(width: int) -> int:
-    """Deepest dim (in 16-wide k-steps) a width's tile config takes without spilling."""
-    return 8 if width >= 256 else 16
+def mma_config(width: int, ksteps: int) -> MmaConfig | None:
+    """The tile configuration of stacked width ``width`` at ``ksteps``, or None past its limit."""
+    shape = dict(MMA_CONFIGS[width])
+    if ksteps > shape.pop("max_ksteps"):
+        return None
+    return MmaConfig(ksteps=ksteps, **shape)
 
 
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256."""
     variants = [("maxsim_fwd_simt", ())]
-    for width, shape in MMA_CONFIGS.items():
+    for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
-            if ksteps <= max_ksteps(width):
-                variants.append(("maxsim_fwd", MmaConfig(ksteps=ksteps, **shape).defines()))
+            config = mma_config(width, ksteps)
+            if config is not None:
+                variants.append(("maxsim_fwd", config.defines()))
     return variants
 
 
