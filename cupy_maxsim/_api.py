@@ -333,16 +333,6 @@ def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: boo
     return None
 
 
-def _ptr(operand: Operand | None) -> np.uint64:
-    return np.uint64(0 if operand is None else operand.ptr)
-
-
-def _strides2(operand: Operand | None):
-    if operand is None:
-        return np.int64(0), np.int64(0)
-    return np.int64(operand.strides[0]), np.int64(operand.strides[1])
-
-
 @functools.lru_cache(maxsize=256)
 def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
@@ -371,55 +361,49 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
     import cupy
 
     num_queries, query_length, dim = q.shape
-    sm_count, smem_limit, _, _ = _kernels.device_properties(q.device)
-    offsets_ptr = _ptr(offsets)
-    offsets_64 = np.int32(offsets is not None and offsets.dtype == "int64")
-    d_row_stride = d.strides[-2]
-    q_mask_strides = _strides2(q_mask)
-    d_mask_strides = _strides2(d_mask)
     suffix = _DTYPE_SUFFIX[q.dtype]
-    out_item = 8 if q.dtype == "float64" else 4
-
+    values = dict(
+        q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1], q_dim_stride=q.strides[2],
+        q_mask=0 if q_mask is None else q_mask.ptr,
+        q_mask_query_stride=0 if q_mask is None else q_mask.strides[0],
+        q_mask_row_stride=0 if q_mask is None else q_mask.strides[1],
+        d=d.ptr, d_doc_stride=doc_stride, d_row_stride=d.strides[-2], d_dim_stride=d.strides[-1],
+        doc_length=doc_length, offsets=0 if offsets is None else offsets.ptr,
+        d_mask=0 if d_mask is None else d_mask.ptr,
+        d_mask_doc_stride=0 if d_mask is None else d_mask.strides[0],
+        d_mask_row_stride=0 if d_mask is None else d_mask.strides[1],
+        num_docs=num_docs, docs_per_block=1, out=out_ptr, out_query_stride=out_query_stride,
+        num_queries=num_queries, query_length=query_length, dim=dim,
+        offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
+        queries_per_group=1, pairs=int(pairs), rows_per_chunk=0, reserved=0,
+    )
     switch = cupy.cuda.runtime.getDevice() != q.device
     with cupy.cuda.Device(q.device) if switch else contextlib.nullcontext():
         plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs) \
             if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
             kernel, threads, shared, group, groups, docs_per_block, grid_x = plan
+            values.update(docs_per_block=docs_per_block, queries_per_group=group)
+            out_item = 8 if q.dtype == "float64" else 4
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
-                part = min(65535, groups - first)
                 first_query = first * group
-                args = (
-                    np.uint64(q.ptr + first_query * q.strides[0] * ITEMSIZE[q.dtype]),
-                    np.int64(q.strides[0]), np.int64(q.strides[1]),
-                    np.int32(num_queries - first_query), np.int32(query_length),
-                    np.uint64(0 if q_mask is None else q_mask.ptr + first_query * q_mask.strides[0]),
-                    *q_mask_strides,
-                    np.uint64(d.ptr), np.int64(doc_stride), np.int64(d_row_stride), np.int64(doc_length),
-                    offsets_ptr, offsets_64,
-                    _ptr(d_mask), *d_mask_strides,
-                    np.int64(num_docs), np.int32(dim), np.int64(docs_per_block), np.int32(group),
-                    np.int32(pairs),
-                    np.uint64(out_ptr + first_query * out_query_stride * out_item), np.int64(out_query_stride),
+                values.update(
+                    q=q.ptr + first_query * q.strides[0] * ITEMSIZE[q.dtype],
+                    q_mask=0 if q_mask is None else q_mask.ptr + first_query * q_mask.strides[0],
+                    num_queries=num_queries - first_query,
+                    out=out_ptr + first_query * out_query_stride * out_item,
                 )
-                _kernels.launch(kernel, (grid_x, part), (threads,), args, shared, q.stream)
+                _kernels.launch(kernel, (grid_x, min(65535, groups - first)), (threads,),
+                                (_kernels.forward_args(**values),), shared, q.stream)
             return
+        sm_count, smem_limit, _, _ = _kernels.device_properties(q.device)
         accumulator = 8 if q.dtype == "float64" else 4
         rows = max(1, _kernels.SIMT_CHUNK_BYTES // (dim * accumulator))
         shared = _kernels.simt_shared_bytes(rows, dim, accumulator)
         if shared > smem_limit:
             raise ValueError(f"dim {dim} is too large for the GPU kernels (at most {smem_limit // accumulator - 160})")
         kernel = _kernels.get_kernel(q.device, "maxsim_fwd_simt", f"maxsim_fwd_simt_{suffix}", (), shared)
+        values.update(rows_per_chunk=rows)
         total = num_docs if pairs else num_queries * num_docs
-        grid = min(total, sm_count * 64)
-        args = (
-            np.uint64(q.ptr), np.int64(q.strides[0]), np.int64(q.strides[1]), np.int64(q.strides[2]),
-            np.int32(num_queries), np.int32(query_length),
-            _ptr(q_mask), *q_mask_strides,
-            np.uint64(d.ptr), np.int64(doc_stride), np.int64(d_row_stride), np.int64(d.strides[-1]),
-            np.int64(doc_length), offsets_ptr, offsets_64,
-            _ptr(d_mask), *d_mask_strides,
-            np.int64(num_docs), np.int32(dim), np.int32(rows), np.int32(pairs),
-            np.uint64(out_ptr), np.int64(out_query_stride),
-        )
-        _kernels.launch(kernel, (grid,), (_kernels.SIMT_THREADS,), args, shared, q.stream)
+        _kernels.launch(kernel, (min(total, sm_count * 64),), (_kernels.SIMT_THREADS,),
+                        (_kernels.forward_args(**values),), shared, q.stream)

@@ -19,6 +19,7 @@ import dataclasses
 import glob
 import os
 import re
+import struct
 import sys
 from pathlib import Path
 
@@ -32,6 +33,26 @@ FAMILIES = {
         ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64"),
     ),
 }
+
+#: Field order of ``ForwardArgs`` in common.cuh (u = pointer, q = int64, i = int32); the
+#: packaging test checks it against the header.
+FORWARD_ARGS = (
+    ("q", "Q"), ("q_query_stride", "q"), ("q_row_stride", "q"), ("q_dim_stride", "q"),
+    ("q_mask", "Q"), ("q_mask_query_stride", "q"), ("q_mask_row_stride", "q"),
+    ("d", "Q"), ("d_doc_stride", "q"), ("d_row_stride", "q"), ("d_dim_stride", "q"), ("doc_length", "q"),
+    ("offsets", "Q"), ("d_mask", "Q"), ("d_mask_doc_stride", "q"), ("d_mask_row_stride", "q"),
+    ("num_docs", "q"), ("docs_per_block", "q"), ("out", "Q"), ("out_query_stride", "q"),
+    ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
+    ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("reserved", "i"),
+)
+_FORWARD_PACK = struct.Struct("<" + "".join(code for _, code in FORWARD_ARGS))
+_FORWARD_RECORD = np.dtype((np.void, _FORWARD_PACK.size))
+
+
+def forward_args(**values) -> np.ndarray:
+    """ForwardArgs packed into a one-element NumPy record, which CuPy passes by value."""
+    return np.frombuffer(_FORWARD_PACK.pack(*[values[name] for name, _ in FORWARD_ARGS]), _FORWARD_RECORD)
+
 
 SIMT_THREADS = 128
 #: The SIMT kernel stages this many bytes of document rows in shared memory per chunk.

@@ -337,18 +337,13 @@ __device__ __forceinline__ void maxsim_fwd_mma(
 }
 
 #define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                            \
-    extern "C" __global__ void __launch_bounds__(fwd::THREADS, 1) NAME(                          \
-        const T* q, i64 q_query_stride, i64 q_row_stride, int num_queries, int query_length,     \
-        const unsigned char* q_mask, i64 q_mask_query_stride, i64 q_mask_row_stride, const T* d, \
-        i64 d_doc_stride, i64 d_row_stride, i64 doc_length, const void* offsets,                 \
-        int offsets_are_64bit, const unsigned char* d_mask, i64 d_mask_doc_stride,              \
-        i64 d_mask_row_stride, i64 num_docs, int dim, i64 docs_per_block,                        \
-        int queries_per_group, int pairs, float* out, i64 out_query_stride) {                    \
-        maxsim_fwd_mma<T>(q, q_query_stride, q_row_stride, num_queries, query_length, q_mask,    \
-                          q_mask_query_stride, q_mask_row_stride, d, d_doc_stride, d_row_stride, \
-                          doc_length, offsets, offsets_are_64bit, d_mask, d_mask_doc_stride,     \
-                          d_mask_row_stride, num_docs, dim, docs_per_block, queries_per_group,   \
-                          pairs, out, out_query_stride);                                         \
+    extern "C" __global__ void __launch_bounds__(fwd::THREADS, 1) NAME(const ForwardArgs a) {   \
+        maxsim_fwd_mma<T>((const T*)a.q, a.q_query_stride, a.q_row_stride, a.num_queries,        \
+                          a.query_length, a.q_mask, a.q_mask_query_stride, a.q_mask_row_stride,  \
+                          (const T*)a.d, a.d_doc_stride, a.d_row_stride, a.doc_length, a.offsets, \
+                          a.offsets_are_64bit, a.d_mask, a.d_mask_doc_stride,                   \
+                          a.d_mask_row_stride, a.num_docs, a.dim, a.docs_per_block,              \
+                          a.queries_per_group, a.pairs, (float*)a.out, a.out_query_stride);      \
     }
 
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp16, fp16_t)

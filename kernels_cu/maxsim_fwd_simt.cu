@@ -113,18 +113,14 @@ __device__ __forceinline__ void maxsim_fwd_simt(
 }
 
 #define MAXSIM_FWD_SIMT_ENTRY(NAME, T)                                                           \
-    extern "C" __global__ void __launch_bounds__(MAXSIM_SIMT_THREADS) NAME(                     \
-        const T* q, i64 q_query_stride, i64 q_row_stride, i64 q_dim_stride, int num_queries,     \
-        int query_length, const unsigned char* q_mask, i64 q_mask_query_stride,                  \
-        i64 q_mask_row_stride, const T* d, i64 d_doc_stride, i64 d_row_stride, i64 d_dim_stride, \
-        i64 doc_length, const void* offsets, int offsets_are_64bit, const unsigned char* d_mask, \
-        i64 d_mask_doc_stride, i64 d_mask_row_stride, i64 num_docs, int dim, int rows_per_chunk, \
-        int pairs, typename AccumulatorOf<T>::type* out, i64 out_query_stride) {                 \
-        maxsim_fwd_simt<T>(q, q_query_stride, q_row_stride, q_dim_stride, num_queries,           \
-                           query_length, q_mask, q_mask_query_stride, q_mask_row_stride, d,      \
-                           d_doc_stride, d_row_stride, d_dim_stride, doc_length, offsets,        \
-                           offsets_are_64bit, d_mask, d_mask_doc_stride, d_mask_row_stride,      \
-                           num_docs, dim, rows_per_chunk, pairs, out, out_query_stride);         \
+    extern "C" __global__ void __launch_bounds__(MAXSIM_SIMT_THREADS) NAME(const ForwardArgs a) { \
+        maxsim_fwd_simt<T>((const T*)a.q, a.q_query_stride, a.q_row_stride, a.q_dim_stride,      \
+                           a.num_queries, a.query_length, a.q_mask, a.q_mask_query_stride,       \
+                           a.q_mask_row_stride, (const T*)a.d, a.d_doc_stride, a.d_row_stride,   \
+                           a.d_dim_stride, a.doc_length, a.offsets, a.offsets_are_64bit,         \
+                           a.d_mask, a.d_mask_doc_stride, a.d_mask_row_stride, a.num_docs,       \
+                           a.dim, a.rows_per_chunk, a.pairs,                                     \
+                           (typename AccumulatorOf<T>::type*)a.out, a.out_query_stride);         \
     }
 
 MAXSIM_FWD_SIMT_ENTRY(maxsim_fwd_simt_fp16, fp16_t)

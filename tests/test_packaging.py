@@ -63,3 +63,20 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
     code = ("from cupy_maxsim import _kernels; p = _kernels.kernel_dir(); print(p); "
             "assert 'site' in str(p) and (p / 'maxsim_fwd.cu').is_file()")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+
+
+def test_forward_args_layout_matches_the_header():
+    """_kernels.FORWARD_ARGS packs exactly the fields of ForwardArgs, in order, with their sizes."""
+    header = (ROOT / "kernels_cu" / "common.cuh").read_text()
+    body = re.search(r"struct ForwardArgs \{(.*?)\};", header, re.S).group(1)
+    fields = []
+    for declaration in body.split(";"):
+        declaration = declaration.strip()
+        if not declaration:
+            continue
+        kind = "i" if declaration.startswith("int ") else "Q" if "*" in declaration else "q"
+        names = declaration.replace("*", " ").split(None, 1)[1] if kind != "Q" else declaration.split("*")[-1]
+        for name in names.split(","):
+            fields.append((name.strip().split()[-1], kind))
+    assert fields == list(_kernels.FORWARD_ARGS)
+    assert _kernels.forward_args(**{name: 1 for name, _ in fields}).itemsize == 20 * 8 + 8 * 4
