@@ -47,7 +47,11 @@ def measure_ceilings(torch):
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_ms = _median_ms(torch, lambda: a @ b, reps=20)
-    return {"copy_tbps": 2 * 2 * 2**30 / copy_ms / 1e9, "bf16_tflops": 2 * 8192**3 / mm_ms / 1e9}
+    a8 = torch.randint(-127, 128, (8192, 8192), device="cuda", dtype=torch.int8)
+    b8 = torch.randint(-127, 128, (8192, 8192), device="cuda", dtype=torch.int8)
+    int8_ms = _median_ms(torch, lambda: torch._int_mm(a8, b8), reps=20)
+    return {"copy_tbps": 2 * 2 * 2**30 / copy_ms / 1e9, "bf16_tflops": 2 * 8192**3 / mm_ms / 1e9,
+            "int8_tops": 2 * 8192**3 / int8_ms / 1e9}
 
 
 def _median_ms(torch, fn, reps=20, warmup=3):
@@ -127,13 +131,56 @@ def providers(torch):
     return found, notes
 
 
+def int8_providers(torch):
+    """INT8 mode: our int8 x int8 kernel and our fp16 kernel on the same shapes, and
+    flash-maxsim's int8x8 (one query only). Quantisation happens once per shape, untimed."""
+    import cupy_maxsim as cm
+
+    cache = {}
+
+    def prepared(name, q, d, make):
+        key = (name, id(q), id(d))
+        if key not in cache:
+            if len(cache) > 4:  # only the current shape's data is kept alive
+                cache.clear()
+            cache[key] = make()
+        return cache[key]
+
+    def ours_int8(q, d, packed):
+        if packed:
+            tokens, offsets = packed
+            qv, qs, tv, ts = prepared("ours", q, tokens, lambda: (*cm.quantize_int8(q), *cm.quantize_int8(tokens)))
+            return cm.score_packed(qv, tv, offsets, q_scale=qs, d_scale=ts)
+        qv, qs, dv, ds = prepared("ours", q, d, lambda: (*cm.quantize_int8(q), *cm.quantize_int8(d)))
+        return cm.score(qv, dv, q_scale=qs, d_scale=ds)
+
+    found = {"cupy_maxsim_int8": ours_int8,
+             "cupy_maxsim_fp16": lambda q, d, packed: cm.score_packed(q, *packed) if packed else cm.score(q, d)}
+    notes = {}
+    try:
+        import flash_maxsim as fm
+
+        def flash_int8(q, d, packed):
+            if packed or q.shape[0] != 1:
+                return None  # flash_maxsim_int8x8 takes one query and padded documents
+            qv, qs, dv, ds = prepared("flash", q, d, lambda: (*fm.quantize_query_int8(q[0]),
+                                                            *fm.quantize_int8_symmetric(d)))
+            return fm.flash_maxsim_int8x8(q[0], dv, ds.reshape(ds.shape[0], -1), Q_int8=qv, q_scales=qs)
+
+        found["flash_maxsim_0.3.0_int8x8"] = flash_int8
+    except Exception as error:  # noqa: BLE001
+        notes["flash_maxsim_0.3.0_int8x8"] = f"not importable: {error}"
+    return found, notes
+
+
 def run(args):
     import torch
 
     import cupy_maxsim as cm
 
     ceilings = measure_ceilings(torch)
-    found, notes = providers(torch)
+    found, notes = int8_providers(torch) if args.int8 else providers(torch)
+    primary = "cupy_maxsim_int8" if args.int8 else "cupy_maxsim"
     wanted = [s for s in args.shapes.split(",") if s] if args.shapes else list(SHAPES)
     dtype = getattr(torch, args.dtype)
     results = []
@@ -155,9 +202,11 @@ def run(args):
             d = torch.nn.functional.normalize(torch.randn(nd, ld, DIM, device="cuda", generator=generator), dim=-1).to(dtype)
             real_tokens = nd * ld
         q_arg = q
-        bytes_moved = 2 * (nq * lq * DIM + real_tokens * DIM) + 4 * nq * nd
+        # int8 floor: half the fp16 bytes (ANCHORS.md), operations at the measured int8 rate.
+        element_bytes, rate = (1, ceilings["int8_tops"]) if args.int8 else (2, ceilings["bf16_tflops"])
+        bytes_moved = element_bytes * (nq * lq * DIM + real_tokens * DIM) + 4 * nq * nd
         flops = 2 * nq * lq * real_tokens * DIM
-        floor_ms = max(bytes_moved / ceilings["copy_tbps"] / 1e9, flops / ceilings["bf16_tflops"] / 1e9)
+        floor_ms = max(bytes_moved / ceilings["copy_tbps"] / 1e9, flops / rate / 1e9)
         row = {"shape": name, "nq": nq, "lq": lq, "nd": nd, "ld": ld, "dim": DIM, "dtype": args.dtype,
                "real_tokens": real_tokens, "floor_ms": floor_ms, "providers": {}}
         reference_scores = None
@@ -197,21 +246,21 @@ def run(args):
                     reference_scores = scores
                 entry.update(ms=ms, fraction_of_floor=floor_ms / ms, extra_mb=extra / 2**20,
                              max_abs_diff_vs_cupy_maxsim=float((scores - reference_scores).abs().max()))
-                if name == "rerank-1k":
+                if name == "rerank-1k" and not args.int8:
                     entry["end_to_end_us"] = _host_loop_us(torch, call)
             except Exception as error:  # noqa: BLE001 - a crash is a result
                 entry["error"] = f"{type(error).__name__}: {str(error)[:200]}"
                 torch.cuda.synchronize()
             row["providers"][provider] = entry
-        ours = row["providers"].get("cupy_maxsim", {}).get("ms")
-        peers = [v["ms"] for k, v in row["providers"].items() if k != "cupy_maxsim" and "ms" in v]
+        ours = row["providers"].get(primary, {}).get("ms")
+        peers = [v["ms"] for k, v in row["providers"].items() if not k.startswith("cupy_maxsim") and "ms" in v]
         if ours and peers:
             row["speedup_vs_best_peer"] = min(peers) / ours
         results.append(row)
         del q, d, packed
         torch.cuda.empty_cache()
         _print_row(row)
-    return {"ceilings": ceilings, "notes": notes, "results": results}
+    return {"ceilings": ceilings, "notes": notes, "results": results, "primary": primary}
 
 
 def _print_row(row):
@@ -249,9 +298,9 @@ def provenance():
 def table(report) -> str:
     lines = [f"{'shape':<20} {'floor':>7} {'ours':>8} {'frac':>5} {'best peer':>10} {'speedup':>7} {'extra MB':>8}"]
     for row in report["results"]:
-        ours = row["providers"].get("cupy_maxsim", {})
-        peers = {k: v["ms"] for k, v in row["providers"].items() if k != "cupy_maxsim" and "ms" in v
-                 and not k.startswith("naive")}
+        ours = row["providers"].get(report["primary"], {})
+        peers = {k: v["ms"] for k, v in row["providers"].items() if not k.startswith(("cupy_maxsim", "naive"))
+                 and "ms" in v}
         best = min(peers.values()) if peers else float("nan")
         lines.append(f"{row['shape']:<20} {row['floor_ms']:7.3f} {ours.get('ms', float('nan')):8.3f} "
                      f"{ours.get('fraction_of_floor', float('nan')):5.2f} {best:10.3f} "
@@ -277,7 +326,7 @@ def plot(report, path):
         axes.plot(names, values, marker="o", linestyle="--" if provider == "floor" else "-", label=provider)
     axes.set_yscale("log")
     axes.set_ylabel("median ms (log)")
-    axes.set_title(f"MaxSim forward, {report['dtype']}, {report['gpu']}")
+    axes.set_title(f"MaxSim forward, {report['primary']}, {report['dtype']}, {report['gpu']}")
     axes.tick_params(axis="x", rotation=30)
     axes.legend(fontsize=8)
     figure.tight_layout()
@@ -291,15 +340,19 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--tag", default="", help="added to the result file names")
+    parser.add_argument("--int8", action="store_true", help="int8 x int8 scoring against int8 peers and our fp16")
     args = parser.parse_args(argv)
     report = {**provenance(), "dtype": args.dtype}
     report.update(run(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"forward-{args.dtype}-{report['date'][:10]}{'-' + args.tag if args.tag else ''}"
+    kind = "int8" if args.int8 else args.dtype
+    stem = f"forward-{kind}-{report['date'][:10]}{'-' + args.tag if args.tag else ''}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     plot(report, out / f"{stem}.png")
-    print(f"ceilings: copy {report['ceilings']['copy_tbps']:.2f} TB/s, bf16 {report['ceilings']['bf16_tflops']:.0f} TFLOP/s")
+    ceilings = report["ceilings"]
+    print(f"ceilings: copy {ceilings['copy_tbps']:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
+          f"int8 {ceilings['int8_tops']:.0f} TOPS")
     print(table(report))
     return 0
 

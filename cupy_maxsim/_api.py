@@ -17,8 +17,9 @@ from . import _cpu, _kernels
 from ._arrays import ITEMSIZE, Operand, Output, as_operand, module_of
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-_MMA_DTYPES = ("float16", "bfloat16")
-_DTYPE_SUFFIX = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+_MMA_DTYPES = ("float16", "bfloat16", "int8")
+_DTYPE_SUFFIX = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "int8"}
+_SUFFIX_DTYPE = {suffix: dtype for dtype, suffix in _DTYPE_SUFFIX.items()}
 
 
 # ---- validation -----------------------------------------------------------------------------
@@ -28,6 +29,55 @@ def _float_operand(x, name: str) -> Operand:
     operand = as_operand(x, name)
     if operand.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, got {operand.dtype}")
+    return operand
+
+
+def _scored_operand(x, name: str) -> Operand:
+    operand = as_operand(x, name)
+    if operand.dtype not in FLOAT_DTYPES + ("int8",):
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32, float64 or int8, got {operand.dtype}")
+    return operand
+
+
+def _resolve_int8(q: Operand, d: Operand, q_scale, d_scale):
+    """The queries as scored and the scale operands: int8 documents need ``d_scale``; int8
+    queries need ``q_scale``; float queries against int8 documents are quantised here, on the
+    caller's stream, exactly as :func:`quantize_int8` would."""
+    if d.dtype != "int8":
+        if q.dtype == "int8":
+            raise TypeError(f"int8 queries need int8 documents; got {d.name} of dtype {d.dtype} "
+                            "(quantize the documents with quantize_int8)")
+        for scale, name in ((q_scale, "q_scale"), (d_scale, "d_scale")):
+            if scale is not None:
+                raise ValueError(f"{name} applies to int8 inputs only, got {q.dtype} and {d.dtype}")
+        return q, None, None
+    if d_scale is None:
+        raise TypeError(f"{d.name} is int8: pass its per-token scales as d_scale (see quantize_int8)")
+    d_scale_op = _scale_operand(d_scale, "d_scale", d.shape[:-1], q)
+    if q.dtype == "int8":
+        if q_scale is None:
+            raise TypeError("q is int8: pass its per-token scales as q_scale (see quantize_int8)")
+        return q, _scale_operand(q_scale, "q_scale", q.shape[:-1], q), d_scale_op
+    if q_scale is not None:
+        raise ValueError(f"q_scale applies to int8 queries, got q of dtype {q.dtype}")
+    values, scales = _quantize(q, None)
+    return (_cupy_or_host_operand(values, "q", q), _cupy_or_host_operand(scales, "q_scale", q), d_scale_op)
+
+
+def _scale_operand(scale, name: str, shape: tuple, q: Operand) -> Operand:
+    operand = as_operand(scale, name)
+    if operand.dtype != "float32":
+        raise TypeError(f"{name} must have dtype float32, got {operand.dtype}")
+    if tuple(operand.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (one scale per token), got {tuple(operand.shape)}")
+    _check_device(q, operand)
+    return operand
+
+
+def _cupy_or_host_operand(array, name: str, like: Operand) -> Operand:
+    """An internal NumPy / CuPy array as an operand that belongs to ``like``'s call."""
+    operand = as_operand(array, name)
+    operand.framework = like.framework
     return operand
 
 
@@ -98,7 +148,7 @@ def _check_offsets(offsets: Operand, num_tokens: int) -> None:
 # ---- public functions -----------------------------------------------------------------------
 
 
-def score(q, d, *, q_mask=None, d_mask=None):
+def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
     """MaxSim scores of queries against padded documents.
 
     Parameters
@@ -112,6 +162,11 @@ def score(q, d, *, q_mask=None, d_mask=None):
         True marks a real query token; a masked token contributes 0.
     d_mask : bool array, shape (Nd, Ld), optional
         True marks a real document token; a masked token never wins a max. Holes are allowed.
+    q_scale, d_scale : float32 arrays, shapes q.shape[:-1] and (Nd, Ld), optional
+        Per-token scales of int8 inputs (from :func:`quantize_int8`; non-negative). int8
+        documents need ``d_scale``; int8 queries need ``q_scale``; float queries against int8
+        documents are quantised on the fly. The similarity is ``q_scale * d_scale * <q, d>``
+        with the dot product exact in int32.
 
     Returns
     -------
@@ -120,24 +175,27 @@ def score(q, d, *, q_mask=None, d_mask=None):
         ``scores[i, n] = sum_t max_j <q[i, t], d[n, j]>`` over real tokens; ``-inf`` for a
         document with no real token; NaN where a similarity between real tokens is not finite.
     """
-    q_op, d_op = _float_operand(q, "q"), _float_operand(d, "d")
-    _check_ndim(q_op, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+    like, d_op = _scored_operand(q, "q"), _scored_operand(d, "d")
+    _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
     _check_ndim(d_op, (3,), "(Nd, Ld, D)")
+    q_op, q_scale_op, d_scale_op = _resolve_int8(like, d_op, q_scale, d_scale)
     _check_pair(q_op, d_op)
     q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
     d_mask_op = _mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
     single = q_op.ndim == 2
     q3, q_mask3 = _as_query_batch(q_op, q_mask_op)
+    q_scale3 = _as_query_batch(q_scale_op, None)[0] if q_scale_op is not None and single else q_scale_op
     num_queries, num_docs = q3.shape[0], d_op.shape[0]
     shape = (num_docs,) if single else (num_queries, num_docs)
     if not q_op.on_gpu:
-        out = _cpu.score_padded(q3.host, d_op.host, _host(q_mask3), _host(d_mask_op))
-        return Output(q_op).wrap(out[0] if single else out)
-    return _gpu_score(q3, d_op, q_mask3, d_mask_op, shape, pairs=False,
+        out = _cpu.score_padded(q3.host, d_op.host, _host(q_mask3), _host(d_mask_op), _host(q_scale3),
+                                _host(d_scale_op))
+        return Output(like).wrap(out[0] if single else out)
+    return _gpu_score(like, q3, d_op, q_mask3, d_mask_op, q_scale3, d_scale_op, shape, pairs=False,
                       doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
 
 
-def score_pairs(q, d, *, q_mask=None, d_mask=None):
+def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
     """MaxSim scores of aligned (query, document) pairs.
 
     Parameters
@@ -147,6 +205,8 @@ def score_pairs(q, d, *, q_mask=None, d_mask=None):
         Same dtype and device as ``q``.
     q_mask : bool array, shape (B, Lq), optional
     d_mask : bool array, shape (B, Ld), optional
+    q_scale, d_scale : float32 arrays, shapes (B, Lq) and (B, Ld), optional
+        int8 scales, as in :func:`score`.
 
     Returns
     -------
@@ -154,22 +214,24 @@ def score_pairs(q, d, *, q_mask=None, d_mask=None):
         ``scores[b]`` is the MaxSim score of ``q[b]`` against ``d[b]``; same rules as
         :func:`score`.
     """
-    q_op, d_op = _float_operand(q, "q"), _float_operand(d, "d")
-    _check_ndim(q_op, (3,), "(B, Lq, D)")
+    like, d_op = _scored_operand(q, "q"), _scored_operand(d, "d")
+    _check_ndim(like, (3,), "(B, Lq, D)")
     _check_ndim(d_op, (3,), "(B, Ld, D)")
+    q_op, q_scale_op, d_scale_op = _resolve_int8(like, d_op, q_scale, d_scale)
     _check_pair(q_op, d_op)
     if q_op.shape[0] != d_op.shape[0]:
         raise ValueError(f"q and d must hold the same number of pairs, got {q_op.shape[0]} and {d_op.shape[0]}")
     q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:2], q_op)
     d_mask_op = _mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
     if not q_op.on_gpu:
-        out = _cpu.score_pairs(q_op.host, d_op.host, _host(q_mask_op), _host(d_mask_op))
-        return Output(q_op).wrap(out)
-    return _gpu_score(q_op, d_op, q_mask_op, d_mask_op, (d_op.shape[0],), pairs=True,
-                      doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
+        out = _cpu.score_pairs(q_op.host, d_op.host, _host(q_mask_op), _host(d_mask_op), _host(q_scale_op),
+                               _host(d_scale_op))
+        return Output(like).wrap(out)
+    return _gpu_score(like, q_op, d_op, q_mask_op, d_mask_op, q_scale_op, d_scale_op, (d_op.shape[0],),
+                      pairs=True, doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
 
 
-def score_packed(q, tokens, offsets, *, q_mask=None):
+def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None):
     """MaxSim scores against packed variable-length documents (no padding read or computed).
 
     Parameters
@@ -182,28 +244,86 @@ def score_packed(q, tokens, offsets, *, q_mask=None):
         Must be non-decreasing and within ``[0, T]``; checked before launch (one small
         device-to-host read when the offsets live on a GPU).
     q_mask : bool array, shape (Lq,) or (Nq, Lq), optional
+    q_scale, d_scale : float32 arrays, shapes q.shape[:-1] and (T,), optional
+        int8 scales, as in :func:`score`.
 
     Returns
     -------
     scores : array, shape (Nd,) or (Nq, Nd)
         Same rules as :func:`score`; an empty document scores ``-inf``.
     """
-    q_op, t_op = _float_operand(q, "q"), _float_operand(tokens, "tokens")
+    like, t_op = _scored_operand(q, "q"), _scored_operand(tokens, "tokens")
     o_op = as_operand(offsets, "offsets")
-    _check_ndim(q_op, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+    _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
     _check_ndim(t_op, (2,), "(T, D)")
+    q_op, q_scale_op, d_scale_op = _resolve_int8(like, t_op, q_scale, d_scale)
     _check_pair(q_op, t_op)
     _check_device(q_op, o_op)
     _check_offsets(o_op, t_op.shape[0])
     q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
     single = q_op.ndim == 2
     q3, q_mask3 = _as_query_batch(q_op, q_mask_op)
+    q_scale3 = _as_query_batch(q_scale_op, None)[0] if q_scale_op is not None and single else q_scale_op
     num_docs = o_op.shape[0] - 1
     shape = (num_docs,) if single else (q3.shape[0], num_docs)
     if not q_op.on_gpu:
-        out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3))
-        return Output(q_op).wrap(out[0] if single else out)
-    return _gpu_score(q3, t_op, q_mask3, None, shape, pairs=False, doc_length=0, doc_stride=0, offsets=o_op)
+        out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3), _host(q_scale3), _host(d_scale_op))
+        return Output(like).wrap(out[0] if single else out)
+    return _gpu_score(like, q3, t_op, q_mask3, None, q_scale3, d_scale_op, shape, pairs=False, doc_length=0,
+                      doc_stride=0, offsets=o_op)
+
+
+def quantize_int8(x, *, mask=None):
+    """Per-token symmetric int8 quantisation for int8 MaxSim scoring.
+
+    Parameters
+    ----------
+    x : array, shape (..., D)
+        Token embeddings (float16, bfloat16, float32 or float64): padded ``(Nd, Ld, D)``,
+        packed ``(T, D)`` or queries.
+    mask : bool array, shape x.shape[:-1], optional
+        True marks real tokens; masked tokens get values 0 and scale 0.
+
+    Returns
+    -------
+    values : int8 array, shape x.shape
+        ``round(x / scale)`` in [-127, 127].
+    scales : float32 array, shape x.shape[:-1]
+        ``max |x| / 127`` per token (0 for an all-zero or masked token). A token holding NaN or
+        inf gets a NaN or inf scale, so every score it takes part in is NaN, as with floats.
+        In the framework and on the device of ``x``.
+    """
+    operand = _float_operand(x, "x")
+    if operand.ndim < 1:
+        raise ValueError(f"x must have shape (..., D), got shape {operand.shape}")
+    mask_op = _mask_operand(mask, "mask", operand.shape[:-1], operand)
+    values, scales = _quantize(operand, mask_op)
+    output = Output(operand)
+    return output.wrap(values), output.wrap(scales)
+
+
+def _quantize(operand: Operand, mask: Operand | None):
+    """(int8 values, float32 scales) as NumPy or CuPy arrays, on the operand's stream."""
+    xp = module_of(operand)
+    if not operand.on_gpu:
+        return _quantize_array(xp, operand.host, operand.dtype, None if mask is None else mask.host)
+    with xp.cuda.Device(operand.device), _kernels.on_stream(operand.stream):
+        return _quantize_array(xp, operand.cupy(), operand.dtype, None if mask is None else mask.cupy())
+
+
+def _quantize_array(xp, x, dtype: str, mask):
+    if dtype == "bfloat16" and x.dtype == np.uint16:  # raw bfloat16 bits (CuPy without ml_dtypes)
+        x = (x.astype(np.uint32) << 16).view(np.float32)
+    x = x.astype(np.float32)
+    scales = (xp.abs(x).max(axis=-1) / 127) if x.shape[-1] else xp.zeros(x.shape[:-1], np.float32)
+    scales = scales.astype(np.float32)
+    safe = xp.where(scales > 0, scales, np.float32(1))
+    scaled = xp.nan_to_num(x / safe[..., None], nan=0.0, posinf=0.0, neginf=0.0)
+    values = xp.clip(xp.rint(scaled), -127, 127).astype(np.int8)
+    if mask is not None:
+        values *= mask[..., None]
+        scales = xp.where(mask, scales, np.float32(0))
+    return values, scales
 
 
 def pack(docs, mask=None):
@@ -271,26 +391,28 @@ def _result_dtype(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
-def _gpu_score(q: Operand, d: Operand, q_mask, d_mask, shape, *, pairs, doc_length, doc_stride, offsets):
-    """Allocate the result in q's framework and run the forward kernel on q's stream."""
-    output = Output(q)
+def _gpu_score(like: Operand, q: Operand, d: Operand, q_mask, d_mask, q_scale, d_scale, shape, *, pairs,
+               doc_length, doc_stride, offsets):
+    """Allocate the result in the caller's framework (``like``, the q it passed) and run the
+    forward kernel on its stream."""
+    output = Output(like)
     result, out_ptr = output.empty(shape, _result_dtype(q.dtype))
     num_queries, query_length, dim = q.shape
     num_docs = shape[-1]
     if num_docs == 0 or num_queries == 0:
         return result
     if query_length == 0 or dim == 0 or (offsets is None and doc_length == 0):
-        return _fill_trivial(output, result, d, d_mask, offsets, shape, num_docs, doc_length)
-    _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_stride, pairs,
-                     out_ptr, 0 if pairs else num_docs)
+        return _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, like.stream)
+    _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
+                     out_ptr, 0 if pairs else num_docs, like.stream)
     return output.wrap(result)
 
 
-def _fill_trivial(output, result, d, d_mask, offsets, shape, num_docs, doc_length):
+def _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, stream):
     """No query token, no dim or no document token: 0 for documents with a real token, else -inf."""
     import cupy
 
-    with cupy.cuda.Device(d.device):
+    with cupy.cuda.Device(d.device), _kernels.on_stream(stream):
         if offsets is not None:
             values = offsets.cupy()
             has_token = values[1:] > values[:-1]
@@ -303,16 +425,19 @@ def _fill_trivial(output, result, d, d_mask, offsets, shape, num_docs, doc_lengt
 
 
 def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:
-    if q.dtype not in _MMA_DTYPES or dim % 8 or dim > 256 or query_length > max(_kernels.MMA_CONFIGS):
+    """Whether the tensor-core kernel takes these operands: whole 16-byte chunks per row, at
+    most 16 k-steps of 32 bytes, rows aligned to 16 bytes, a query no wider than a tile."""
+    item = ITEMSIZE[q.dtype]
+    if q.dtype not in _MMA_DTYPES or (dim * item) % 16 or dim * item > 512:
         return False
-    if q.strides[-1] != 1 or d.strides[-1] != 1:
+    if query_length > max(_kernels.MMA_CONFIGS) or q.strides[-1] != 1 or d.strides[-1] != 1:
         return False
-    if any(s % 8 for s in q.strides[:-1] + d.strides[:-1]) or q.ptr % 16 or d.ptr % 16:
+    if any(s * item % 16 for s in q.strides[:-1] + d.strides[:-1]) or q.ptr % 16 or d.ptr % 16:
         return False
     return _kernels.device_properties(q.device)[3] >= 80
 
 
-def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: bool, smem_limit: int):
+def _choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int):
     """The tensor-core tile configuration for a problem, or None (CUDA-core path)."""
     widths = [w for w in sorted(_kernels.MMA_CONFIGS) if w >= query_length]
     if not pairs and num_queries > 1:
@@ -321,7 +446,6 @@ def _choose_mma_config(num_queries: int, query_length: int, dim: int, pairs: boo
         # (bench/results/tune-forward-*.log).
         stacked = min(num_queries * query_length, 256)
         widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
-    ksteps = -(-dim // 16)
     for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
         config = _kernels.mma_config(width, ksteps)
         if config is None:
@@ -338,7 +462,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
     sm_count, smem_limit, smem_per_sm, _ = _kernels.device_properties(device)
-    config = _choose_mma_config(num_queries, query_length, dim, pairs, smem_limit)
+    ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
+    config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit)
     if config is None:
         return None
     kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
@@ -356,8 +481,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs):
     return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x
 
 
-def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_stride, pairs, out_ptr,
-                     out_query_stride):
+def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
+                     out_ptr, out_query_stride, stream):
     import cupy
 
     num_queries, query_length, dim = q.shape
@@ -376,6 +501,12 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
         num_queries=num_queries, query_length=query_length, dim=dim,
         offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
         queries_per_group=1, pairs=int(pairs), rows_per_chunk=0, reserved=0,
+        q_scale=0 if q_scale is None else q_scale.ptr,
+        q_scale_query_stride=0 if q_scale is None else q_scale.strides[0],
+        q_scale_row_stride=0 if q_scale is None else q_scale.strides[1],
+        d_scale=0 if d_scale is None else d_scale.ptr,
+        d_scale_doc_stride=0 if d_scale is None or d_scale.ndim < 2 else d_scale.strides[0],
+        d_scale_row_stride=0 if d_scale is None else d_scale.strides[-1],
     )
     switch = cupy.cuda.runtime.getDevice() != q.device
     with cupy.cuda.Device(q.device) if switch else contextlib.nullcontext():
@@ -390,11 +521,12 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
                 values.update(
                     q=q.ptr + first_query * q.strides[0] * ITEMSIZE[q.dtype],
                     q_mask=0 if q_mask is None else q_mask.ptr + first_query * q_mask.strides[0],
+                    q_scale=0 if q_scale is None else q_scale.ptr + first_query * q_scale.strides[0] * 4,
                     num_queries=num_queries - first_query,
                     out=out_ptr + first_query * out_query_stride * out_item,
                 )
                 _kernels.launch(kernel, (grid_x, min(65535, groups - first)), (threads,),
-                                (_kernels.forward_args(**values),), shared, q.stream)
+                                (_kernels.forward_args(**values),), shared, stream)
             return
         sm_count, smem_limit, _, _ = _kernels.device_properties(q.device)
         accumulator = 8 if q.dtype == "float64" else 4
@@ -406,4 +538,4 @@ def _kernels_forward(q, d, q_mask, d_mask, offsets, num_docs, doc_length, doc_st
         values.update(rows_per_chunk=rows)
         total = num_docs if pairs else num_queries * num_docs
         _kernels.launch(kernel, (min(total, sm_count * 64),), (_kernels.SIMT_THREADS,),
-                        (_kernels.forward_args(**values),), shared, q.stream)
+                        (_kernels.forward_args(**values),), shared, stream)

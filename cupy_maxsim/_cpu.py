@@ -18,6 +18,12 @@ def _compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
+def _block(x, scale, ctype):
+    """A block of tokens in the compute dtype; int8 tokens dequantised with their scales."""
+    block = x.astype(ctype, copy=False)
+    return block if scale is None else block * scale[..., None].astype(ctype)
+
+
 def _token_reduce(sims: np.ndarray, d_real: np.ndarray | None):
     """Max over the last axis (document tokens) and whether any real similarity is non-finite."""
     non_finite = ~np.isfinite(sims)
@@ -43,8 +49,9 @@ def _real_mask(mask, shape):
     return np.ones(shape, bool) if mask is None else mask
 
 
-def score_padded(q, d, q_mask, d_mask) -> np.ndarray:
-    """q (Nq, Lq, D), d (Nd, Ld, D), masks (Nq, Lq) / (Nd, Ld) or None -> (Nq, Nd)."""
+def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None) -> np.ndarray:
+    """q (Nq, Lq, D), d (Nd, Ld, D), masks (Nq, Lq) / (Nd, Ld) or None -> (Nq, Nd).
+    int8 inputs come with per-token scales shaped like their masks."""
     num_queries, query_length, dim = q.shape
     num_docs, doc_length, _ = d.shape
     ctype = _compute_dtype(q.dtype)
@@ -58,10 +65,10 @@ def score_padded(q, d, q_mask, d_mask) -> np.ndarray:
     q_step = min(num_queries, pairs_per_block)
     d_step = max(1, pairs_per_block // q_step)
     for i0 in range(0, num_queries, q_step):
-        qb = q[i0:i0 + q_step].astype(ctype, copy=False)
+        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], ctype)
         nq = qb.shape[0]
         for n0 in range(0, num_docs, d_step):
-            db = d[n0:n0 + d_step].astype(ctype, copy=False)
+            db = _block(d[n0:n0 + d_step], None if d_scale is None else d_scale[n0:n0 + d_step], ctype)
             nb = db.shape[0]
             sims = (qb.reshape(nq * query_length, dim) @ db.reshape(nb * doc_length, dim).T)
             sims = sims.reshape(nq, query_length, nb, doc_length)
@@ -72,7 +79,7 @@ def score_padded(q, d, q_mask, d_mask) -> np.ndarray:
     return out
 
 
-def score_pairs(q, d, q_mask, d_mask) -> np.ndarray:
+def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None) -> np.ndarray:
     """Aligned pairs: q (B, Lq, D), d (B, Ld, D) -> (B,)."""
     batch, query_length, _ = q.shape
     doc_length = d.shape[1]
@@ -85,8 +92,8 @@ def score_pairs(q, d, q_mask, d_mask) -> np.ndarray:
         return out
     step = max(1, BLOCK_ELEMENTS // (query_length * doc_length))
     for b0 in range(0, batch, step):
-        qb = q[b0:b0 + step].astype(ctype, copy=False)
-        db = d[b0:b0 + step].astype(ctype, copy=False)
+        qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], ctype)
+        db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], ctype)
         sims = np.matmul(qb, db.transpose(0, 2, 1))  # (b, Lq, Ld)
         real = None if d_mask is None else d_mask[b0:b0 + step][:, None, :]
         token_max, token_bad = _token_reduce(sims, real)  # (b, Lq)
@@ -96,8 +103,8 @@ def score_pairs(q, d, q_mask, d_mask) -> np.ndarray:
     return out
 
 
-def score_packed(q, tokens, offsets, q_mask) -> np.ndarray:
-    """q (Nq, Lq, D), tokens (T, D), offsets (Nd + 1,) -> (Nq, Nd)."""
+def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None) -> np.ndarray:
+    """q (Nq, Lq, D), tokens (T, D), offsets (Nd + 1,) -> (Nq, Nd); d_scale is (T,)."""
     num_queries, query_length, dim = q.shape
     offsets = offsets.astype(np.int64, copy=False)
     num_docs = len(offsets) - 1
@@ -111,7 +118,7 @@ def score_packed(q, tokens, offsets, q_mask) -> np.ndarray:
     q_step = min(num_queries, max(1, BLOCK_ELEMENTS // (query_length * max(1, int(lengths.max())))))
     token_budget = max(1, BLOCK_ELEMENTS // (q_step * query_length))
     for i0 in range(0, num_queries, q_step):
-        qb = q[i0:i0 + q_step].astype(ctype, copy=False)
+        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], ctype)
         nq = qb.shape[0]
         q2 = qb.reshape(nq * query_length, dim)
         n0 = 0
@@ -124,7 +131,8 @@ def score_packed(q, tokens, offsets, q_mask) -> np.ndarray:
             nonempty = np.flatnonzero(block_lengths > 0)
             if len(nonempty):
                 begin, end = offsets[n0], offsets[n1]
-                sims = q2 @ tokens[begin:end].astype(ctype, copy=False).T  # (nq*Lq, tokens)
+                block = _block(tokens[begin:end], None if d_scale is None else d_scale[begin:end], ctype)
+                sims = q2 @ block.T  # (nq*Lq, tokens)
                 starts = offsets[n0:n1][nonempty] - begin
                 token_max = np.maximum.reduceat(sims, starts, axis=1)
                 token_bad = np.logical_or.reduceat(~np.isfinite(sims), starts, axis=1)

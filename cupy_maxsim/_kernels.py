@@ -13,6 +13,7 @@ compile`` use it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -27,10 +28,11 @@ import numpy as np
 
 #: Kernel names each source family defines; tests check that every one exists in the source.
 FAMILIES = {
-    "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16")),
+    "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_int8")),
     "maxsim_fwd_simt": (
         "maxsim_fwd_simt.cu",
-        ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64"),
+        ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64",
+         "maxsim_fwd_simt_int8"),
     ),
 }
 
@@ -42,6 +44,8 @@ FORWARD_ARGS = (
     ("d", "Q"), ("d_doc_stride", "q"), ("d_row_stride", "q"), ("d_dim_stride", "q"), ("doc_length", "q"),
     ("offsets", "Q"), ("d_mask", "Q"), ("d_mask_doc_stride", "q"), ("d_mask_row_stride", "q"),
     ("num_docs", "q"), ("docs_per_block", "q"), ("out", "Q"), ("out_query_stride", "q"),
+    ("q_scale", "Q"), ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
+    ("d_scale", "Q"), ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("reserved", "i"),
 )
@@ -110,7 +114,7 @@ class MmaConfig:
         row = self.ksteps * 16 + 8
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
-        return 2 * row * (bn + self.stages * bm) + 4 * (self.stages * bm + 4 * self.warps_m * bn + bn + 2 * warps)
+        return 2 * row * (bn + self.stages * bm) + 4 * (2 * self.stages * bm + 4 * self.warps_m * bn + 2 * bn + 2 * warps)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -126,7 +130,7 @@ class MmaConfig:
 
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
     # Mirrors the formula at the top of maxsim_fwd_simt.cu.
-    return rows_per_chunk * dim * accumulator_bytes + SIMT_THREADS * accumulator_bytes + rows_per_chunk + SIMT_THREADS
+    return (rows_per_chunk * dim + SIMT_THREADS + rows_per_chunk) * accumulator_bytes + rows_per_chunk + SIMT_THREADS
 
 
 # ---- CuPy side ------------------------------------------------------------------------------
@@ -160,17 +164,22 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
 _kernel_cache: dict = {}
 
 
-def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None) -> None:
-    """Launch on the caller's stream (``stream_ptr``), or CuPy's current stream when None."""
-    import cupy
-
+def on_stream(stream_ptr: int | None):
+    """Context in which CuPy work (kernels, array operations) runs on the caller's stream
+    ``stream_ptr``; CuPy's current stream when None."""
     if stream_ptr is None:
-        kernel(grid, block, args, shared_mem=shared_bytes)
-        return
+        return contextlib.nullcontext()
     stream = _streams.get(stream_ptr)
     if stream is None:
+        import cupy
+
         stream = _streams[stream_ptr] = cupy.cuda.Stream.from_external(_StreamHandle(stream_ptr))
-    with stream:
+    return stream
+
+
+def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None) -> None:
+    """Launch on the caller's stream (``stream_ptr``), or CuPy's current stream when None."""
+    with on_stream(stream_ptr):
         kernel(grid, block, args, shared_mem=shared_bytes)
 
 

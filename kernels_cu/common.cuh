@@ -7,6 +7,7 @@
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
+typedef signed char i8;
 
 // 16-bit float storage types. Only their bits travel through shared memory and the tensor
 // cores; arithmetic happens after conversion to float.
@@ -36,6 +37,7 @@ template <typename A, typename T> __device__ __forceinline__ A convert(T x);
 template <> __device__ __forceinline__ float convert<float, fp16_t>(fp16_t x) { return to_float(x); }
 template <> __device__ __forceinline__ float convert<float, bf16_t>(bf16_t x) { return to_float(x); }
 template <> __device__ __forceinline__ float convert<float, float>(float x) { return x; }
+template <> __device__ __forceinline__ float convert<float, signed char>(signed char x) { return (float)x; }
 template <> __device__ __forceinline__ double convert<double, double>(double x) { return x; }
 
 // Max that propagates NaN (NumPy semantics). IEEE fmaxf would drop a NaN silently.
@@ -65,10 +67,14 @@ struct ForwardArgs {
     i64 num_docs, docs_per_block;
     void* out;
     i64 out_query_stride;
+    const float* q_scale;  // int8 only: per-token scales, (Nq, Lq) strides below
+    i64 q_scale_query_stride, q_scale_row_stride;
+    const float* d_scale;  // int8 only: (Nd, Ld) padded, or (T,) packed (row stride only)
+    i64 d_scale_doc_stride, d_scale_row_stride;
     int num_queries, query_length, dim, offsets_are_64bit;
     int queries_per_group, pairs, rows_per_chunk, reserved;
 };
-static_assert(sizeof(ForwardArgs) == 20 * 8 + 8 * 4, "ForwardArgs must have no padding");
+static_assert(sizeof(ForwardArgs) == 26 * 8 + 8 * 4, "ForwardArgs must have no padding");
 
 // Document rows: where doc `doc` starts (in elements) and how many tokens it has. Padded
 // batches use a fixed length and a doc stride; packed corpora use cu_seqlens-style offsets
@@ -92,7 +98,10 @@ __device__ __forceinline__ DocLayout make_doc_layout(i64 doc_stride, i64 row_str
     return layout;
 }
 
-__device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& base, i64& length) {
+// first_token: index of the document's first token in the packed array (0 when padded).
+__device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& base, i64& length,
+                                           i64& first_token) {
+    first_token = 0;
     if (L.offsets == nullptr) {
         base = doc * L.doc_stride;
         length = L.padded_length;
@@ -107,6 +116,7 @@ __device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& bas
         }
         base = begin * L.row_stride;
         length = end - begin;
+        first_token = begin;
     }
 }
 
@@ -135,8 +145,22 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* smem) {
                  : "r"(smem_address(smem)));
 }
 
+// One tensor-core step over 32 bytes of k: m16n8k16 for 16-bit floats (fp32 accumulate),
+// m16n8k32 for int8 (int32 accumulate, exact). The fragments are the same bytes either way, so
+// one ldmatrix layout serves both.
 template <typename T> struct Mma16816;
+template <> struct Mma16816<i8> {
+    typedef int acc_t;
+    static __device__ __forceinline__ void run(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
 template <> struct Mma16816<fp16_t> {
+    typedef float acc_t;
     static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -146,6 +170,7 @@ template <> struct Mma16816<fp16_t> {
     }
 };
 template <> struct Mma16816<bf16_t> {
+    typedef float acc_t;
     static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

@@ -1,5 +1,6 @@
-// maxsim_fwd.cu: fused MaxSim forward on tensor cores (mma.sync m16n8k16, fp16 / bf16 in,
-// fp32 accumulate), sm_80 and later.
+// maxsim_fwd.cu: fused MaxSim forward on tensor cores, sm_80 and later: mma.sync m16n8k16 for
+// fp16 / bf16 (fp32 accumulate) and m16n8k32 for int8 x int8 (int32 accumulate, per-token
+// scales: the document scale applied per row before the max, the query scale after it).
 //
 //   out[q, n] = sum over real query tokens i of  max over real doc tokens j of  <q_i, d_nj>
 //
@@ -23,12 +24,14 @@
 // token is NaN or +-inf, the score is NaN (the max propagates NaN, a running min catches -inf).
 //
 // Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
-// tile ring, plus 4 * (STAGES * BM + 4 * WARPS_M * BN + BN + 2 * WARPS) for row biases, the
-// cross-warp max/min of two documents in flight, the per-column query index and row flags;
-// _kernels.py mirrors this formula.
+// tile ring, plus 4 * (2 * STAGES * BM + 4 * WARPS_M * BN + 2 * BN + 2 * WARPS) for row biases
+// and scales, the cross-warp max/min of two documents in flight, the per-column query index
+// and scale, and row flags; _kernels.py mirrors this formula. Rows and k-steps are counted in
+// 16-bit units: a k-step is 32 bytes (16 fp16 or 32 int8 elements).
 //
-// Preconditions (checked in Python): dim % 8 == 0 and dim <= KSTEPS * 16; every row start
-// 16-byte aligned (base pointers, doc and row strides in multiples of 8 elements); query
+// Preconditions (checked in Python): dim a multiple of 16 bytes' worth of elements and at most
+// KSTEPS k-steps; int8 scales non-negative (quantize_int8 makes them so); every row start
+// 16-byte aligned (base pointers, doc and row strides in multiples of 16 bytes); query
 // length <= BN; pairs mode uses docs_per_block == 1.
 
 #ifndef MAXSIM_WARPS_M
@@ -80,20 +83,34 @@ __device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp
 }
 
 template <typename T>
-__device__ __forceinline__ void maxsim_fwd_mma(
-    const T* __restrict__ q, i64 q_query_stride, i64 q_row_stride, int num_queries,
-    int query_length, const unsigned char* __restrict__ q_mask, i64 q_mask_query_stride,
-    i64 q_mask_row_stride, const T* __restrict__ d, i64 d_doc_stride, i64 d_row_stride,
-    i64 doc_length, const void* __restrict__ offsets, int offsets_are_64bit,
-    const unsigned char* __restrict__ d_mask, i64 d_mask_doc_stride, i64 d_mask_row_stride,
-    i64 num_docs, int dim, i64 docs_per_block, int queries_per_group, int pairs,
-    float* __restrict__ out, i64 out_query_stride) {
+__device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs& args) {
+    const T* __restrict__ q = (const T*)args.q;
+    const T* __restrict__ d = (const T*)args.d;
+    const unsigned char* __restrict__ q_mask = args.q_mask;
+    const unsigned char* __restrict__ d_mask = args.d_mask;
+    const i64 q_query_stride = args.q_query_stride, q_row_stride = args.q_row_stride;
+    const i64 q_mask_query_stride = args.q_mask_query_stride, q_mask_row_stride = args.q_mask_row_stride;
+    const i64 d_row_stride = args.d_row_stride;
+    const i64 d_mask_doc_stride = args.d_mask_doc_stride, d_mask_row_stride = args.d_mask_row_stride;
+    const i64 num_docs = args.num_docs, docs_per_block = args.docs_per_block;
+    const i64 out_query_stride = args.out_query_stride;
+    const int num_queries = args.num_queries, query_length = args.query_length, dim = args.dim;
+    const int queries_per_group = args.queries_per_group, pairs = args.pairs;
+    float* __restrict__ out = (float*)args.out;
+    typedef typename Mma16816<T>::acc_t Acc;
+    // int8: similarities are q_scale[i] * d_scale[j] * (integer dot). The document scale is
+    // applied per row before the max; the (non-negative) query scale factors out of the max and
+    // is applied once per column.
+    constexpr bool SCALED = sizeof(T) == 1;
+    constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
     using namespace fwd;
     extern __shared__ __align__(16) unsigned char smem[];
     u16* sQ = (u16*)smem;
     u16* sD = sQ + BN * LDS;
     float* sBias = (float*)(sD + STAGES * BM * LDS);
-    float* sRedMax = sBias + STAGES * BM;       // [2 parities][WARPS_M][BN]
+    float* sScale = sBias + STAGES * BM;        // int8: per-row document scale
+    float* sColScale = sScale + STAGES * BM;    // int8: per-column query scale
+    float* sRedMax = sColScale + BN;            // [2 parities][WARPS_M][BN]
     float* sRedMin = sRedMax + 2 * WARPS_M * BN;
     int* sColQuery = (int*)(sRedMin + 2 * WARPS_M * BN);
     int* sHasRow = sColQuery + BN;              // [2 parities][WARPS]
@@ -106,8 +123,8 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     const i64 first_query = pairs ? doc_begin : (i64)blockIdx.y * queries_per_group;
     const int group_size = pairs ? 1 : (int)min((i64)queries_per_group, num_queries - first_query);
 
-    const DocLayout layout =
-        make_doc_layout(d_doc_stride, d_row_stride, doc_length, offsets, offsets_are_64bit);
+    const DocLayout layout = make_doc_layout(args.d_doc_stride, d_row_stride, args.doc_length,
+                                             args.offsets, args.offsets_are_64bit);
 
     // Query block -> shared memory, once.
     for (int c = tid; c < BN * CHUNKS; c += THREADS) {
@@ -117,25 +134,31 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         bool real = g < group_size;
         if (real && q_mask != nullptr)
             real = q_mask[query * q_mask_query_stride + token * q_mask_row_stride] != 0;
-        const int bytes = (real && chunk * 8 < dim) ? 16 : 0;
-        const T* src = q + query * q_query_stride + token * q_row_stride + chunk * 8;
+        const int bytes = (real && chunk * ELEMS < dim) ? 16 : 0;
+        const T* src = q + query * q_query_stride + token * q_row_stride + chunk * ELEMS;
         cp_async_16(sQ + col * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
-        if (chunk == 0) sColQuery[col] = real ? g : -1;
+        if (chunk == 0) {
+            sColQuery[col] = real ? g : -1;
+            if constexpr (SCALED)
+                sColScale[col] = real ? args.q_scale[query * args.q_scale_query_stride +
+                                                     token * args.q_scale_row_stride]
+                                      : 0.f;
+        }
     }
     cp_async_commit();
 
     // Producer cursor: which (document, tile) the next load fetches. Every document has at
     // least one tile, so an empty document still reaches the epilogue and scores -inf.
-    i64 load_doc = doc_begin, load_base, load_length;
+    i64 load_doc = doc_begin, load_base, load_length, load_first_token;
     int load_tile = 0;
-    doc_extent(layout, load_doc, load_base, load_length);
+    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
     int load_tiles = max(1, (int)((load_length + BM - 1) / BM));
 
     auto advance_load_cursor = [&]() {
         if (++load_tile == load_tiles) {
             load_tile = 0;
             if (++load_doc < doc_end) {
-                doc_extent(layout, load_doc, load_base, load_length);
+                doc_extent(layout, load_doc, load_base, load_length, load_first_token);
                 load_tiles = max(1, (int)((load_length + BM - 1) / BM));
             }
         }
@@ -148,7 +171,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
     static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0, "tile rows must split evenly");
     const int my_chunk = tid % CHUNK_SLOTS, my_row = tid / CHUNK_SLOTS;
-    const int my_chunk_bytes = my_chunk * 8 < dim ? 16 : 0;
+    const int my_chunk_bytes = my_chunk * ELEMS < dim ? 16 : 0;
 
     auto issue_tile_load = [&](int stage) {
         if (load_doc >= doc_end || my_chunk >= CHUNKS) {
@@ -157,7 +180,10 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         }
         u16* dst = sD + stage * BM * LDS + my_row * LDS + my_chunk * 8;
         i64 row = (i64)load_tile * BM + my_row;
-        const T* src = d + load_base + row * d_row_stride + my_chunk * 8;
+        const T* src = d + load_base + row * d_row_stride + my_chunk * ELEMS;
+        // Scale of this document's row 0 (padded: by doc; packed: by token index).
+        const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
+                                                       : load_first_token * args.d_scale_row_stride;
         const i64 src_step = ROW_STEP * d_row_stride;
 #pragma unroll
         for (int r = my_row; r < BM; r += ROW_STEP) {
@@ -166,7 +192,12 @@ __device__ __forceinline__ void maxsim_fwd_mma(
                 real = d_mask[load_doc * d_mask_doc_stride + row * d_mask_row_stride] != 0;
             const int bytes = real ? my_chunk_bytes : 0;
             cp_async_16(dst, bytes ? (const void*)src : (const void*)d, bytes);
-            if (my_chunk == 0) sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+            if (my_chunk == 0) {
+                sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+                if constexpr (SCALED)
+                    sScale[stage * BM + r] =
+                        real ? args.d_scale[scale_base + row * args.d_scale_row_stride] : 0.f;
+            }
             dst += ROW_STEP * LDS;
             src += src_step;
             row += ROW_STEP;
@@ -216,6 +247,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(
                     lo = fminf(lo, red_min[w * BN + col]);
                 }
                 non_finite |= !(m < MAXSIM_INF) || lo == MAXSIM_NEG_INF;
+                if constexpr (SCALED) m *= sColScale[col];
                 sum += m;
             }
 #pragma unroll
@@ -228,8 +260,8 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         }
     };
 
-    i64 doc = doc_begin, base_unused, length;
-    doc_extent(layout, doc, base_unused, length);
+    i64 doc = doc_begin, base_unused, length, first_unused;
+    doc_extent(layout, doc, base_unused, length, first_unused);
     int tiles = max(1, (int)((length + BM - 1) / BM)), tile = 0;
     i64 pending_doc = -1;
     int parity = 0;
@@ -252,13 +284,13 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         cp_async_commit();
 
         const u16* tile_d = sD + stage * BM * LDS;
-        float acc[MT][NT][4];
+        Acc acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
@@ -286,10 +318,15 @@ __device__ __forceinline__ void maxsim_fwd_mma(
             const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2);
             const float bias_lo = sBias[stage * BM + r], bias_hi = sBias[stage * BM + r + 8];
             has_row |= (bias_lo == 0.f) | (bias_hi == 0.f);
+            const float scale_lo = SCALED ? sScale[stage * BM + r] : 1.f;
+            const float scale_hi = SCALED ? sScale[stage * BM + r + 8] : 1.f;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float v0 = acc[mt][nt][0] + bias_lo, v1 = acc[mt][nt][1] + bias_lo;
-                const float v2 = acc[mt][nt][2] + bias_hi, v3 = acc[mt][nt][3] + bias_hi;
+                // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
+                const float v0 = fmaf((float)acc[mt][nt][0], scale_lo, bias_lo);
+                const float v1 = fmaf((float)acc[mt][nt][1], scale_lo, bias_lo);
+                const float v2 = fmaf((float)acc[mt][nt][2], scale_hi, bias_hi);
+                const float v3 = fmaf((float)acc[mt][nt][3], scale_hi, bias_hi);
                 run_max[nt][0] = max_nan(run_max[nt][0], max_nan(v0, v2));
                 run_max[nt][1] = max_nan(run_max[nt][1], max_nan(v1, v3));
                 run_min[nt][0] = fminf(run_min[nt][0], fminf(v0, v2));
@@ -327,7 +364,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(
         parity ^= 1;
         tile = 0;
         if (++doc < doc_end) {
-            doc_extent(layout, doc, base_unused, length);
+            doc_extent(layout, doc, base_unused, length, first_unused);
             tiles = max(1, (int)((length + BM - 1) / BM));
         }
     }
@@ -336,15 +373,11 @@ __device__ __forceinline__ void maxsim_fwd_mma(
     if (pending_doc >= 0) finish_document(pending_doc, parity ^ 1);
 }
 
-#define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                            \
-    extern "C" __global__ void __launch_bounds__(fwd::THREADS, 1) NAME(const ForwardArgs a) {   \
-        maxsim_fwd_mma<T>((const T*)a.q, a.q_query_stride, a.q_row_stride, a.num_queries,        \
-                          a.query_length, a.q_mask, a.q_mask_query_stride, a.q_mask_row_stride,  \
-                          (const T*)a.d, a.d_doc_stride, a.d_row_stride, a.doc_length, a.offsets, \
-                          a.offsets_are_64bit, a.d_mask, a.d_mask_doc_stride,                   \
-                          a.d_mask_row_stride, a.num_docs, a.dim, a.docs_per_block,              \
-                          a.queries_per_group, a.pairs, (float*)a.out, a.out_query_stride);      \
+#define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                      \
+    extern "C" __global__ void __launch_bounds__(fwd::THREADS, 1) NAME(const ForwardArgs args) { \
+        maxsim_fwd_mma<T>(args);                                                          \
     }
 
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp16, fp16_t)
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_bf16, bf16_t)
+MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_int8, i8)

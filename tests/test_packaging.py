@@ -69,6 +69,7 @@ def test_forward_args_layout_matches_the_header():
     """_kernels.FORWARD_ARGS packs exactly the fields of ForwardArgs, in order, with their sizes."""
     header = (ROOT / "kernels_cu" / "common.cuh").read_text()
     body = re.search(r"struct ForwardArgs \{(.*?)\};", header, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
     fields = []
     for declaration in body.split(";"):
         declaration = declaration.strip()
@@ -79,4 +80,4 @@ def test_forward_args_layout_matches_the_header():
         for name in names.split(","):
             fields.append((name.strip().split()[-1], kind))
     assert fields == list(_kernels.FORWARD_ARGS)
-    assert _kernels.forward_args(**{name: 1 for name, _ in fields}).itemsize == 20 * 8 + 8 * 4
+    assert _kernels.forward_args(**{name: 1 for name, _ in fields}).itemsize == 26 * 8 + 8 * 4
