@@ -65,13 +65,7 @@ def _resolve_int8(q: Operand, d: Operand, q_scale, d_scale):
 
 
 def _scale_operand(scale, name: str, shape: tuple, q: Operand) -> Operand:
-    operand = as_operand(scale, name)
-    if operand.dtype != "float32":
-        raise TypeError(f"{name} must have dtype float32, got {operand.dtype}")
-    if tuple(operand.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} (one scale per token), got {tuple(operand.shape)}")
-    _check_device(q, operand)
-    return operand
+    return _per_token_operand(scale, name, shape, q, "float32", "float32 (one scale per token)")
 
 
 def _cupy_or_host_operand(array, name: str, like: Operand) -> Operand:
@@ -103,9 +97,14 @@ def _check_device(q: Operand, other: Operand) -> None:
 def _mask_operand(mask, name: str, shape: tuple, q: Operand):
     if mask is None:
         return None
-    operand = as_operand(mask, name)
-    if operand.dtype != "bool":
-        raise TypeError(f"{name} must be a boolean array (True = real token), got dtype {operand.dtype}")
+    return _per_token_operand(mask, name, shape, q, "bool", "a boolean array (True = real token)")
+
+
+def _per_token_operand(x, name: str, shape: tuple, q: Operand, dtype: str, what: str) -> Operand:
+    """A mask or scale array: one value per token, of ``dtype``, on q's device."""
+    operand = as_operand(x, name)
+    if operand.dtype != dtype:
+        raise TypeError(f"{name} must be {what}, got dtype {operand.dtype}")
     if tuple(operand.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(operand.shape)}")
     _check_device(q, operand)

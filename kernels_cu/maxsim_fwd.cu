@@ -83,7 +83,7 @@ __device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp
 }
 
 template <typename T>
-__device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs& args) {
+__device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
     const unsigned char* __restrict__ q_mask = args.q_mask;

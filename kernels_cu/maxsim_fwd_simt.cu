@@ -25,7 +25,7 @@
 #endif
 
 template <typename T>
-__device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs& args) {
+__device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
     typedef typename AccumulatorOf<T>::type A;
     const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
@@ -134,7 +134,7 @@ __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs& args) {
 }
 
 #define MAXSIM_FWD_SIMT_ENTRY(NAME, T)                                                      \
-    extern "C" __global__ void __launch_bounds__(MAXSIM_SIMT_THREADS) NAME(const ForwardArgs args) { \
+    extern "C" __global__ void __launch_bounds__(MAXSIM_SIMT_THREADS, 1) NAME(const ForwardArgs args) { \
         maxsim_fwd_simt<T>(args);                                                          \
     }
 

@@ -91,7 +91,7 @@ QS, DS = np.ones((2, 4), np.float32), np.ones((3, 5), np.float32)
         pytest.param(lambda: cm.score(Q8, D8, q_scale=QS, d_scale=DS[:, :4]), ValueError,
                      r"d_scale must have shape \(3, 5\)", id="scale-shape"),
         pytest.param(lambda: cm.score(Q8, D8, q_scale=QS, d_scale=DS.astype(np.float64)), TypeError,
-                     "d_scale must have dtype float32", id="scale-dtype"),
+                     "d_scale must be float32", id="scale-dtype"),
         pytest.param(lambda: cm.score(Q8, D8.astype(np.float32), q_scale=QS), TypeError,
                      "int8 queries need int8 documents", id="int8-q-float-d"),
         pytest.param(lambda: cm.score(Q8.astype(np.float32), D8.astype(np.float32), d_scale=DS), ValueError,
