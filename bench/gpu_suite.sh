@@ -6,7 +6,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { date -u; echo "commit ${CUPY_MAXSIM_COMMIT:-unknown (the device copy has no .git; pass CUPY_MAXSIM_COMMIT)}"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
   python3 -c "import cupy, numpy, torch, jax; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -m gpu tests/test_gpu.py -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
 if [ -z "$SKIP_SANITIZER" ]; then
   compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/memcheck.log"
   compute-sanitizer --tool racecheck python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/racecheck.log"

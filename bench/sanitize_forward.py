@@ -21,6 +21,12 @@ for dtype in (cupy.float16, cupy.float32, cupy.float64):
         cm.score_pairs(q, d[:nq] if nd >= nq else rows((nq, ld, dim), dtype))
         offsets = cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
         cm.score_packed(q, rows((41, dim), dtype), offsets)
+for nq, lq, nd, ld, dim in [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 8, 4, 17, 100)]:
+    qv, qs = cm.quantize_int8(rows((nq, lq, dim), cupy.float32))
+    dv, ds = cm.quantize_int8(rows((nd, ld, dim), cupy.float32))
+    cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7))
+    tv, ts = cm.quantize_int8(rows((41, dim), cupy.float32))
+    cm.score_packed(qv, tv, cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int64), q_scale=qs, d_scale=ts)
 try:
     import torch
 
