@@ -141,7 +141,7 @@ def int8_providers(torch):
     def prepared(name, q, d, make):
         key = (name, id(q), id(d))
         if key not in cache:
-            if len(cache) > 4:  # only the current shape's data is kept alive
+            if not any(k[1:] == key[1:] for k in cache):  # a new shape: drop the last one's data
                 cache.clear()
             cache[key] = make()
         return cache[key]
@@ -259,6 +259,12 @@ def run(args):
         results.append(row)
         del q, d, packed
         torch.cuda.empty_cache()
+        try:  # CuPy-side temporaries (e.g. quantisation) live in CuPy's pool
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
+        except ImportError:
+            pass
         _print_row(row)
     return {"ceilings": ceilings, "notes": notes, "results": results, "primary": primary}
 

@@ -310,19 +310,32 @@ def _quantize(operand: Operand, mask: Operand | None):
         return _quantize_array(xp, operand.cupy(), operand.dtype, None if mask is None else mask.cupy())
 
 
+#: Tokens quantised per block: keeps the float32 temporaries near 64 MB whatever the corpus.
+QUANTIZE_BLOCK_ELEMENTS = 16 * 1024 * 1024
+
+
 def _quantize_array(xp, x, dtype: str, mask):
-    if dtype == "bfloat16" and x.dtype == np.uint16:  # raw bfloat16 bits (CuPy without ml_dtypes)
-        x = (x.astype(np.uint32) << 16).view(np.float32)
-    x = x.astype(np.float32)
-    scales = (xp.abs(x).max(axis=-1) / 127) if x.shape[-1] else xp.zeros(x.shape[:-1], np.float32)
-    scales = scales.astype(np.float32)
-    safe = xp.where(scales > 0, scales, np.float32(1))
-    scaled = xp.nan_to_num(x / safe[..., None], nan=0.0, posinf=0.0, neginf=0.0)
-    values = xp.clip(xp.rint(scaled), -127, 127).astype(np.int8)
-    if mask is not None:
-        values *= mask[..., None]
-        scales = xp.where(mask, scales, np.float32(0))
-    return values, scales
+    dim = x.shape[-1]
+    rows = x.reshape(-1, dim)
+    mask_rows = None if mask is None else mask.reshape(-1)
+    values = xp.empty(rows.shape, np.int8)
+    scales = xp.empty(rows.shape[0], np.float32)
+    step = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, dim))
+    for start in range(0, rows.shape[0], step):
+        block = rows[start:start + step]
+        if dtype == "bfloat16" and block.dtype == np.uint16:  # raw bfloat16 bits (CuPy without ml_dtypes)
+            block = (block.astype(np.uint32) << 16).view(np.float32)
+        block = block.astype(np.float32)
+        scale = (xp.abs(block).max(axis=-1) / 127).astype(np.float32) if dim else \
+            xp.zeros(block.shape[0], np.float32)
+        safe = xp.where(scale > 0, scale, np.float32(1))
+        scaled = xp.nan_to_num(block / safe[:, None], nan=0.0, posinf=0.0, neginf=0.0)
+        values[start:start + step] = xp.clip(xp.rint(scaled), -127, 127).astype(np.int8)
+        if mask_rows is not None:
+            values[start:start + step] *= mask_rows[start:start + step, None]
+            scale = xp.where(mask_rows[start:start + step], scale, np.float32(0))
+        scales[start:start + step] = scale
+    return values.reshape(x.shape), scales.reshape(x.shape[:-1])
 
 
 def pack(docs, mask=None):

@@ -164,3 +164,17 @@ def test_int8_packed_pairs_frameworks_on_gpu(poison):
     stream.synchronize()
     expected = reference.maxsim_pairs_reference(dequantized(qv, qs), dequantized(dv, ds))
     assert_scores_match(got, expected, atol=1e-3)
+
+
+def test_quantize_int8_blocked_matches_whole(monkeypatch):
+    """Quantisation runs in blocks of tokens (bounded temporaries): same values and scales."""
+    from cupy_maxsim import _api
+
+    rng = np.random.default_rng(9)
+    x = unit_rows(rng, (4, 9, 32))
+    mask = holey_mask(rng, (4, 9))
+    whole = cm.quantize_int8(x, mask=mask)
+    monkeypatch.setattr(_api, "QUANTIZE_BLOCK_ELEMENTS", 50)
+    blocked = cm.quantize_int8(x, mask=mask)
+    for a, b in zip(whole, blocked):
+        np.testing.assert_array_equal(a, b)
