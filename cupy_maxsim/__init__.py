@@ -4,7 +4,7 @@
 and JAX only when their arrays do (or through ``cupy_maxsim.torch`` / ``cupy_maxsim.jax``).
 """
 
-from ._api import pack, quantize_int8, score, score_packed, score_pairs
+from ._api import pack, quantize_int8, score, score_backward, score_packed, score_pairs
 
 __version__ = "0.1.0"
-__all__ = ["score", "score_pairs", "score_packed", "pack", "quantize_int8", "__version__"]
+__all__ = ["score", "score_pairs", "score_packed", "score_backward", "pack", "quantize_int8", "__version__"]

@@ -126,28 +126,37 @@ def _batch_view(operand: Operand) -> Operand:
                                host=host)
 
 
-def _check_offsets(offsets: Operand, num_tokens: int) -> None:
+def _check_offsets(offsets: Operand, num_tokens: int) -> tuple[int, int, int]:
+    """Checks packed-document offsets; returns (first, last, longest document length)."""
     if offsets.dtype not in ("int32", "int64"):
         raise TypeError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
     if offsets.ndim != 1 or offsets.shape[0] < 1:
         raise ValueError(f"offsets must have shape (num_docs + 1,), got {offsets.shape}")
     xp = module_of(offsets)
     values = offsets.host if offsets.host is not None else offsets.cupy()
-    # One summary, one device-to-host read: (first, last, number of decreasing steps).
+    steps = values[1:].astype(np.int64) - values[:-1].astype(np.int64)
+    longest = steps.max() if steps.shape[0] else xp.zeros((), np.int64)
+    # One summary, one device-to-host read: (first, last, decreasing steps, longest document).
     summary = xp.stack([values[0].astype(np.int64), values[-1].astype(np.int64),
-                        (values[1:] < values[:-1]).sum().astype(np.int64)])
-    first, last, decreasing = (int(v) for v in (summary.get() if hasattr(summary, "get") else summary))
+                        (steps < 0).sum().astype(np.int64), longest.astype(np.int64)])
+    first, last, decreasing, longest = (int(v) for v in (summary.get() if hasattr(summary, "get") else summary))
     if first < 0 or last > num_tokens or decreasing:
         raise ValueError(
             f"offsets must be non-decreasing and within [0, {num_tokens}] (tokens has {num_tokens} rows), "
             f"got first {first}, last {last}" + (f", and {decreasing} decreasing steps" if decreasing else "")
         )
+    return first, last, max(0, longest)
+
+
+def _argmax_dtype(longest_doc: int) -> str:
+    """Saved winners fit int16 when every document is shorter than 32768 tokens."""
+    return "int16" if longest_doc < 32768 else "int32"
 
 
 # ---- public functions -----------------------------------------------------------------------
 
 
-def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
+def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_argmax=False):
     """MaxSim scores of queries against padded documents.
 
     Parameters
@@ -166,6 +175,9 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
         documents need ``d_scale``; int8 queries need ``q_scale``; float queries against int8
         documents are quantised on the fly. The similarity is ``q_scale * d_scale * <q, d>``
         with the dot product exact in int32.
+    return_argmax : bool, optional
+        Also return the winning document token of every query token, for
+        :func:`score_backward` (training).
 
     Returns
     -------
@@ -173,6 +185,9 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
         float32 (float64 for float64 inputs), in the framework and on the device of ``q``.
         ``scores[i, n] = sum_t max_j <q[i, t], d[n, j]>`` over real tokens; ``-inf`` for a
         document with no real token; NaN where a similarity between real tokens is not finite.
+    argmax : int16 array (int32 when Ld >= 32768), shape (Nd, Lq) or (Nq, Nd, Lq)
+        Only with ``return_argmax``: ``argmax[i, n, t]`` is the first ``j`` reaching the max
+        for query token ``t``; -1 for a masked query token or a document with no real token.
     """
     like, d_op = _scored_operand(q, "q"), _scored_operand(d, "d")
     _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
@@ -186,15 +201,17 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
     q_scale3 = _as_query_batch(q_scale_op, None)[0] if q_scale_op is not None and single else q_scale_op
     num_queries, num_docs = q3.shape[0], d_op.shape[0]
     shape = (num_docs,) if single else (num_queries, num_docs)
+    argmax_dtype = _argmax_dtype(d_op.shape[1]) if return_argmax else None
     if not q_op.on_gpu:
         out = _cpu.score_padded(q3.host, d_op.host, _host(q_mask3), _host(d_mask_op), _host(q_scale3),
-                                _host(d_scale_op))
-        return Output(like).wrap(out[0] if single else out)
+                                _host(d_scale_op), with_argmax=return_argmax)
+        return _host_result(like, out, single, argmax_dtype)
     return _gpu_score(like, q3, d_op, q_mask3, d_mask_op, q_scale3, d_scale_op, shape, pairs=False,
-                      doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
+                      doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None,
+                      argmax_dtype=argmax_dtype)
 
 
-def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
+def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_argmax=False):
     """MaxSim scores of aligned (query, document) pairs.
 
     Parameters
@@ -206,6 +223,8 @@ def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
     d_mask : bool array, shape (B, Ld), optional
     q_scale, d_scale : float32 arrays, shapes (B, Lq) and (B, Ld), optional
         int8 scales, as in :func:`score`.
+    return_argmax : bool, optional
+        Also return the winners, shape (B, Lq), as in :func:`score`.
 
     Returns
     -------
@@ -222,15 +241,17 @@ def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
         raise ValueError(f"q and d must hold the same number of pairs, got {q_op.shape[0]} and {d_op.shape[0]}")
     q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:2], q_op)
     d_mask_op = _mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
+    argmax_dtype = _argmax_dtype(d_op.shape[1]) if return_argmax else None
     if not q_op.on_gpu:
         out = _cpu.score_pairs(q_op.host, d_op.host, _host(q_mask_op), _host(d_mask_op), _host(q_scale_op),
-                               _host(d_scale_op))
-        return Output(like).wrap(out)
+                               _host(d_scale_op), with_argmax=return_argmax)
+        return _host_result(like, out, False, argmax_dtype)
     return _gpu_score(like, q_op, d_op, q_mask_op, d_mask_op, q_scale_op, d_scale_op, (d_op.shape[0],),
-                      pairs=True, doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None)
+                      pairs=True, doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None,
+                      argmax_dtype=argmax_dtype)
 
 
-def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None):
+def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None, return_argmax=False):
     """MaxSim scores against packed variable-length documents (no padding read or computed).
 
     Parameters
@@ -245,6 +266,9 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None)
     q_mask : bool array, shape (Lq,) or (Nq, Lq), optional
     q_scale, d_scale : float32 arrays, shapes q.shape[:-1] and (T,), optional
         int8 scales, as in :func:`score`.
+    return_argmax : bool, optional
+        Also return the winners as in :func:`score`, each an index within its document (int16
+        when every document is shorter than 32768 tokens, else int32).
 
     Returns
     -------
@@ -258,18 +282,203 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None)
     q_op, q_scale_op, d_scale_op = _resolve_int8(like, t_op, q_scale, d_scale)
     _check_pair(q_op, t_op)
     _check_device(q_op, o_op)
-    _check_offsets(o_op, t_op.shape[0])
+    longest = _check_offsets(o_op, t_op.shape[0])[2]
     q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
     single = q_op.ndim == 2
     q3, q_mask3 = _as_query_batch(q_op, q_mask_op)
     q_scale3 = _as_query_batch(q_scale_op, None)[0] if q_scale_op is not None and single else q_scale_op
     num_docs = o_op.shape[0] - 1
     shape = (num_docs,) if single else (q3.shape[0], num_docs)
+    argmax_dtype = (_argmax_dtype(longest) if return_argmax is True else return_argmax) if return_argmax else None
     if not q_op.on_gpu:
-        out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3), _host(q_scale3), _host(d_scale_op))
-        return Output(like).wrap(out[0] if single else out)
+        out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3), _host(q_scale3), _host(d_scale_op),
+                                with_argmax=bool(return_argmax))
+        return _host_result(like, out, single, argmax_dtype)
     return _gpu_score(like, q3, t_op, q_mask3, None, q_scale3, d_scale_op, shape, pairs=False, doc_length=0,
-                      doc_stride=0, offsets=o_op)
+                      doc_stride=0, offsets=o_op, argmax_dtype=argmax_dtype)
+
+
+def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
+    """Gradients of MaxSim scores with respect to the queries and the documents.
+
+    Uses the winners saved by the forward (``return_argmax=True``): each query token's
+    gradient gathers its winning document rows; each document token's gradient adds the query
+    tokens it won, found by inverting the argmax into CSR on the GPU. No float atomics: the
+    same inputs give bitwise the same gradients. Accumulation is in float32 (float64 for
+    float64 inputs).
+
+    Parameters
+    ----------
+    grad_scores : float array, shaped like the scores
+        The loss's gradient with respect to the scores: (Nd,) or (Nq, Nd) (pairs: (B,)).
+    q, d : arrays
+        The forward's inputs: as given to :func:`score`, or to :func:`score_pairs` with
+        ``pairs=True``; with ``offsets``, ``d`` is the ``tokens`` (T, D) of
+        :func:`score_packed`. float16, bfloat16, float32 or float64 (int8 has no gradient).
+    argmax : int16 or int32 array
+        The forward's winners, shaped like the scores plus (Lq,). Masks need not be passed
+        again: a masked token has no winner (-1) and gets a zero gradient.
+    offsets : int32 or int64 array, shape (Nd + 1,), optional
+        Packed documents, as in :func:`score_packed`.
+    pairs : bool, optional
+        The scores came from :func:`score_pairs`.
+
+    Returns
+    -------
+    grad_q, grad_d : arrays shaped and typed like ``q`` and ``d``
+        In the framework and on the device of ``q``; contiguous.
+    """
+    like = as_operand(q, "q")
+    if like.dtype == "int8":
+        raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
+    like = _float_operand(q, "q")
+    d_op = _float_operand(d, "tokens" if offsets is not None else "d")
+    if pairs and offsets is not None:
+        raise ValueError("pairs and offsets cannot be combined: score_pairs takes padded documents")
+    if pairs:
+        _check_ndim(like, (3,), "(B, Lq, D)")
+        _check_ndim(d_op, (3,), "(B, Ld, D)")
+        if like.shape[0] != d_op.shape[0]:
+            raise ValueError(f"q and d must hold the same number of pairs, got {like.shape[0]} and {d_op.shape[0]}")
+    else:
+        _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+        _check_ndim(d_op, (2,) if offsets is not None else (3,), "(T, D)" if offsets is not None else "(Nd, Ld, D)")
+    _check_pair(like, d_op)
+    longest, cover = (d_op.shape[1] if d_op.ndim == 3 else 0), True
+    o_op = None
+    if offsets is not None:
+        o_op = as_operand(offsets, "offsets")
+        _check_device(like, o_op)
+        first, last, longest = _check_offsets(o_op, d_op.shape[0])
+        cover = first == 0 and last == d_op.shape[0]
+    single = like.ndim == 2
+    q3 = _as_query_batch(like, None)[0]
+    num_queries, query_length, dim = q3.shape
+    num_docs = d_op.shape[0] if offsets is None else o_op.shape[0] - 1
+    scores_shape = (num_docs,) if pairs or single else (num_queries, num_docs)
+    grad_op = as_operand(grad_scores, "grad_scores")
+    if grad_op.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"grad_scores must be a float array, got dtype {grad_op.dtype}")
+    if tuple(grad_op.shape) != scores_shape:
+        raise ValueError(f"grad_scores must have the scores' shape {scores_shape}, got {tuple(grad_op.shape)}")
+    _check_device(like, grad_op)
+    argmax_op = as_operand(argmax, "argmax")
+    if argmax_op.dtype not in ("int16", "int32"):
+        raise TypeError(f"argmax must be int16 or int32 (from return_argmax=True), got dtype {argmax_op.dtype}")
+    if tuple(argmax_op.shape) != scores_shape + (query_length,):
+        raise ValueError(f"argmax must have shape {scores_shape + (query_length,)}, got {tuple(argmax_op.shape)}")
+    _check_device(like, argmax_op)
+    if not like.on_gpu:
+        grad_host = grad_op.host if single is False or pairs else grad_op.host[None]
+        argmax_host = argmax_op.host if single is False or pairs else argmax_op.host[None]
+        grad_q, grad_d = _cpu.score_backward(grad_host, q3.host, d_op.host, argmax_host,
+                                             None if o_op is None else o_op.host, pairs)
+        output = Output(like)
+        return (_host_gradient(output, grad_q.reshape(like.shape), like.dtype),
+                _host_gradient(output, grad_d, d_op.dtype))
+    return _gpu_backward(like, grad_op, q3, d_op, argmax_op, o_op, pairs, longest, cover)
+
+
+def _host_gradient(output: Output, array: np.ndarray, dtype: str):
+    """A CPU-backend gradient (compute dtype) in the caller's dtype and framework."""
+    if dtype != "bfloat16":
+        return output.wrap(array.astype(dtype, copy=False))
+    bits = array.astype(np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+    rounded = np.where(np.isnan(array), np.uint16(0x7FC0), rounded)
+    return output.wrap(rounded, dtype="bfloat16")
+
+
+#: Documents per dQ chunk: past this many, partial sums per chunk keep the grid wide.
+DQ_DOCS_PER_CHUNK = 4096
+
+
+def _unit_dim_stride(operand: Operand) -> Operand:
+    """The backward kernels read rows with unit dim stride: copy a strided operand once."""
+    if operand.strides[-1] == 1 or operand.shape[-1] <= 1:
+        return operand
+    import cupy
+
+    with _kernels.on_stream(operand.stream):
+        copy = cupy.ascontiguousarray(operand.cupy())
+    return _cupy_or_host_operand(copy, operand.name, operand)
+
+
+def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: Operand, offsets, pairs: bool,
+                  longest: int, cover: bool):
+    import cupy
+
+    output = Output(like)
+    grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
+    grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
+    num_queries, query_length, dim = q.shape
+    num_docs = grad.shape[-1] if not pairs else grad.shape[0]
+    stream = like.stream
+    wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
+    if num_queries == 0 or query_length == 0 or dim == 0 or num_docs == 0 or longest == 0:
+        output.fill(grad_q, 0)
+        output.fill(grad_d, 0)
+        return wrap()
+    sources_per_doc = query_length if pairs else num_queries * query_length
+    if sources_per_doc >= 2**31:
+        raise ValueError(f"at most 2^31 - 1 query tokens per backward, got {sources_per_doc}")
+    suffix = _DTYPE_SUFFIX[like.dtype]
+    accumulator = 8 if like.dtype == "float64" else 4
+    threads = 256 if like.dtype == "float64" else 32 * _kernels.BWD_WARPS
+    with cupy.cuda.Device(like.device), _kernels.on_stream(stream):
+        sm_count, smem_limit, _, _ = _kernels.device_properties(like.device)
+        fixed = _kernels.bwd_shared_bytes(0, longest, accumulator)
+        count_warps = min(8, (smem_limit - fixed) // (4 * longest))
+        if count_warps < 1:
+            raise ValueError(f"documents of {longest} tokens are too long for the backward on this GPU "
+                             f"(at most {(smem_limit - fixed) // 4})")
+        q, d = _unit_dim_stride(q), _unit_dim_stride(d)
+        grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
+            grad.cupy().astype(np.float32), "grad_scores", grad)
+        item = ITEMSIZE[like.dtype]
+        aligned = dim % 4 == 0 and all(
+            s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
+        docs_per_chunk = num_docs if like.dtype == "float64" or pairs else DQ_DOCS_PER_CHUNK
+        chunks = -(-num_docs // docs_per_chunk)
+        sources, sources_ptr = output.empty((num_docs * sources_per_doc,), "int32")
+        partial, partial_ptr = (None, 0)
+        if chunks > 1:
+            partial, partial_ptr = output.empty((chunks * num_queries * query_length * dim,), "float32")
+        if offsets is not None and not cover:
+            output.fill(grad_d, 0)  # tokens outside every document get no gradient
+        grad_strides = (grad_f32.strides[0], 0) if pairs else (
+            (0, grad_f32.strides[0]) if grad_f32.ndim == 1 else tuple(grad_f32.strides))
+        argmax_strides = (argmax.strides[0], 0) if pairs else (
+            (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
+        values = dict(
+            q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
+            d=d.ptr, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
+            doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
+            argmax=argmax.ptr, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
+            grad=grad_f32.ptr, grad_query_stride=grad_strides[0], grad_doc_stride=grad_strides[1],
+            grad_q=grad_q_ptr, grad_d=grad_d_ptr, sources=sources_ptr, partial=partial_ptr,
+            num_docs=num_docs, sources_per_doc=sources_per_doc, docs_per_chunk=docs_per_chunk,
+            num_queries=num_queries, query_length=query_length, dim=dim,
+            offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
+            argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=min(count_warps, threads // 32),
+            vector_loads=int(aligned and item <= 4),
+        )
+        args = (_kernels.backward_args(**values),)
+        warps = threads // 32
+        dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
+        dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}")
+        _kernels.launch(dq, (-(-num_queries * query_length // warps), dim_chunks, chunks), (threads,), args, 0, stream)
+        if chunks > 1:
+            reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}")
+            total = num_queries * query_length * dim
+            _kernels.launch(reduce, (min(-(-total // 256), sm_count * 16),), (256,), args, 0, stream)
+        shared = _kernels.bwd_shared_bytes(values["count_warps"], longest, accumulator)
+        dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", (), shared)
+        # Row splits: enough blocks for two per SM, each keeping at least 32 rows.
+        splits = max(1, min(-(-2 * sm_count // num_docs), -(-longest // 32), 65535))
+        _kernels.launch(dd, (num_docs, splits), (threads,), args, shared, stream)
+        del sources, partial  # stream-ordered frees: the kernels above are queued first
+    return wrap()
 
 
 def quantize_int8(x, *, mask=None):
@@ -403,21 +612,46 @@ def _result_dtype(dtype: str) -> str:
     return "float64" if dtype == "float64" else "float32"
 
 
+def _host_result(like: Operand, out, single: bool, argmax_dtype):
+    """CPU backend results in the caller's framework: scores, or (scores, argmax)."""
+    output = Output(like)
+    if argmax_dtype is None:
+        return output.wrap(out[0] if single else out)
+    scores, argmax = out
+    argmax = argmax.astype(argmax_dtype)
+    return output.wrap(scores[0] if single else scores), output.wrap(argmax[0] if single else argmax)
+
+
 def _gpu_score(like: Operand, q: Operand, d: Operand, q_mask, d_mask, q_scale, d_scale, shape, *, pairs,
-               doc_length, doc_stride, offsets):
-    """Allocate the result in the caller's framework (``like``, the q it passed) and run the
-    forward kernel on its stream."""
+               doc_length, doc_stride, offsets, argmax_dtype=None):
+    """Allocate the result (and the argmax, when ``argmax_dtype`` is set) in the caller's
+    framework (``like``, the q it passed) and run the forward kernel on its stream."""
     output = Output(like)
     result, out_ptr = output.empty(shape, _result_dtype(q.dtype))
     num_queries, query_length, dim = q.shape
     num_docs = shape[-1]
+    argmax = None
+    if argmax_dtype is not None:
+        argmax, argmax_ptr = output.empty(shape + (query_length,), argmax_dtype)
+        # (query, doc, token) strides in elements; pairs: query b meets document b only.
+        argmax_strides = (query_length, 0) if pairs else (num_docs * query_length, query_length)
     if num_docs == 0 or num_queries == 0:
-        return result
+        return result if argmax is None else (result, argmax)
     if query_length == 0 or dim == 0 or (offsets is None and doc_length == 0):
-        return _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, like.stream)
+        scores = _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, like.stream)
+        if argmax is None:
+            return scores
+        return scores, _fill_argmax(output, argmax, like)
+    argmax_args = None if argmax is None else (argmax_ptr, argmax_strides, argmax_dtype == "int32")
     _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
-                     out_ptr, 0 if pairs else num_docs, like.stream)
-    return output.wrap(result)
+                     out_ptr, 0 if pairs else num_docs, like.stream, argmax_args)
+    return output.wrap(result) if argmax is None else (output.wrap(result), output.wrap(argmax))
+
+
+def _fill_argmax(output, argmax, like: Operand):
+    """No token can win (no query token, dim 0 or no document token): every winner is -1."""
+    output.fill(argmax, -1)
+    return output.wrap(argmax)
 
 
 def _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, stream):
@@ -449,7 +683,8 @@ def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:
     return _kernels.device_properties(q.device)[3] >= 80
 
 
-def _choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int):
+def _choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
+                       argmax: bool = False):
     """The tensor-core tile configuration for a problem, or None (CUDA-core path)."""
     widths = [w for w in sorted(_kernels.MMA_CONFIGS) if w >= query_length]
     if not pairs and num_queries > 1:
@@ -459,7 +694,7 @@ def _choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: 
         stacked = min(num_queries * query_length, 256)
         widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
     for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
-        config = _kernels.mma_config(width, ksteps)
+        config = _kernels.mma_config(width, ksteps, argmax)
         if config is None:
             continue
         while config.shared_bytes > smem_limit and config.stages > 2:
@@ -470,12 +705,12 @@ def _choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: 
 
 
 @functools.lru_cache(maxsize=256)
-def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs):
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
     sm_count, smem_limit, smem_per_sm, _ = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
-    config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit)
+    config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, argmax)
     if config is None:
         return None
     kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
@@ -494,7 +729,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs):
 
 
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
-                     out_ptr, out_query_stride, stream):
+                     out_ptr, out_query_stride, stream, argmax=None):
+    """Launch the forward; ``argmax`` = (pointer, (query, doc) strides, is 32-bit) or None."""
     import cupy
 
     num_queries, query_length, dim = q.shape
@@ -512,7 +748,11 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
         num_docs=num_docs, docs_per_block=1, out=out_ptr, out_query_stride=out_query_stride,
         num_queries=num_queries, query_length=query_length, dim=dim,
         offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
-        queries_per_group=1, pairs=int(pairs), rows_per_chunk=0, reserved=0,
+        queries_per_group=1, pairs=int(pairs), rows_per_chunk=0,
+        argmax=0 if argmax is None else argmax[0],
+        argmax_query_stride=0 if argmax is None else argmax[1][0],
+        argmax_doc_stride=0 if argmax is None else argmax[1][1],
+        argmax_is_32bit=int(argmax is not None and argmax[2]),
         q_scale=0 if q_scale is None else q_scale.ptr,
         q_scale_query_stride=0 if q_scale is None else q_scale.strides[0],
         q_scale_row_stride=0 if q_scale is None else q_scale.strides[1],
@@ -522,7 +762,7 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
     )
     switch = cupy.cuda.runtime.getDevice() != q.device
     with cupy.cuda.Device(q.device) if switch else contextlib.nullcontext():
-        plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs) \
+        plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None) \
             if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
             kernel, threads, shared, group, groups, docs_per_block, grid_x = plan
@@ -537,6 +777,8 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                     num_queries=num_queries - first_query,
                     out=out_ptr + first_query * out_query_stride * out_item,
                 )
+                if argmax is not None:
+                    values["argmax"] = argmax[0] + first_query * argmax[1][0] * (4 if argmax[2] else 2)
                 _kernels.launch(kernel, (grid_x, min(65535, groups - first)), (threads,),
                                 (_kernels.forward_args(**values),), shared, stream)
             return

@@ -24,6 +24,7 @@ _TORCH_DTYPES = {
     "torch.float32": "float32",
     "torch.float64": "float64",
     "torch.bool": "bool",
+    "torch.int16": "int16",
     "torch.int32": "int32",
     "torch.int64": "int64",
     "torch.int8": "int8",
@@ -34,8 +35,16 @@ _TORCH_DTYPES = {
 #: kernel forgot to write cannot pass.
 POISON_OUTPUTS = False
 
+def _poison(dtype: str, bits: bool = False):
+    """What POISON_OUTPUTS fills with: NaN (bits 0x7fff for bfloat16 held as uint16 ``bits``),
+    or an integer no kernel writes."""
+    if dtype == "bfloat16" and bits:
+        return 0x7FFF
+    return np.nan if dtype.startswith("float") or dtype == "bfloat16" else 12345
+
+
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "bool": 1, "int8": 1, "uint8": 1,
-            "int32": 4, "int64": 8}
+            "int16": 2, "int32": 4, "int64": 8}
 
 
 @dataclasses.dataclass
@@ -105,7 +114,10 @@ def _framework_of(x) -> str:
 
 
 def as_operand(x, name: str) -> Operand:
-    """Wrap ``x`` (any supported array) without copying. Raises TypeError for anything else."""
+    """Wrap ``x`` (any supported array) without copying. Raises TypeError for anything else.
+    An :class:`Operand` passes through (adapters build them for buffers no framework wraps)."""
+    if isinstance(x, Operand):
+        return dataclasses.replace(x, name=name)
     framework = _framework_of(x)
     if framework == "numpy":
         array = np.asarray(x)
@@ -143,6 +155,26 @@ def _host_operand(array: np.ndarray, name: str, framework: str) -> Operand:
                    host=array)
 
 
+def device_buffer_operand(buffer, dtype: str, name: str = "x") -> Operand:
+    """An operand over any object with ``__cuda_array_interface__`` (e.g. a JAX buffer in a
+    callback), of the given dtype name: works for bfloat16, which NumPy-typed interfaces lack."""
+    interface = buffer.__cuda_array_interface__
+    shape = tuple(interface["shape"])
+    item = ITEMSIZE[dtype]
+    strides = interface.get("strides")
+    if strides is None:
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+    else:
+        strides = [s // item for s in strides]
+    import cupy
+
+    return Operand(name, "cupy", dtype, shape, tuple(strides), cupy.cuda.runtime.getDevice(),
+                   ptr=interface["data"][0], keepalive=buffer)
+
+
 def _cupy_operand(array, name: str, framework: str) -> Operand:
     dtype = array.dtype.name
     item = array.dtype.itemsize
@@ -173,7 +205,8 @@ class Output:
         self.like = like
 
     def empty(self, shape: tuple, dtype: str):
-        """Returns (array handed back to the caller later, device pointer or host ndarray)."""
+        """Returns (array handed back to the caller later, device pointer or host ndarray).
+        bfloat16 outside torch is held as uint16 bits (hand it back with ``wrap(x, dtype)``)."""
         like = self.like
         if not like.on_gpu:
             array = np.empty(shape, dtype)
@@ -183,15 +216,30 @@ class Output:
 
             tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=like.torch_device)
             if POISON_OUTPUTS:
-                tensor.fill_(float("nan"))
+                self.fill(tensor, _poison(dtype))
             return tensor, tensor.data_ptr()
         import cupy
 
         with cupy.cuda.Device(like.device):
-            array = cupy.empty(shape, dtype)
+            array = cupy.empty(shape, np.uint16 if dtype == "bfloat16" else dtype)
             if POISON_OUTPUTS:
-                array.fill(np.nan)
+                self.fill(array, _poison(dtype, bits=True))
         return array, array.data.ptr
+
+    def fill(self, array, value) -> None:
+        """Fill an array from :meth:`empty` on the caller's stream."""
+        if isinstance(array, np.ndarray):
+            array.fill(value)
+            return
+        if hasattr(array, "fill_"):  # torch: its own stream
+            array.fill_(value)
+            return
+        import cupy
+
+        from ._kernels import on_stream
+
+        with cupy.cuda.Device(self.like.device), on_stream(self.like.stream):
+            array.fill(value)
 
     def wrap(self, array, dtype: str | None = None):
         """Hand a NumPy or CuPy array back in the caller's framework.
@@ -206,14 +254,15 @@ class Output:
 
             if isinstance(array, torch.Tensor):
                 return array
-            tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else torch.from_dlpack(array)
+            if isinstance(array, np.ndarray):
+                tensor = torch.from_numpy(array.view(np.int16) if bits else array)
+            else:
+                tensor = torch.from_dlpack(array)
             return tensor.view(torch.bfloat16) if bits else tensor
         if like.framework == "jax":
             import jax
 
-            if isinstance(array, np.ndarray):
-                return jax.numpy.asarray(array)
-            result = jax.dlpack.from_dlpack(array)
+            result = jax.numpy.asarray(array) if isinstance(array, np.ndarray) else jax.dlpack.from_dlpack(array)
             return jax.lax.bitcast_convert_type(result, jax.numpy.bfloat16) if bits else result
         return array
 

@@ -4,7 +4,9 @@ Similarities are formed one block at a time with a BLAS matrix product (float32,
 for float64 inputs), reduced to per-token maxima at once, and dropped. A block holds at most
 ``BLOCK_ELEMENTS`` similarities (64 MB of float32); with its masks and temporaries the backend
 stays near 256 MB of extra memory whatever the corpus size. Same semantics as the kernels:
-see ``reference.py``.
+see ``reference.py``. With ``with_argmax`` the forward also returns each token's winning
+document token (first maximum; -1 for a masked query token or a document with no real token),
+and :func:`score_backward` turns it into gradients.
 """
 
 from __future__ import annotations
@@ -24,13 +26,22 @@ def _block(x, scale, ctype):
     return block if scale is None else block * scale[..., None].astype(ctype)
 
 
-def _token_reduce(sims: np.ndarray, d_real: np.ndarray | None):
-    """Max over the last axis (document tokens) and whether any real similarity is non-finite."""
+def _token_reduce(sims: np.ndarray, d_real: np.ndarray | None, with_argmax: bool = False):
+    """Max over the last axis (document tokens), whether any real similarity is non-finite,
+    and (with_argmax) the first index of the max."""
     non_finite = ~np.isfinite(sims)
     if d_real is not None:
         non_finite &= d_real
         sims = np.where(d_real, sims, -np.inf)
-    return sims.max(axis=-1), non_finite.any(axis=-1)
+    argmax = sims.argmax(axis=-1) if with_argmax else None
+    return sims.max(axis=-1), non_finite.any(axis=-1), argmax
+
+
+def _winners(argmax, q_real, doc_has_token):
+    """argmax (nq, Lq, nb) -> (nq, nb, Lq) int32 with -1 where no token wins."""
+    winners = np.where(q_real[:, :, None] & np.broadcast_to(doc_has_token, argmax.shape[::2])[:, None, :],
+                       argmax, -1)
+    return winners.transpose(0, 2, 1).astype(np.int32)
 
 
 def _query_reduce(token_max, token_bad, q_real, doc_has_token):
@@ -49,18 +60,20 @@ def _real_mask(mask, shape):
     return np.ones(shape, bool) if mask is None else mask
 
 
-def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None) -> np.ndarray:
-    """q (Nq, Lq, D), d (Nd, Ld, D), masks (Nq, Lq) / (Nd, Ld) or None -> (Nq, Nd).
-    int8 inputs come with per-token scales shaped like their masks."""
+def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=False):
+    """q (Nq, Lq, D), d (Nd, Ld, D), masks (Nq, Lq) / (Nd, Ld) or None -> (Nq, Nd), and with
+    with_argmax the winners (Nq, Nd, Lq) int32. int8 inputs come with per-token scales shaped
+    like their masks."""
     num_queries, query_length, dim = q.shape
     num_docs, doc_length, _ = d.shape
     ctype = _compute_dtype(q.dtype)
     out = np.empty((num_queries, num_docs), ctype)
+    argmax = np.full((num_queries, num_docs, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
     has_token = np.full(num_docs, doc_length > 0) if d_mask is None else d_mask.any(axis=1)
     if doc_length == 0 or query_length == 0:
         out[:] = np.where(has_token, 0.0, -np.inf)
-        return out
+        return (out, argmax) if with_argmax else out
     pairs_per_block = max(1, BLOCK_ELEMENTS // (query_length * doc_length))
     q_step = min(num_queries, pairs_per_block)
     d_step = max(1, pairs_per_block // q_step)
@@ -73,48 +86,56 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None) -> np.ndarray
             sims = (qb.reshape(nq * query_length, dim) @ db.reshape(nb * doc_length, dim).T)
             sims = sims.reshape(nq, query_length, nb, doc_length)
             real = None if d_mask is None else d_mask[n0:n0 + nb]
-            token_max, token_bad = _token_reduce(sims, real)
+            token_max, token_bad, token_arg = _token_reduce(sims, real, with_argmax)
             out[i0:i0 + nq, n0:n0 + nb] = _query_reduce(
                 token_max, token_bad, q_real[i0:i0 + nq], has_token[n0:n0 + nb])
-    return out
+            if with_argmax:
+                argmax[i0:i0 + nq, n0:n0 + nb] = _winners(token_arg, q_real[i0:i0 + nq], has_token[n0:n0 + nb])
+    return (out, argmax) if with_argmax else out
 
 
-def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None) -> np.ndarray:
-    """Aligned pairs: q (B, Lq, D), d (B, Ld, D) -> (B,)."""
+def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=False):
+    """Aligned pairs: q (B, Lq, D), d (B, Ld, D) -> (B,), and the winners (B, Lq)."""
     batch, query_length, _ = q.shape
     doc_length = d.shape[1]
     ctype = _compute_dtype(q.dtype)
     out = np.empty(batch, ctype)
+    argmax = np.full((batch, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
     has_token = np.full(batch, doc_length > 0) if d_mask is None else d_mask.any(axis=1)
     if doc_length == 0 or query_length == 0:
         out[:] = np.where(has_token, 0.0, -np.inf)
-        return out
+        return (out, argmax) if with_argmax else out
     step = max(1, BLOCK_ELEMENTS // (query_length * doc_length))
     for b0 in range(0, batch, step):
         qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], ctype)
         db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], ctype)
         sims = np.matmul(qb, db.transpose(0, 2, 1))  # (b, Lq, Ld)
         real = None if d_mask is None else d_mask[b0:b0 + step][:, None, :]
-        token_max, token_bad = _token_reduce(sims, real)  # (b, Lq)
+        token_max, token_bad, token_arg = _token_reduce(sims, real, with_argmax)  # (b, Lq)
         scores = _query_reduce(token_max[:, :, None], token_bad[:, :, None], q_real[b0:b0 + step],
                                has_token[b0:b0 + step, None])
         out[b0:b0 + step] = scores[:, 0]
-    return out
+        if with_argmax:
+            real_token = q_real[b0:b0 + step] & has_token[b0:b0 + step, None]
+            argmax[b0:b0 + step] = np.where(real_token, token_arg, -1)
+    return (out, argmax) if with_argmax else out
 
 
-def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None) -> np.ndarray:
-    """q (Nq, Lq, D), tokens (T, D), offsets (Nd + 1,) -> (Nq, Nd); d_scale is (T,)."""
+def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_argmax=False):
+    """q (Nq, Lq, D), tokens (T, D), offsets (Nd + 1,) -> (Nq, Nd), and the winners
+    (Nq, Nd, Lq) as indices within each document; d_scale is (T,)."""
     num_queries, query_length, dim = q.shape
     offsets = offsets.astype(np.int64, copy=False)
     num_docs = len(offsets) - 1
     lengths = np.diff(offsets)
     ctype = _compute_dtype(q.dtype)
     out = np.empty((num_queries, num_docs), ctype)
+    argmax = np.full((num_queries, num_docs, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
     if query_length == 0 or num_docs == 0:
         out[:] = np.where(lengths > 0, 0.0, -np.inf)
-        return out
+        return (out, argmax) if with_argmax else out
     q_step = min(num_queries, max(1, BLOCK_ELEMENTS // (query_length * max(1, int(lengths.max())))))
     token_budget = max(1, BLOCK_ELEMENTS // (q_step * query_length))
     for i0 in range(0, num_queries, q_step):
@@ -139,6 +160,51 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None) -> np.n
                 shape = (nq, query_length, len(nonempty))
                 scores[:, nonempty] = _query_reduce(token_max.reshape(shape), token_bad.reshape(shape),
                                                     q_real[i0:i0 + nq], np.ones(len(nonempty), bool))
+                if with_argmax:
+                    # First index of each segment's max: positions within the document where
+                    # the similarity equals the max, the smallest one.
+                    seg_lengths = block_lengths[nonempty]
+                    local = np.arange(sims.shape[1]) - np.repeat(starts, seg_lengths)
+                    hit = sims == np.repeat(token_max, seg_lengths, axis=1)
+                    first = np.minimum.reduceat(np.where(hit, local, np.iinfo(np.int64).max), starts, axis=1)
+                    first = np.where(first == np.iinfo(np.int64).max, 0, first)  # NaN segments
+                    winners = _winners(first.reshape(shape), q_real[i0:i0 + nq], np.ones(len(nonempty), bool))
+                    argmax[i0:i0 + nq, n0 + nonempty] = winners
             out[i0:i0 + nq, n0:n1] = scores
             n0 = n1
-    return out
+    return (out, argmax) if with_argmax else out
+
+
+def score_backward(grad, q, d, argmax, offsets=None, pairs=False):
+    """Gradients of the scores from the saved winners, in the compute dtype (float32, or
+    float64 for float64 inputs).
+
+    grad (Nq, Nd) (pairs: (B,)); q (Nq, Lq, D); d (Nd, Ld, D), or tokens (T, D) with offsets;
+    argmax (Nq, Nd, Lq) (pairs: (B, Lq)). dq gathers the winning rows; dd adds each winner's
+    weighted query row into its document row with one unbuffered np.add.at, in source order.
+    """
+    ctype = _compute_dtype(q.dtype)
+    num_queries, query_length, dim = q.shape
+    q = q.astype(ctype, copy=False)
+    rows = (d if offsets is not None else d.reshape(-1, dim)).astype(ctype, copy=False)
+    grad = grad.astype(ctype, copy=False)
+    if pairs:
+        grad = grad[:, None]  # (B, 1): pair b is query b with document b
+        argmax = argmax[:, None, :]
+    num_docs = grad.shape[1]
+    starts = (offsets[:-1].astype(np.int64) if offsets is not None
+              else np.arange(d.shape[0], dtype=np.int64) * d.shape[1])
+    grad_q = np.zeros(q.shape, ctype)
+    grad_d = np.zeros(rows.shape, ctype)
+    step = max(1, BLOCK_ELEMENTS // max(1, num_docs * max(1, query_length) * max(1, dim)))
+    for i0 in range(0, num_queries, step):
+        a = argmax[i0:i0 + step].astype(np.int64)  # (nq, nd, Lq)
+        doc_index = np.arange(i0, i0 + a.shape[0])[:, None] if pairs else np.arange(num_docs)[None, :]
+        winner = starts[doc_index][:, :, None] + a  # (nq, nd, Lq) rows of `rows`
+        real = a >= 0
+        weight = np.where(real, grad[i0:i0 + step][:, :, None], 0)
+        gathered = rows[np.where(real, winner, 0)]  # (nq, nd, Lq, D)
+        grad_q[i0:i0 + step] = (weight[..., None] * gathered).sum(axis=1)
+        sources = weight[..., None] * q[i0:i0 + step][:, None, :, :]
+        np.add.at(grad_d, winner[real], sources[real])
+    return grad_q, grad_d.reshape(d.shape)

@@ -34,10 +34,15 @@ FAMILIES = {
         ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64",
          "maxsim_fwd_simt_int8"),
     ),
+    "maxsim_bwd": (
+        "maxsim_bwd.cu",
+        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
+              for stage in ("dq", "dq_reduce", "dd")),
+    ),
 }
 
-#: Field order of ``ForwardArgs`` in common.cuh (u = pointer, q = int64, i = int32); the
-#: packaging test checks it against the header.
+#: Field order of ``ForwardArgs`` and ``BackwardArgs`` in common.cuh (Q = pointer, q = int64,
+#: i = int32); the packaging test checks both against the header.
 FORWARD_ARGS = (
     ("q", "Q"), ("q_query_stride", "q"), ("q_row_stride", "q"), ("q_dim_stride", "q"),
     ("q_mask", "Q"), ("q_mask_query_stride", "q"), ("q_mask_row_stride", "q"),
@@ -46,16 +51,41 @@ FORWARD_ARGS = (
     ("num_docs", "q"), ("docs_per_block", "q"), ("out", "Q"), ("out_query_stride", "q"),
     ("q_scale", "Q"), ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
     ("d_scale", "Q"), ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
+    ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
-    ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("reserved", "i"),
+    ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("argmax_is_32bit", "i"),
 )
-_FORWARD_PACK = struct.Struct("<" + "".join(code for _, code in FORWARD_ARGS))
-_FORWARD_RECORD = np.dtype((np.void, _FORWARD_PACK.size))
+BACKWARD_ARGS = (
+    ("q", "Q"), ("q_query_stride", "q"), ("q_row_stride", "q"),
+    ("d", "Q"), ("d_doc_stride", "q"), ("d_row_stride", "q"), ("doc_length", "q"),
+    ("offsets", "Q"), ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"),
+    ("grad", "Q"), ("grad_query_stride", "q"), ("grad_doc_stride", "q"),
+    ("grad_q", "Q"), ("grad_d", "Q"), ("sources", "Q"), ("partial", "Q"),
+    ("num_docs", "q"), ("sources_per_doc", "q"), ("docs_per_chunk", "q"),
+    ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
+    ("pairs", "i"), ("argmax_is_32bit", "i"), ("count_warps", "i"), ("vector_loads", "i"),
+)
 
 
-def forward_args(**values) -> np.ndarray:
-    """ForwardArgs packed into a one-element NumPy record, which CuPy passes by value."""
-    return np.frombuffer(_FORWARD_PACK.pack(*[values[name] for name, _ in FORWARD_ARGS]), _FORWARD_RECORD)
+class ArgStruct:
+    """Packs one of the argument structs into a one-element NumPy record, which CuPy passes
+    to the kernel by value: one struct.pack per launch instead of dozens of NumPy scalars."""
+
+    def __init__(self, fields):
+        self.fields = fields
+        self._pack = struct.Struct("<" + "".join(code for _, code in fields))
+        self._record = np.dtype((np.void, self._pack.size))
+
+    @property
+    def size(self) -> int:
+        return self._pack.size
+
+    def __call__(self, **values) -> np.ndarray:
+        return np.frombuffer(self._pack.pack(*[values[name] for name, _ in self.fields]), self._record)
+
+
+forward_args = ArgStruct(FORWARD_ARGS)
+backward_args = ArgStruct(BACKWARD_ARGS)
 
 
 SIMT_THREADS = 128
@@ -93,6 +123,7 @@ class MmaConfig:
     stages: int
     ksteps: int
     b_in_registers: int = 1  # keep query fragments in registers when they fit (see maxsim_fwd.cu)
+    argmax: int = 0  # also save the argmax (training)
 
     @property
     def threads(self) -> int:
@@ -114,7 +145,8 @@ class MmaConfig:
         row = self.ksteps * 16 + 8
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
-        return 2 * row * (bn + self.stages * bm) + 4 * (2 * self.stages * bm + 4 * self.warps_m * bn + 2 * bn + 2 * warps)
+        return 2 * row * (bn + self.stages * bm) + 4 * (
+            2 * self.stages * bm + (4 + 2 * self.argmax) * self.warps_m * bn + 2 * bn + 2 * warps)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -125,12 +157,23 @@ class MmaConfig:
             f"-DMAXSIM_STAGES={self.stages}",
             f"-DMAXSIM_KSTEPS={self.ksteps}",
             f"-DMAXSIM_B_IN_REGISTERS={self.b_in_registers}",
+            f"-DMAXSIM_ARGMAX={self.argmax}",
         )
 
 
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
     # Mirrors the formula at the top of maxsim_fwd_simt.cu.
     return (rows_per_chunk * dim + SIMT_THREADS + rows_per_chunk) * accumulator_bytes + rows_per_chunk + SIMT_THREADS
+
+
+#: Warps per block of the backward kernels (MAXSIM_BWD_WARPS in maxsim_bwd.cu).
+BWD_WARPS = 16
+BWD_DIM_CHUNK = 128
+
+
+def bwd_shared_bytes(count_warps: int, longest_doc: int, accumulator_bytes: int) -> int:
+    # Mirrors the formula at the top of maxsim_bwd.cu (+16 for the partials' alignment).
+    return 4 * (count_warps * longest_doc + longest_doc + 1) + 16 + BWD_WARPS * BWD_DIM_CHUNK * accumulator_bytes
 
 
 # ---- CuPy side ------------------------------------------------------------------------------
@@ -310,22 +353,25 @@ MMA_CONFIGS = {
 }
 
 
-def mma_config(width: int, ksteps: int) -> MmaConfig | None:
-    """The tile configuration of stacked width ``width`` at ``ksteps``, or None past its limit."""
+def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | None:
+    """The tile configuration of stacked width ``width`` at ``ksteps`` (saving the argmax or
+    not), or None past its limit."""
     shape = dict(MMA_CONFIGS[width])
     if ksteps > shape.pop("max_ksteps"):
         return None
-    return MmaConfig(ksteps=ksteps, **shape)
+    return MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
 
 
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
-    """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256."""
-    variants = [("maxsim_fwd_simt", ())]
+    """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
+    with and without the argmax."""
+    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", ())]
     for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
             config = mma_config(width, ksteps)
             if config is not None:
                 variants.append(("maxsim_fwd", config.defines()))
+                variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
     return variants
 
 

@@ -80,3 +80,37 @@ def maxsim_packed_reference(q, tokens, offsets, q_mask=None) -> np.ndarray:
         for i in range(q.shape[0]):
             out[i, n] = maxsim_one(q[i], q_real[i], doc, real)
     return out[0] if single else out
+
+
+def maxsim_argmax_reference(q, d, q_mask=None, d_mask=None) -> np.ndarray:
+    """Winners ``(Nq, Nd, Lq)`` int64 of queries against padded documents, in float64: the
+    first document token reaching each max; -1 for a masked query token or a document with no
+    real token."""
+    q, d = _float64(q), _float64(d)
+    q_real = _bool(q_mask, q.shape[:2])
+    d_real = _bool(d_mask, d.shape[:2])
+    out = np.full((q.shape[0], d.shape[0], q.shape[1]), -1, np.int64)
+    for i in range(q.shape[0]):
+        for n in range(d.shape[0]):
+            if not d_real[n].any():
+                continue
+            sims = np.where(d_real[n][None, :], q[i] @ d[n].T, -np.inf)
+            out[i, n] = np.where(q_real[i], sims.argmax(axis=1), -1)
+    return out
+
+
+def maxsim_backward_reference(grad, q, d, argmax):
+    """Float64 gradients (dq, dd) of scores ``(Nq, Nd)`` with respect to q ``(Nq, Lq, D)`` and
+    padded d ``(Nd, Ld, D)``, given the winners ``argmax (Nq, Nd, Lq)`` (-1: none), loop by loop:
+    dq[i, t] += g[i, n] d[n, a]; dd[n, a] += g[i, n] q[i, t] for every a = argmax[i, n, t] >= 0."""
+    grad, q, d = _float64(grad), _float64(q), _float64(d)
+    argmax = np.asarray(argmax).astype(np.int64)
+    dq, dd = np.zeros_like(q), np.zeros_like(d)
+    for i in range(q.shape[0]):
+        for n in range(d.shape[0]):
+            for t in range(q.shape[1]):
+                a = argmax[i, n, t]
+                if a >= 0:
+                    dq[i, t] += grad[i, n] * d[n, a]
+                    dd[n, a] += grad[i, n] * q[i, t]
+    return dq, dd

@@ -71,10 +71,85 @@ struct ForwardArgs {
     i64 q_scale_query_stride, q_scale_row_stride;
     const float* d_scale;  // int8 only: (Nd, Ld) padded, or (T,) packed (row stride only)
     i64 d_scale_doc_stride, d_scale_row_stride;
+    void* argmax;  // training: winning document token per (query, doc, query token), or null
+    i64 argmax_query_stride, argmax_doc_stride;  // token stride 1; int16 or int32 elements
     int num_queries, query_length, dim, offsets_are_64bit;
-    int queries_per_group, pairs, rows_per_chunk, reserved;
+    int queries_per_group, pairs, rows_per_chunk, argmax_is_32bit;
 };
-static_assert(sizeof(ForwardArgs) == 26 * 8 + 8 * 4, "ForwardArgs must have no padding");
+static_assert(sizeof(ForwardArgs) == 29 * 8 + 8 * 4, "ForwardArgs must have no padding");
+
+// Saved argmax: the winning token's index within its document, -1 for a masked query token
+// or a document with no real token. int16 when every document is shorter than 32768 tokens.
+__device__ __forceinline__ void store_argmax(void* argmax, int is_32bit, i64 index, int value) {
+    if (is_32bit) ((int*)argmax)[index] = value;
+    else ((short*)argmax)[index] = (short)value;
+}
+__device__ __forceinline__ int load_argmax(const void* argmax, int is_32bit, i64 index) {
+    return is_32bit ? ((const int*)argmax)[index] : (int)((const short*)argmax)[index];
+}
+
+// Every scalar argument of the backward kernels (maxsim_bwd.cu), packed like ForwardArgs
+// (_kernels.BACKWARD_ARGS mirrors it). q and d have unit dim stride (the caller copies a
+// strided operand once); grad_q and grad_d are contiguous, in the input dtype.
+struct BackwardArgs {
+    const void* q;
+    i64 q_query_stride, q_row_stride;
+    const void* d;
+    i64 d_doc_stride, d_row_stride, doc_length;
+    const void* offsets;
+    const void* argmax;
+    i64 argmax_query_stride, argmax_doc_stride;
+    const float* grad;  // (Nq, Nd) scores' gradient, float32
+    i64 grad_query_stride, grad_doc_stride;
+    void* grad_q;
+    void* grad_d;
+    int* sources;       // scratch: the inverse CSR, sources_per_doc entries per document
+    float* partial;     // scratch: dQ partial sums per document chunk, or null (one chunk)
+    i64 num_docs, sources_per_doc, docs_per_chunk;
+    int num_queries, query_length, dim, offsets_are_64bit;
+    int pairs, argmax_is_32bit, count_warps, vector_loads;
+};
+static_assert(sizeof(BackwardArgs) == 21 * 8 + 8 * 4, "BackwardArgs must have no padding");
+
+// float -> storage type, round to nearest even.
+__device__ __forceinline__ void store_value(fp16_t* p, float x) {
+    u16 bits;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+    p->bits = bits;
+}
+__device__ __forceinline__ void store_value(bf16_t* p, float x) {
+    u16 bits;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+    p->bits = bits;
+}
+__device__ __forceinline__ void store_value(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_value(double* p, double x) { *p = x; }
+
+// Four consecutive elements, widened to the accumulator type: one 8-byte (16-bit types) or
+// 16-byte (float) load when `vector` (16-byte aligned rows, dim a multiple of 4), else
+// element by element with a bound check (dim not a multiple of 4).
+template <typename T, typename A>
+__device__ __forceinline__ void load4(const T* p, int valid, bool vector, A (&out)[4]) {
+    if (vector && valid >= 4) {
+        if constexpr (sizeof(T) == 2) {
+            const uint2 v = *(const uint2*)p;
+            const u16 h[4] = {(u16)(v.x & 0xffff), (u16)(v.x >> 16), (u16)(v.y & 0xffff), (u16)(v.y >> 16)};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                T t;
+                t.bits = h[e];
+                out[e] = convert<A, T>(t);
+            }
+            return;
+        } else if constexpr (sizeof(T) == 4) {
+            const float4 v = *(const float4*)p;
+            out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+            return;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] = e < valid ? convert<A, T>(p[e]) : (A)0;
+}
 
 // Document rows: where doc `doc` starts (in elements) and how many tokens it has. Padded
 // batches use a fixed length and a doc stride; packed corpora use cu_seqlens-style offsets

@@ -23,10 +23,15 @@
 // -inf. Non-finite policy: if any similarity between a real query token and a real document
 // token is NaN or +-inf, the score is NaN (the max propagates NaN, a running min catches -inf).
 //
+// Argmax (MAXSIM_ARGMAX=1, training): each running max carries the index of its row; ties go
+// to the lowest document-token index (strict > within a thread, which meets rows in
+// increasing order; explicit index comparison across lanes and warps). The index is written
+// per (query, doc, query token), -1 for a masked query token or a document with no real token.
+//
 // Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
-// tile ring, plus 4 * (2 * STAGES * BM + 4 * WARPS_M * BN + 2 * BN + 2 * WARPS) for row biases
-// and scales, the cross-warp max/min of two documents in flight, the per-column query index
-// and scale, and row flags; _kernels.py mirrors this formula. Rows and k-steps are counted in
+// tile ring, plus 4 * (2 * STAGES * BM + (4 + 2 * ARGMAX) * WARPS_M * BN + 2 * BN + 2 * WARPS)
+// for row biases and scales, the cross-warp max/min (and argmax) of two documents in flight,
+// the per-column query index and scale, and row flags; _kernels.py mirrors this formula. Rows and k-steps are counted in
 // 16-bit units: a k-step is 32 bytes (16 fp16 or 32 int8 elements).
 //
 // Preconditions (checked in Python): dim a multiple of 16 bytes' worth of elements and at most
@@ -55,10 +60,14 @@
 #ifndef MAXSIM_B_IN_REGISTERS
 #define MAXSIM_B_IN_REGISTERS 1
 #endif
+#ifndef MAXSIM_ARGMAX
+#define MAXSIM_ARGMAX 0
+#endif
 
 namespace fwd {
 constexpr int WARPS_M = MAXSIM_WARPS_M, WARPS_N = MAXSIM_WARPS_N;
 constexpr int MT = MAXSIM_MT, NT = MAXSIM_NT, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
+constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
 constexpr int WARPS = WARPS_M * WARPS_N, THREADS = 32 * WARPS;
 constexpr int BM = WARPS_M * 16 * MT;
 constexpr int BN = WARPS_N * 8 * NT;
@@ -114,6 +123,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     float* sRedMin = sRedMax + 2 * WARPS_M * BN;
     int* sColQuery = (int*)(sRedMin + 2 * WARPS_M * BN);
     int* sHasRow = sColQuery + BN;              // [2 parities][WARPS]
+    int* sRedArg = sHasRow + 2 * WARPS;         // ARGMAX: [2 parities][WARPS_M][BN]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
@@ -235,6 +245,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     auto finish_document = [&](i64 finished_doc, int parity) {
         const float* red_max = sRedMax + parity * WARPS_M * BN;
         const float* red_min = sRedMin + parity * WARPS_M * BN;
+        const int* red_arg = sRedArg + parity * WARPS_M * BN;
         bool doc_has_row = false;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) doc_has_row |= sHasRow[parity * WARPS + w] != 0;
@@ -243,13 +254,26 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
             bool non_finite = false;
             for (int i = lane; i < query_length; i += 32) {
                 const int col = g * query_length + i;
-                if (sColQuery[col] < 0) continue;
+                const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
+                                         finished_doc * args.argmax_doc_stride + i;
+                if (sColQuery[col] < 0) {
+                    if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
+                    continue;
+                }
                 float m = MAXSIM_NEG_INF, lo = MAXSIM_INF;
+                int arg = -1;
 #pragma unroll
                 for (int w = 0; w < WARPS_M; ++w) {
-                    m = max_nan(m, red_max[w * BN + col]);
+                    const float other = red_max[w * BN + col];
+                    if constexpr (ARGMAX) {
+                        const int other_arg = red_arg[w * BN + col];
+                        if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
+                    }
+                    m = max_nan(m, other);
                     lo = fminf(lo, red_min[w * BN + col]);
                 }
+                if constexpr (ARGMAX)
+                    store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, doc_has_row ? arg : -1);
                 non_finite |= !(m < MAXSIM_INF) || lo == MAXSIM_NEG_INF;
                 if constexpr (SCALED) m *= sColScale[col];
                 sum += m;
@@ -271,10 +295,14 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     int parity = 0;
 
     float run_max[NT][2], run_min[NT][2];
+    int run_arg[ARGMAX ? NT : 1][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) run_max[nt][j] = MAXSIM_NEG_INF, run_min[nt][j] = MAXSIM_INF;
+        for (int j = 0; j < 2; ++j) {
+            run_max[nt][j] = MAXSIM_NEG_INF, run_min[nt][j] = MAXSIM_INF;
+            if constexpr (ARGMAX) run_arg[nt][j] = -1;
+        }
     bool has_row = false;
 
     for (int stage = 0; doc < doc_end; stage = (stage + 1) % STAGES) {
@@ -331,6 +359,13 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                 const float v1 = fmaf((float)acc[mt][nt][1], scale_lo, bias_lo);
                 const float v2 = fmaf((float)acc[mt][nt][2], scale_hi, bias_hi);
                 const float v3 = fmaf((float)acc[mt][nt][3], scale_hi, bias_hi);
+                if constexpr (ARGMAX) {
+                    // Rows meet this thread in increasing order: strict > keeps the first.
+                    const int row = tile * BM + r;
+                    const float best0 = v2 > v0 ? v2 : v0, best1 = v3 > v1 ? v3 : v1;
+                    if (best0 > run_max[nt][0]) run_arg[nt][0] = v2 > v0 ? row + 8 : row;
+                    if (best1 > run_max[nt][1]) run_arg[nt][1] = v3 > v1 ? row + 8 : row;
+                }
                 run_max[nt][0] = max_nan(run_max[nt][0], max_nan(v0, v2));
                 run_max[nt][1] = max_nan(run_max[nt][1], max_nan(v1, v3));
                 run_min[nt][0] = fminf(run_min[nt][0], fminf(v0, v2));
@@ -348,18 +383,26 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 float m = run_max[nt][j], lo = run_min[nt][j];
+                int arg = ARGMAX ? run_arg[ARGMAX ? nt : 0][j] : -1;
 #pragma unroll
                 for (int offset = 4; offset < 32; offset <<= 1) {
-                    m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, offset));
+                    const float other = __shfl_xor_sync(0xffffffffu, m, offset);
+                    if constexpr (ARGMAX) {
+                        const int other_arg = __shfl_xor_sync(0xffffffffu, arg, offset);
+                        if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
+                    }
+                    m = max_nan(m, other);
                     lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
                 }
                 if (lane < 4) {
                     const int col = warp_n * 8 * NT + nt * 8 + 2 * lane + j;
                     red_max[warp_m * BN + col] = m;
                     red_min[warp_m * BN + col] = lo;
+                    if constexpr (ARGMAX) sRedArg[parity * WARPS_M * BN + warp_m * BN + col] = arg;
                 }
                 run_max[nt][j] = MAXSIM_NEG_INF;
                 run_min[nt][j] = MAXSIM_INF;
+                if constexpr (ARGMAX) run_arg[nt][j] = -1;
             }
         const bool warp_has_row = __any_sync(0xffffffffu, has_row);
         if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row;

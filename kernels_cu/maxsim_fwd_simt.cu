@@ -18,7 +18,8 @@
 //
 // Semantics match maxsim_fwd.cu: masked document tokens never win, masked query tokens add
 // nothing, a document with no real token scores -inf, and a non-finite similarity between
-// real tokens makes the score NaN.
+// real tokens makes the score NaN. With args.argmax set (training) each token's winning row
+// is saved as in maxsim_fwd.cu (first maximum wins; -1 for a masked token or empty document).
 
 #ifndef MAXSIM_SIMT_THREADS
 #define MAXSIM_SIMT_THREADS 128
@@ -78,6 +79,7 @@ __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
                     q_token_scale = args.q_scale[query * args.q_scale_query_stride +
                                                  token * args.q_scale_row_stride];
             A best = neg_inf, lowest = pos_inf;
+            int best_row = -1;
             for (i64 row0 = 0; row0 < length; row0 += rows_per_chunk) {
                 const int rows = (int)min((i64)rows_per_chunk, length - row0);
                 __syncthreads();  // the previous chunk is no longer read
@@ -103,6 +105,7 @@ __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
                     for (int k = 0; k < dim; ++k)
                         dot += convert<A, T>(q_row[k * q_dim_stride]) * row[k];
                     if constexpr (SCALED) dot = dot * q_token_scale * sRowScale[r];
+                    if (dot > best) best_row = (int)(row0 + r);  // strict: the first maximum wins
                     best = max_nan(best, dot);
                     lowest = min_plain(lowest, dot);
                 }
@@ -111,6 +114,10 @@ __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
                 non_finite |= !(best < pos_inf) || lowest == neg_inf;
                 partial += best;
             }
+            if (args.argmax != nullptr && token < query_length)
+                store_argmax(args.argmax, args.argmax_is_32bit,
+                             query * args.argmax_query_stride + doc * args.argmax_doc_stride + token,
+                             active && doc_has_row ? best_row : -1);
         }
 
         sPartial[tid] = partial;

@@ -1,0 +1,145 @@
+"""JAX differentiation for MaxSim: ``maxsim`` and ``maxsim_packed`` with ``jax.custom_vjp``.
+
+Both run under ``jax.jit`` and ``jax.grad``. The kernels are called through
+``jax.experimental.buffer_callback``: XLA hands the callback its device buffers and its
+stream, the kernels run on that stream and write the outputs in place, with no host round
+trip and no copy of the inputs. On the CPU the same callback runs the NumPy backend. The
+forward saves only the winners (int16 per query token and document; int32 for packed
+documents, whose longest length is not known when tracing).
+
+    import cupy_maxsim.jax as cmj
+    scores = cmj.maxsim(q, d, q_mask, d_mask)                # (Nq, Nd), differentiable
+    grads = jax.grad(lambda q, d: loss(cmj.maxsim(q, d)))(q, d)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.buffer_callback import buffer_callback
+
+from . import _api
+from ._arrays import device_buffer_operand
+
+__all__ = ["maxsim", "maxsim_packed"]
+
+
+def _on_gpu(buffer) -> bool:
+    """Whether a callback buffer lives in GPU memory (a CPU buffer raises on the interface)."""
+    try:
+        buffer.__cuda_array_interface__
+    except Exception:  # noqa: BLE001 - JAX raises its own error type on the CPU
+        return False
+    return True
+
+
+def _operand(buffer, dtype, name):
+    """A callback buffer as something cupy_maxsim takes: NumPy on the host, else an operand."""
+    if buffer is None:
+        return None
+    if _on_gpu(buffer):
+        return device_buffer_operand(buffer, np.dtype(dtype).name, name)
+    return np.asarray(buffer)
+
+
+def _store(out_buffer, value) -> None:
+    """Copy a result into an output buffer (on the current CuPy stream, XLA's, on a GPU)."""
+    if _on_gpu(out_buffer):
+        import cupy
+
+        target = cupy.asarray(out_buffer)
+        target[...] = value.view(target.dtype) if value.dtype != target.dtype else value
+    else:
+        np.asarray(out_buffer)[...] = np.asarray(value)
+
+
+def _on_stream(ctx, buffer):
+    """CuPy work inside the callback runs on XLA's stream (GPU buffers only: a CPU context
+    has no stream)."""
+    if not _on_gpu(buffer):
+        import contextlib
+
+        return contextlib.nullcontext()
+    import cupy
+
+    return cupy.cuda.ExternalStream(ctx.stream)
+
+
+def _score_dtype(q):
+    return jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+
+
+def _forward(q, d, offsets, q_mask, d_mask):
+    """(scores, argmax) through a buffer callback."""
+    single = q.ndim == 2
+    num_docs = d.shape[0] if offsets is None else offsets.shape[0] - 1
+    shape = (num_docs,) if single else (q.shape[0], num_docs)
+    argmax_dtype = jnp.int32 if offsets is not None or d.shape[1] >= 32768 else jnp.int16
+    result_types = (jax.ShapeDtypeStruct(shape, _score_dtype(q)),
+                    jax.ShapeDtypeStruct(shape + (q.shape[-2],), argmax_dtype))
+    dtypes = (q.dtype, d.dtype, None if offsets is None else offsets.dtype,
+              None if q_mask is None else q_mask.dtype, None if d_mask is None else d_mask.dtype)
+
+    def callback(ctx, out, q_buf, d_buf, offsets_buf, q_mask_buf, d_mask_buf):
+        with _on_stream(ctx, q_buf):
+            q_op, d_op, o_op, qm_op, dm_op = (
+                _operand(b, t, n) for b, t, n in zip((q_buf, d_buf, offsets_buf, q_mask_buf, d_mask_buf),
+                                                     dtypes, ("q", "d", "offsets", "q_mask", "d_mask")))
+            if o_op is not None:
+                scores, argmax = _api.score_packed(q_op, d_op, o_op, q_mask=qm_op,
+                                                   return_argmax=np.dtype(argmax_dtype).name)
+            else:
+                scores, argmax = _api.score(q_op, d_op, q_mask=qm_op, d_mask=dm_op, return_argmax=True)
+            _store(out[0], scores)
+            _store(out[1], argmax)
+
+    return buffer_callback(callback, result_types)(q, d, offsets, q_mask, d_mask)
+
+
+def _backward(grad, q, d, offsets, argmax):
+    result_types = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype))
+    dtypes = (grad.dtype, q.dtype, d.dtype, None if offsets is None else offsets.dtype, argmax.dtype)
+
+    def callback(ctx, out, grad_buf, q_buf, d_buf, offsets_buf, argmax_buf):
+        with _on_stream(ctx, q_buf):
+            g_op, q_op, d_op, o_op, a_op = (
+                _operand(b, t, n) for b, t, n in zip((grad_buf, q_buf, d_buf, offsets_buf, argmax_buf),
+                                                     dtypes, ("grad_scores", "q", "d", "offsets", "argmax")))
+            grad_q, grad_d = _api.score_backward(g_op, q_op, d_op, a_op, offsets=o_op)
+            _store(out[0], grad_q)
+            _store(out[1], grad_d)
+
+    return buffer_callback(callback, result_types)(grad, q, d, offsets, argmax)
+
+
+@jax.custom_vjp
+def _maxsim(q, d, offsets, q_mask, d_mask):
+    return _forward(q, d, offsets, q_mask, d_mask)[0]
+
+
+def _maxsim_fwd(q, d, offsets, q_mask, d_mask):
+    scores, argmax = _forward(q, d, offsets, q_mask, d_mask)
+    return scores, (q, d, offsets, argmax)
+
+
+def _maxsim_bwd(residuals, grad):
+    q, d, offsets, argmax = residuals
+    grad_q, grad_d = _backward(grad, q, d, offsets, argmax)
+    return grad_q, grad_d, None, None, None
+
+
+_maxsim.defvjp(_maxsim_fwd, _maxsim_bwd)
+
+
+def maxsim(q, d, q_mask=None, d_mask=None):
+    """Differentiable :func:`cupy_maxsim.score` for JAX arrays: q (Lq, D) or (Nq, Lq, D),
+    d (Nd, Ld, D), boolean masks (True = real token) -> scores (Nd,) or (Nq, Nd)."""
+    return _maxsim(q, d, None, q_mask, d_mask)
+
+
+def maxsim_packed(q, tokens, offsets, q_mask=None):
+    """Differentiable :func:`cupy_maxsim.score_packed`: tokens (T, D), offsets (Nd + 1,)."""
+    return _maxsim(q, tokens, offsets, q_mask, None)

@@ -1,0 +1,68 @@
+"""PyTorch autograd for MaxSim: ``maxsim``, ``maxsim_pairs`` and ``maxsim_packed``.
+
+The forward saves only the winners (int16 per query token and document) instead of the
+similarity tensor; the backward gathers and scatters from them with cupy_maxsim's kernels
+(deterministic, no float atomics) on torch's current stream, without a device sync. CPU
+tensors run the NumPy backend, so ``torch.autograd.gradcheck`` works in float64 on any
+machine. Gradients are not differentiable again (no double backward).
+
+    import cupy_maxsim.torch as cmt
+    scores = cmt.maxsim(q, d, q_mask=q_mask, d_mask=d_mask)   # (Nq, Nd), differentiable
+    loss = torch.nn.functional.cross_entropy(scores / tau, labels)
+    loss.backward()
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _api
+
+__all__ = ["maxsim", "maxsim_pairs", "maxsim_packed"]
+
+
+class _MaxSim(torch.autograd.Function):
+    """Scores with the winners saved; mode is "padded", "pairs" or "packed"."""
+
+    @staticmethod
+    def forward(ctx, q, d, offsets, q_mask, d_mask, mode):
+        wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        if mode == "packed":
+            result = _api.score_packed(q, d, offsets, q_mask=q_mask, return_argmax=wants_grad)
+        elif mode == "pairs":
+            result = _api.score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=wants_grad)
+        else:
+            result = _api.score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=wants_grad)
+        if not wants_grad:
+            return result
+        scores, argmax = result
+        ctx.save_for_backward(q, d, argmax, offsets)
+        ctx.mode = mode
+        ctx.mark_non_differentiable(argmax)
+        return scores
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_scores):
+        q, d, argmax, offsets = ctx.saved_tensors
+        grad_q, grad_d = _api.score_backward(grad_scores, q, d, argmax, offsets=offsets,
+                                             pairs=ctx.mode == "pairs")
+        return (grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None,
+                None, None, None, None)
+
+
+def maxsim(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
+    """Differentiable :func:`cupy_maxsim.score`: q (Lq, D) or (Nq, Lq, D), d (Nd, Ld, D),
+    boolean masks (True = real token) -> scores (Nd,) or (Nq, Nd), float32."""
+    return _MaxSim.apply(q, d, None, q_mask, d_mask, "padded")
+
+
+def maxsim_pairs(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
+    """Differentiable :func:`cupy_maxsim.score_pairs`: (B, Lq, D) x (B, Ld, D) -> (B,)."""
+    return _MaxSim.apply(q, d, None, q_mask, d_mask, "pairs")
+
+
+def maxsim_packed(q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, q_mask=None) -> torch.Tensor:
+    """Differentiable :func:`cupy_maxsim.score_packed`: documents packed as tokens (T, D) with
+    offsets (Nd + 1,); the gradient of ``tokens`` is (T, D)."""
+    return _MaxSim.apply(q, tokens, offsets, q_mask, None, "packed")

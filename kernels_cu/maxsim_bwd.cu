@@ -1,0 +1,330 @@
+// maxsim_bwd.cu: MaxSim backward from the argmax the forward saved, deterministic and free of
+// float atomics. With s[i, n] = sum_t <q[i, t], d[n, a[i, n, t]]> and g = dL/ds:
+//
+//   dq[i, t] = sum_n g[i, n] * d[n, a[i, n, t]]                   (a gather: the token owns it)
+//   dd[n, k] = sum_{(i, t) : a[i, n, t] = k} g[i, n] * q[i, t]    (a scatter, inverted below)
+//
+// a = -1 (masked query token, document with no real token) contributes nothing. Gradients are
+// accumulated in fp32 (fp64 for float64 inputs) in a fixed order and written once, in the
+// input dtype: the same inputs give bitwise the same gradients.
+//
+// maxsim_bwd_dq_*: one warp per (query token, 128-wide dim chunk, document chunk). Lanes
+// read the argmax and g of 32 documents at once and broadcast them; each lane accumulates 4
+// dims, 8 document rows in flight. With one document chunk the warp writes grad_q directly;
+// with several (very many documents) it writes fp32 partials that maxsim_bwd_dq_reduce_* sums
+// in chunk order.
+//
+// maxsim_bwd_dd_*: one block per (document, row split). It inverts the argmax of its document
+// into CSR in three phases (no sort, no global atomics):
+//   count: count_warps warps each count their contiguous share of the document's (i, t)
+//          sources per destination token, in shared memory (integer atomics: exact);
+//   scan:  per token, an exclusive scan over warps, then over tokens, gives each warp a cursor
+//          into the token's list;
+//   fill:  each warp walks its share in order, ranks equal destinations with __match_any_sync
+//          and writes the source at cursor + rank: lists come out in (i, t) order, every run.
+// Then each destination row is owned by one warp, which sums its sources in list order and
+// writes the row once (zeros for a token nobody chose). Hot rows (more than HOT_ROW sources,
+// e.g. a token every query picks) are split over all warps of the block into contiguous
+// parts, and the parts are added in warp order. Row splits (grid.y) let several blocks share
+// one long document; each recounts the document (cheap) and fills and writes only its rows.
+//
+// Shared memory (dynamic, bytes): 4 * (count_warps * L + L + 1) for counts and row starts
+// (L = the longest document) plus WARPS * 128 * sizeof(accumulator) for hot-row partials;
+// _kernels.py mirrors this formula.
+//
+// Preconditions (checked in Python): q, d unit dim stride; vector_loads only when every row
+// start is 16-byte aligned and dim % 4 == 0; sources holds sources_per_doc (Nq * Lq, or Lq
+// in pairs mode) entries per document, fewer than 2^31 in all per document.
+
+namespace bwd {
+// Warps per block: 16, or 8 for float64 (whose registers would spill at 16); the kernels read
+// the count from blockDim, WARPS is the most they handle.
+constexpr int WARPS = 16;
+constexpr int DIM_CHUNK = 128;  // 32 lanes x 4 dims
+constexpr int HOT_ROW = 64;     // rows with more sources are split over the block's warps
+constexpr int INFLIGHT = 8;     // rows loaded before they are accumulated (2 for float64: registers)
+template <typename A> struct Inflight { static constexpr int value = sizeof(A) == 8 ? 2 : INFLIGHT; };
+}  // namespace bwd
+
+// Where document n's rows start (elements) and how many it has.
+__device__ __forceinline__ void bwd_doc_extent(const BackwardArgs& args, i64 doc, i64& base, i64& length,
+                                               i64& first_token) {
+    const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
+                                             args.offsets, args.offsets_are_64bit);
+    doc_extent(layout, doc, base, length, first_token);
+}
+
+// The gather both gradients are made of: lane l holds the offset (elements, from `base`) and
+// the weight of the l-th of `count` rows; the warp adds weight * row[dim0, dim0 + 4) for each
+// row in lane order into acc, Inflight rows loaded before they are accumulated.
+template <typename T, typename A>
+__device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_weight, int count, int dim0,
+                                            int valid, bool vector, A (&acc)[4]) {
+    constexpr int INFLIGHT_ROWS = bwd::Inflight<A>::value;
+    for (int j0 = 0; j0 < count; j0 += INFLIGHT_ROWS) {
+        A rows[INFLIGHT_ROWS][4];
+        A weights[INFLIGHT_ROWS];
+#pragma unroll
+        for (int u = 0; u < INFLIGHT_ROWS; ++u) {
+            const int src = j0 + u;
+            const i64 offset = __shfl_sync(0xffffffffu, my_offset, src & 31);
+            weights[u] = __shfl_sync(0xffffffffu, my_weight, src & 31);
+            if (src < count && valid > 0)
+                load4<T, A>(base + offset + dim0, valid, vector, rows[u]);
+            else
+                rows[u][0] = rows[u][1] = rows[u][2] = rows[u][3] = 0, weights[u] = 0;
+        }
+#pragma unroll
+        for (int u = 0; u < INFLIGHT_ROWS; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] += weights[u] * rows[u][e];
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
+    typedef typename AccumulatorOf<T>::type A;
+    using namespace bwd;
+    const int lane = threadIdx.x & 31;
+    const i64 token_index = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // query * Lq + t
+    const i64 num_tokens = (i64)args.num_queries * args.query_length;
+    if (token_index >= num_tokens) return;
+    const i64 query = token_index / args.query_length;
+    const int token = (int)(token_index % args.query_length);
+    const int dim0 = blockIdx.y * DIM_CHUNK + lane * 4;
+    const int valid = min(4, args.dim - dim0);
+    const bool vector = args.vector_loads != 0;
+    const T* d = (const T*)args.d;
+
+    i64 doc_begin = (i64)blockIdx.z * args.docs_per_chunk;
+    i64 doc_end = min(doc_begin + args.docs_per_chunk, args.num_docs);
+    if (args.pairs) doc_begin = query, doc_end = query + 1;
+
+    A acc[4] = {0, 0, 0, 0};
+    for (i64 n0 = doc_begin; n0 < doc_end; n0 += 32) {
+        // Lane l fetches document n0 + l's winner and weight; the warp then walks them in order.
+        const i64 my_doc = n0 + lane;
+        int my_row = -1;
+        A my_weight = 0;
+        i64 my_base = 0;
+        if (my_doc < doc_end) {
+            i64 length, first_token;
+            bwd_doc_extent(args, my_doc, my_base, length, first_token);
+            const int row = load_argmax(args.argmax, args.argmax_is_32bit,
+                                        query * args.argmax_query_stride + my_doc * args.argmax_doc_stride + token);
+            if (row >= 0 && row < length) {
+                my_row = row;
+                my_weight = (A)args.grad[query * args.grad_query_stride + my_doc * args.grad_doc_stride];
+                my_base += (i64)row * args.d_row_stride;
+            }
+        }
+        gather_rows<T, A>(d, my_base, my_weight, (int)min((i64)32, doc_end - n0), dim0, valid, vector, acc);
+    }
+    if (valid <= 0) return;
+    const i64 out = token_index * args.dim + dim0;
+    if (args.partial != nullptr) {
+        float* partial = args.partial + (i64)blockIdx.z * num_tokens * args.dim + out;
+        for (int e = 0; e < valid; ++e) partial[e] = (float)acc[e];
+    } else {
+        T* grad_q = (T*)args.grad_q + out;
+        for (int e = 0; e < valid; ++e) store_value(grad_q + e, acc[e]);
+    }
+}
+
+// Sums the dQ partials of gridDim-many document chunks in chunk order (fp32 inputs only use
+// it, never float64: the float64 path keeps one chunk).
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_dq_reduce(const BackwardArgs args) {
+    const i64 total = (i64)args.num_queries * args.query_length * args.dim;
+    const i64 chunks = (args.num_docs + args.docs_per_chunk - 1) / args.docs_per_chunk;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+        float sum = 0.f;
+        for (i64 c = 0; c < chunks; ++c) sum += args.partial[c * total + i];
+        store_value((T*)args.grad_q + i, sum);
+    }
+}
+
+// Exclusive scan of values[0, n) in place (all threads of the block call it); returns the total.
+__device__ int block_exclusive_scan(int* values, int n, int* warp_sums) {
+    using namespace bwd;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    int carry = 0;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + tid;
+        const int v = i < n ? values[i] : 0;
+        int inclusive = v;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+            if (lane >= offset) inclusive += up;
+        }
+        if (lane == 31) warp_sums[warp] = inclusive;
+        __syncthreads();
+        int before = carry;
+        for (int w = 0; w < warp; ++w) before += warp_sums[w];
+        if (i < n) values[i] = before + inclusive - v;
+        int chunk_total = 0;
+        for (int w = 0; w < warps; ++w) chunk_total += warp_sums[w];
+        carry += chunk_total;
+        __syncthreads();
+    }
+    return carry;
+}
+
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
+    typedef typename AccumulatorOf<T>::type A;
+    using namespace bwd;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const i64 doc = blockIdx.x;
+    i64 doc_base, length64, first_token;
+    bwd_doc_extent(args, doc, doc_base, length64, first_token);
+    const int length = (int)length64;
+    if (length == 0) return;
+    // This block's destination rows.
+    const int rows_per_split = (length + gridDim.y - 1) / gridDim.y;
+    const int row_begin = blockIdx.y * rows_per_split, row_end = min(length, row_begin + rows_per_split);
+    if (row_begin >= row_end) return;
+
+    const int count_warps = args.count_warps;
+    int* sCount = (int*)smem;                       // [count_warps][length]: counts, then cursors
+    int* sStart = sCount + count_warps * length;    // [length + 1]: row starts in the list
+    A* sPartial = (A*)(((unsigned long long)(sStart + length + 1) + 15) & ~15ull);  // [WARPS][128]
+    __shared__ int warp_sums[WARPS];
+
+    const int query_length = args.query_length;
+    const i64 first_query = args.pairs ? doc : 0;
+    const i64 sources = args.pairs ? query_length : (i64)args.num_queries * query_length;
+    int* list = args.sources + doc * args.sources_per_doc;
+    auto source_row = [&](i64 e) {  // the argmax entry of source e = (query, token), or -1
+        const i64 query = first_query + e / query_length;
+        const int row = load_argmax(args.argmax, args.argmax_is_32bit,
+                                    query * args.argmax_query_stride + doc * args.argmax_doc_stride +
+                                        e % query_length);
+        return row < length ? row : -1;  // never trust an index past the document
+    };
+    const i64 share = (sources + count_warps - 1) / count_warps;
+
+    // count
+    for (int i = tid; i < count_warps * length; i += blockDim.x) sCount[i] = 0;
+    __syncthreads();
+    if (warp < count_warps) {
+        int* counts = sCount + warp * length;
+        const i64 e_end = min(sources, (warp + 1) * share);
+        for (i64 e = warp * share + lane; e < e_end; e += 32) {
+            const int row = source_row(e);
+            if (row >= 0) atomicAdd(counts + row, 1);
+        }
+    }
+    __syncthreads();
+    // scan: per token over warps (cursor offsets), then over tokens (row starts)
+    for (int k = tid; k < length; k += blockDim.x) {
+        int total = 0;
+        for (int w = 0; w < count_warps; ++w) {
+            const int c = sCount[w * length + k];
+            sCount[w * length + k] = total;
+            total += c;
+        }
+        sStart[k] = total;
+    }
+    __syncthreads();
+    const int list_length = block_exclusive_scan(sStart, length, warp_sums);
+    if (tid == 0) sStart[length] = list_length;
+    __syncthreads();
+    for (int i = tid; i < count_warps * length; i += blockDim.x) sCount[i] += sStart[i % length];
+    __syncthreads();
+    // fill, in source order; only this block's rows
+    if (warp < count_warps) {
+        int* cursors = sCount + warp * length;
+        const i64 e_end = min(sources, (warp + 1) * share);
+        const unsigned lanes_below = (1u << lane) - 1;
+        for (i64 e0 = warp * share; e0 < e_end; e0 += 32) {
+            const i64 e = e0 + lane;
+            const int row = e < e_end ? source_row(e) : -1;
+            const bool mine = row >= row_begin && row < row_end;
+            const unsigned active = __ballot_sync(0xffffffffu, mine);
+            unsigned peers = 0;
+            int position = 0;
+            if (mine) {
+                peers = __match_any_sync(active, row);
+                position = cursors[row] + __popc(peers & lanes_below);
+            }
+            __syncwarp();
+            if (mine && (peers & lanes_below) == 0) cursors[row] += __popc(peers);
+            if (mine) list[position] = (int)e;
+            __syncwarp();
+        }
+    }
+    __syncthreads();  // the lists (global memory) are visible to the whole block
+
+    // dD rows: one warp per row, sources summed in list order; hot rows after, block-wide.
+    const T* q = (const T*)args.q;
+    T* grad_d = (T*)args.grad_d;
+    const bool vector = args.vector_loads != 0;
+    const i64 grad_row0 = args.offsets == nullptr ? doc * length : first_token;
+    auto accumulate = [&](int begin, int end, int dim0, int valid, A (&acc)[4]) {
+        for (int s0 = begin; s0 < end; s0 += 32) {
+            // Lanes fetch 32 sources' query rows and weights; the warp then walks them in order.
+            const int s = s0 + lane;
+            i64 my_offset = 0;
+            A my_weight = 0;
+            if (s < end) {
+                const int e = list[s];
+                const i64 query = first_query + e / query_length;
+                my_offset = query * args.q_query_stride + (i64)(e % query_length) * args.q_row_stride;
+                my_weight = (A)args.grad[query * args.grad_query_stride + doc * args.grad_doc_stride];
+            }
+            gather_rows<T, A>(q, my_offset, my_weight, min(32, end - s0), dim0, valid, vector, acc);
+        }
+    };
+    auto store_row = [&](int row, int dim0, int valid, const A (&acc)[4]) {
+        T* out = grad_d + (grad_row0 + row) * args.dim + dim0;
+        for (int e = 0; e < valid; ++e) store_value(out + e, acc[e]);
+    };
+    for (int chunk0 = 0; chunk0 < args.dim; chunk0 += DIM_CHUNK) {
+        const int dim0 = chunk0 + lane * 4;
+        const int valid = min(4, args.dim - dim0);
+        for (int row = row_begin + warp; row < row_end; row += warps) {
+            const int begin = sStart[row], end = sStart[row + 1];
+            if (end - begin > HOT_ROW) continue;
+            A acc[4] = {0, 0, 0, 0};
+            accumulate(begin, end, dim0, valid, acc);
+            store_row(row, dim0, valid, acc);
+        }
+        for (int row = row_begin; row < row_end; ++row) {  // uniform: every thread reads sStart
+            const int begin = sStart[row], end = sStart[row + 1];
+            if (end - begin <= HOT_ROW) continue;
+            const int part = (end - begin + warps - 1) / warps;
+            A acc[4] = {0, 0, 0, 0};
+            accumulate(min(end, begin + warp * part), min(end, begin + (warp + 1) * part), dim0, valid, acc);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sPartial[warp * DIM_CHUNK + lane * 4 + e] = acc[e];
+            __syncthreads();
+            if (warp == 0) {
+                A sum[4] = {0, 0, 0, 0};
+                for (int w = 0; w < warps; ++w)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sum[e] += sPartial[w * DIM_CHUNK + lane * 4 + e];
+                store_row(row, dim0, valid, sum);
+            }
+            __syncthreads();
+        }
+    }
+}
+
+#define MAXSIM_BWD_ENTRIES(SUFFIX, T, THREADS)                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) maxsim_bwd_dq_##SUFFIX(const BackwardArgs args) { \
+        maxsim_bwd_dq<T>(args);                                                                           \
+    }                                                                                                     \
+    extern "C" __global__ void maxsim_bwd_dq_reduce_##SUFFIX(const BackwardArgs args) {                   \
+        maxsim_bwd_dq_reduce<T>(args);                                                                    \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) maxsim_bwd_dd_##SUFFIX(const BackwardArgs args) { \
+        maxsim_bwd_dd<T>(args);                                                                           \
+    }
+
+MAXSIM_BWD_ENTRIES(fp16, fp16_t, 512)
+MAXSIM_BWD_ENTRIES(bf16, bf16_t, 512)
+MAXSIM_BWD_ENTRIES(fp32, float, 512)
+MAXSIM_BWD_ENTRIES(fp64, double, 256)
