@@ -313,18 +313,27 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     }
 }
 
-#define MAXSIM_BWD_ENTRIES(SUFFIX, T, THREADS)                                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1) maxsim_bwd_dq_##SUFFIX(const BackwardArgs args) { \
-        maxsim_bwd_dq<T>(args);                                                                           \
-    }                                                                                                     \
-    extern "C" __global__ void maxsim_bwd_dq_reduce_##SUFFIX(const BackwardArgs args) {                   \
-        maxsim_bwd_dq_reduce<T>(args);                                                                    \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1) maxsim_bwd_dd_##SUFFIX(const BackwardArgs args) { \
-        maxsim_bwd_dd<T>(args);                                                                           \
+// THREADS: 512 (16 warps), or 256 for float64, whose registers would spill at 512.
+#define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const BackwardArgs args) { \
+        maxsim_bwd_dq<T>(args);                                                              \
+    }
+#define MAXSIM_BWD_DQ_REDUCE_ENTRY(NAME, T) \
+    extern "C" __global__ void NAME(const BackwardArgs args) { maxsim_bwd_dq_reduce<T>(args); }
+#define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const BackwardArgs args) { \
+        maxsim_bwd_dd<T>(args);                                                              \
     }
 
-MAXSIM_BWD_ENTRIES(fp16, fp16_t, 512)
-MAXSIM_BWD_ENTRIES(bf16, bf16_t, 512)
-MAXSIM_BWD_ENTRIES(fp32, float, 512)
-MAXSIM_BWD_ENTRIES(fp64, double, 256)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 512)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 512)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 512)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256)
+MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp16, fp16_t)
+MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_bf16, bf16_t)
+MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp32, float)
+MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp64, double)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 512)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 512)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 512)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256)

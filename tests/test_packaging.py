@@ -25,11 +25,13 @@ def test_every_kernel_name_exists_in_its_source():
 def test_api_asks_only_for_declared_kernels():
     text = Path(_api.__file__).read_text()
     declared = {name for _, names in _kernels.FAMILIES.values() for name in names}
-    for prefix in re.findall(r'f"(maxsim_fwd(?:_simt)?)_\{suffix\}"', text):
+    for prefix in re.findall(r'f"(maxsim_fwd(?:_simt)?|maxsim_bwd_(?:dq_reduce|dq|dd))_\{suffix\}"', text):
         for suffix in _api._DTYPE_SUFFIX.values():
             name = f"{prefix}_{suffix}"
             if prefix == "maxsim_fwd" and suffix in ("fp32", "fp64"):
                 continue  # fp32 / fp64 never take the tensor-core path (see _api._mma_eligible)
+            if prefix.startswith("maxsim_bwd") and suffix == "int8":
+                continue  # int8 has no gradient (score_backward refuses it)
             assert name in declared, name
 
 
@@ -65,12 +67,16 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
 
 
-def test_forward_args_layout_matches_the_header():
-    """_kernels.FORWARD_ARGS packs exactly the fields of ForwardArgs, in order, with their sizes."""
+@pytest.mark.parametrize("struct_name,fields,size", [
+    ("ForwardArgs", _kernels.FORWARD_ARGS, 29 * 8 + 8 * 4),
+    ("BackwardArgs", _kernels.BACKWARD_ARGS, 21 * 8 + 8 * 4),
+])
+def test_argument_structs_match_the_header(struct_name, fields, size):
+    """_kernels packs exactly the fields of each argument struct, in order, with their sizes."""
     header = (ROOT / "kernels_cu" / "common.cuh").read_text()
-    body = re.search(r"struct ForwardArgs \{(.*?)\};", header, re.S).group(1)
+    body = re.search(r"struct " + struct_name + r" \{(.*?)\};", header, re.S).group(1)
     body = re.sub(r"//[^\n]*", "", body)
-    fields = []
+    parsed = []
     for declaration in body.split(";"):
         declaration = declaration.strip()
         if not declaration:
@@ -78,6 +84,8 @@ def test_forward_args_layout_matches_the_header():
         kind = "i" if declaration.startswith("int ") else "Q" if "*" in declaration else "q"
         names = declaration.replace("*", " ").split(None, 1)[1] if kind != "Q" else declaration.split("*")[-1]
         for name in names.split(","):
-            fields.append((name.strip().split()[-1], kind))
-    assert fields == list(_kernels.FORWARD_ARGS)
-    assert _kernels.forward_args(**{name: 1 for name, _ in fields}).itemsize == 26 * 8 + 8 * 4
+            parsed.append((name.strip().split()[-1], kind))
+    assert parsed == list(fields)
+    packer = _kernels.ArgStruct(fields)
+    assert packer.size == size
+    assert packer(**{name: 1 for name, _ in fields}).itemsize == size

@@ -1,0 +1,214 @@
+"""Training-step benchmark: forward + backward into q and d, side by side with the peers.
+
+Providers, each measured in this process and run: cupy_maxsim (``cupy_maxsim.torch.maxsim``,
+argmax saved, atomic-free CSR backward), flash-maxsim 0.3.0 (``flash_maxsim_batched_train``,
+its default backward), late-interaction-kernels 0.4.5 (``maxsim``), and naive PyTorch (einsum,
+max, sum; autograd keeps the similarity tensor). One step is ``scores = f(q, d)`` followed by
+``scores.backward(g)`` with a fixed random g (what any loss on the scores hands back).
+
+Per shape: median step time (CUDA events), the floor (FLOPs of forward + backward at the bf16
+rate measured in the same run, and bytes at the copy bandwidth), our forward (with argmax) and
+backward separately, peak extra memory (above the inputs and their gradients), and the
+gradients' agreement with naive fp32. Also the ColPali in-batch run (128 queries x 128 pages
+x 1030 patches) with our peak extra memory beside naive PyTorch's.
+
+    python bench/bench_train.py --out bench/results/train-2026-11-29.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_forward import _median_ms, measure_ceilings, provenance  # noqa: E402
+
+SHAPES = {
+    "inbatch-colbert: 128x32 vs 128x300": (128, 32, 128, 300, 128),
+    "inbatch-colpali: 32x32 vs 128x1030": (32, 32, 128, 1030, 128),
+}
+ANCHOR_MS = {"inbatch-colbert: 128x32 vs 128x300": 0.529, "inbatch-colpali: 32x32 vs 128x1030": 0.717}
+
+
+def providers(torch):
+    import cupy_maxsim.torch as cmt
+
+    def naive(q, d):
+        return torch.einsum("qtd,nld->qntl", q, d).amax(dim=-1).sum(dim=-1).float()
+
+    found = {"cupy_maxsim": cmt.maxsim, "naive_torch_fp16": naive}
+    notes = {}
+    try:
+        import flash_maxsim as fm
+
+        found["flash_maxsim_0.3.0"] = fm.flash_maxsim_batched_train
+    except Exception as error:  # noqa: BLE001 - any import failure means "not measured"
+        notes["flash_maxsim_0.3.0"] = f"not importable: {error}"
+    try:
+        import late_interaction_kernels as lik
+
+        found["late_interaction_kernels_0.4.5"] = lik.maxsim
+    except Exception as error:  # noqa: BLE001
+        notes["late_interaction_kernels_0.4.5"] = f"not importable: {error}"
+    return found, notes
+
+
+def _unit(torch, shape, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(shape, device="cuda", generator=g)
+    return torch.nn.functional.normalize(x, dim=-1).half()
+
+
+def measure_step(torch, fn, q0, d0, grad, reps=30):
+    """(median ms, peak extra MB, grads) of forward + backward."""
+    q = q0.clone().requires_grad_(True)
+    d = d0.clone().requires_grad_(True)
+
+    def step():
+        q.grad = None
+        d.grad = None
+        fn(q, d).backward(grad)
+
+    step()  # compile / autotune outside the timing
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    ms = _median_ms(torch, step, reps=reps, warmup=3)
+    return ms, peak, (q.grad.float().clone(), d.grad.float().clone())
+
+
+def run(args):
+    import torch
+
+    import cupy_maxsim as cm
+
+    ceilings = measure_ceilings(torch)
+    found, notes = providers(torch)
+    rows = []
+    for name, (nq, lq, nd, ld, dim) in SHAPES.items():
+        q0, d0 = _unit(torch, (nq, lq, dim), 1), _unit(torch, (nd, ld, dim), 2)
+        grad = torch.randn(nq, nd, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+        flops = 2 * nq * lq * nd * ld * dim  # the forward's products; the backward gathers
+        byte_count = 2 * (q0.numel() + d0.numel()) * 2 + nq * nd * 4 * 2  # read inputs, write grads
+        floor = max(flops / (ceilings["bf16_tflops"] * 1e9), byte_count / (ceilings["copy_tbps"] * 1e9))
+        reference = None
+        entry = {"shape": name, "nq": nq, "lq": lq, "nd": nd, "ld": ld, "dim": dim, "floor_ms": floor,
+                 "anchor_flash_ms": ANCHOR_MS.get(name), "providers": {}}
+        for provider, fn in found.items():
+            try:
+                ms, peak, grads = measure_step(torch, fn, q0, d0, grad)
+            except Exception as error:  # noqa: BLE001 - report, keep going
+                entry["providers"][provider] = {"error": repr(error)[:300]}
+                continue
+            result = {"ms": ms, "peak_extra_mb": peak, "fraction_of_floor": floor / ms}
+            if provider == "naive_torch_fp16":
+                reference = grads
+            entry["providers"][provider] = result
+            entry["providers"][provider]["_grads"] = grads
+        for provider, result in entry["providers"].items():
+            grads = result.pop("_grads", None)
+            if grads is not None and reference is not None:
+                result["max_grad_diff_vs_naive"] = [float((a - b).abs().max()) for a, b in zip(grads, reference)]
+        # Our forward (with and without argmax) and backward alone.
+        q, d = q0, d0
+        entry["ours_forward_ms"] = _median_ms(torch, lambda: cm.score(q, d))
+        entry["ours_forward_argmax_ms"] = _median_ms(torch, lambda: cm.score(q, d, return_argmax=True))
+        _, argmax = cm.score(q, d, return_argmax=True)
+        entry["ours_backward_ms"] = _median_ms(torch, lambda: cm.score_backward(grad, q, d, argmax))
+        a = cm.score_backward(grad, q, d, argmax)
+        b = cm.score_backward(grad, q, d, argmax)
+        entry["ours_backward_bitwise_repeatable"] = bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
+        flash = entry["providers"].get("flash_maxsim_0.3.0", {}).get("ms")
+        ours = entry["providers"]["cupy_maxsim"].get("ms")
+        entry["speedup_vs_flash"] = flash / ours if flash and ours else None
+        rows.append(entry)
+        print(json.dumps({k: v for k, v in entry.items() if k != "providers"}), flush=True)
+        del q0, d0, grad
+        torch.cuda.empty_cache()
+
+    colpali = colpali_inbatch(torch, found)
+    return {"provenance": provenance(), "ceilings": ceilings, "notes": notes, "rows": rows,
+            "colpali_inbatch_128x128x1030": colpali}
+
+
+def colpali_inbatch(torch, found):
+    """ColPali in-batch contrastive step, 128 queries x 128 pages x 1030 patches: runs, and
+    the peak extra memory of ours beside naive PyTorch's."""
+    nq, lq, nd, ld, dim = 128, 32, 128, 1030, 128
+    q0, d0 = _unit(torch, (nq, lq, dim), 4), _unit(torch, (nd, ld, dim), 5)
+    labels = torch.arange(nq, device="cuda")
+    out = {}
+    for provider in ("cupy_maxsim", "naive_torch_fp16", "flash_maxsim_0.3.0"):
+        fn = found.get(provider)
+        if fn is None:
+            continue
+
+        def loss_fn(q, d, fn=fn):
+            return torch.nn.functional.cross_entropy(fn(q, d) / 0.05, labels)
+
+        try:
+            q = q0.clone().requires_grad_(True)
+            d = d0.clone().requires_grad_(True)
+            loss_fn(q, d).backward()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            q.grad = d.grad = None
+            loss = loss_fn(q, d)
+            loss.backward()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+            ms = _median_ms(torch, lambda: loss_fn(q, d).backward(), reps=10, warmup=2)
+            out[provider] = {"ms": ms, "peak_extra_mb": peak, "loss": float(loss)}
+        except Exception as error:  # noqa: BLE001
+            out[provider] = {"error": repr(error)[:300]}
+        torch.cuda.empty_cache()
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def table(report) -> str:
+    lines = ["| shape | floor ms | provider | step ms | frac of floor | peak extra MB | vs flash |",
+             "|---|---|---|---|---|---|---|"]
+    for row in report["rows"]:
+        flash = row["providers"].get("flash_maxsim_0.3.0", {}).get("ms")
+        for provider, result in row["providers"].items():
+            if "ms" not in result:
+                lines.append(f"| {row['shape']} | | {provider} | {result.get('error', '')[:60]} | | | |")
+                continue
+            speed = f"{flash / result['ms']:.2f}x" if flash else "-"
+            lines.append(f"| {row['shape']} | {row['floor_ms']:.3f} | {provider} | {result['ms']:.3f} | "
+                         f"{result['fraction_of_floor']:.2f} | {result['peak_extra_mb']:.1f} | {speed} |")
+        lines.append(f"| {row['shape']} | | ours fwd / fwd+argmax / bwd | {row['ours_forward_ms']:.3f} / "
+                     f"{row['ours_forward_argmax_ms']:.3f} / {row['ours_backward_ms']:.3f} | | | |")
+    for provider, result in report["colpali_inbatch_128x128x1030"].items():
+        if "ms" in result:
+            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['ms']:.3f} | | "
+                         f"{result['peak_extra_mb']:.1f} | |")
+        else:
+            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['error'][:60]} | | | |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="JSON report path")
+    args = parser.parse_args(argv)
+    report = run(args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,355 @@
+"""Training: the saved argmax, score_backward, and the torch / JAX adapters.
+
+CPU tests run everywhere (the NumPy backend against the float64 loop reference, finite
+differences through torch.autograd.gradcheck and jax's check_grads). GPU tests (marked gpu)
+compare the kernels' gradients, given the kernel's own argmax, with the float64 reference under
+the FlashAttention error rule, and check that two runs are bitwise identical.
+"""
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from cupy_maxsim import _arrays, reference
+from support import holey_mask, to_numpy, unit_rows
+
+
+def _inputs(rng, nq, lq, nd, ld, dim, dtype=np.float64):
+    return unit_rows(rng, (nq, lq, dim), dtype), unit_rows(rng, (nd, ld, dim), dtype)
+
+
+# ---- CPU ------------------------------------------------------------------------------------
+
+
+def test_cpu_argmax_matches_reference_with_masks():
+    rng = np.random.default_rng(0)
+    q, d = _inputs(rng, 4, 9, 6, 13, 16)
+    q_mask, d_mask = holey_mask(rng, (4, 9), 0.8), holey_mask(rng, (6, 13), 0.6)
+    scores, argmax = cm.score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
+    assert argmax.dtype == np.int16 and argmax.shape == (4, 6, 9)
+    np.testing.assert_array_equal(argmax, reference.maxsim_argmax_reference(q, d, q_mask, d_mask))
+    assert np.all(argmax[:, 1] == -1)  # holey_mask empties document 1
+    assert np.all(argmax.transpose(0, 2, 1)[~q_mask] == -1)
+    np.testing.assert_allclose(scores, reference.maxsim_reference(q, d, q_mask, d_mask))
+
+
+def test_ties_go_to_the_lowest_document_token():
+    q = np.ones((1, 2, 4))
+    d = np.zeros((2, 5, 4))
+    d[0, [1, 3]] = 1.0  # rows 1 and 3 tie
+    d[1, :] = 2.0       # every row ties
+    _, argmax = cm.score(q, d, return_argmax=True)
+    np.testing.assert_array_equal(argmax[0], [[1, 1], [0, 0]])
+
+
+def _check_gradients(grad_q, grad_d, grad, q, d, argmax, atol=1e-12):
+    expected_q, expected_d = reference.maxsim_backward_reference(grad, q, d, argmax)
+    np.testing.assert_allclose(to_numpy(grad_q), expected_q, atol=atol)
+    np.testing.assert_allclose(to_numpy(grad_d), expected_d, atol=atol)
+
+
+def test_cpu_backward_matches_reference():
+    rng = np.random.default_rng(1)
+    q, d = _inputs(rng, 5, 7, 8, 11, 12)
+    q_mask, d_mask = holey_mask(rng, (5, 7), 0.8), holey_mask(rng, (8, 11), 0.5)
+    _, argmax = cm.score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
+    grad = rng.standard_normal((5, 8))
+    grad_q, grad_d = cm.score_backward(grad, q, d, argmax)
+    assert grad_q.shape == q.shape and grad_d.shape == d.shape and grad_q.dtype == np.float64
+    _check_gradients(grad_q, grad_d, grad, q, d, argmax)
+    assert np.all(grad_q[~q_mask] == 0) and np.all(grad_d[~d_mask] == 0)
+
+
+def test_cpu_backward_pairs_packed_and_single_query():
+    rng = np.random.default_rng(2)
+    q, d = _inputs(rng, 4, 6, 4, 9, 8)
+    d_mask = holey_mask(rng, (4, 9), 0.6)
+    grad = rng.standard_normal(4)
+    # pairs: the reference is the all-pairs one restricted to the diagonal
+    _, argmax = cm.score_pairs(q, d, d_mask=d_mask, return_argmax=True)
+    grad_q, grad_d = cm.score_backward(grad, q, d, argmax, pairs=True)
+    full = np.full((4, 4, 6), -1)
+    full[np.arange(4), np.arange(4)] = argmax
+    _check_gradients(grad_q, grad_d, np.diag(grad), q, d, full)
+    # packed: the same documents without their masked tokens
+    tokens, offsets = cm.pack(d, mask=d_mask)
+    grad2 = rng.standard_normal((4, 4))
+    _, packed_argmax = cm.score_packed(q, tokens, offsets, return_argmax=True)
+    _, padded_argmax = cm.score(q, d, d_mask=d_mask, return_argmax=True)
+    grad_q, grad_t = cm.score_backward(grad2, q, tokens, packed_argmax, offsets=offsets)
+    expected_q, expected_d = reference.maxsim_backward_reference(grad2, q, d, padded_argmax)
+    np.testing.assert_allclose(grad_q, expected_q, atol=1e-12)
+    np.testing.assert_allclose(grad_t, expected_d[d_mask], atol=1e-12)
+    # one query (Lq, D)
+    _, argmax1 = cm.score(q[0], d, return_argmax=True)
+    grad_q1, grad_d1 = cm.score_backward(grad, q[0], d, argmax1)
+    assert grad_q1.shape == q[0].shape
+    _check_gradients(grad_q1[None], grad_d1, grad[None], q[:1], d, argmax1[None])
+
+
+def test_backward_validation():
+    rng = np.random.default_rng(3)
+    q, d = _inputs(rng, 2, 3, 4, 5, 8, np.float32)
+    scores, argmax = cm.score(q, d, return_argmax=True)
+    grad = np.ones_like(scores)
+    with pytest.raises(ValueError, match="grad_scores must have the scores' shape"):
+        cm.score_backward(grad[:1], q, d, argmax)
+    with pytest.raises(ValueError, match="argmax must have shape"):
+        cm.score_backward(grad, q, d, argmax[:, :, :2])
+    with pytest.raises(TypeError, match="argmax must be int16 or int32"):
+        cm.score_backward(grad, q, d, argmax.astype(np.float32))
+    with pytest.raises(TypeError, match="grad_scores must be a float array"):
+        cm.score_backward(grad.astype(np.int32), q, d, argmax)
+    with pytest.raises(TypeError, match="int8 scoring has no gradient"):
+        cm.score_backward(grad, q.astype(np.int8), d, argmax)
+    with pytest.raises(ValueError, match="pairs and offsets"):
+        cm.score_backward(grad, q, d, argmax, pairs=True, offsets=np.array([0, 1]))
+    with pytest.raises(TypeError, match="same dtype"):
+        cm.score_backward(grad, q, d.astype(np.float64), argmax)
+
+
+def test_backward_leaves_inputs_alone():
+    rng = np.random.default_rng(4)
+    q, d = _inputs(rng, 2, 3, 4, 5, 8)
+    _, argmax = cm.score(q, d, return_argmax=True)
+    grad = rng.standard_normal((2, 4))
+    copies = [x.copy() for x in (q, d, argmax, grad)]
+    cm.score_backward(grad, q, d, argmax)
+    for before, after in zip(copies, (q, d, argmax, grad)):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_torch_gradcheck_float64_cpu():
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    torch.manual_seed(0)
+    q = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    d = torch.randn(4, 7, 8, dtype=torch.float64, requires_grad=True)
+    q_mask, d_mask = torch.rand(3, 5) > 0.2, torch.rand(4, 7) > 0.3
+    assert torch.autograd.gradcheck(lambda q, d: cmt.maxsim(q, d, q_mask, d_mask), (q, d))
+    assert torch.autograd.gradcheck(lambda q, d: cmt.maxsim_pairs(q, d[:3], q_mask, d_mask[:3]), (q, d))
+    tokens, offsets = cm.pack(d.detach(), mask=d_mask)
+    tokens.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda q, t: cmt.maxsim_packed(q, t, offsets, q_mask), (q, tokens))
+
+
+def test_torch_no_grad_saves_nothing():
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    q, d = torch.randn(2, 3, 8), torch.randn(4, 5, 8)
+    scores = cmt.maxsim(q, d)
+    assert scores.shape == (2, 4) and not scores.requires_grad
+
+
+def test_jax_grad_under_jit_cpu():
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax.experimental.buffer_callback")
+    import jax.numpy as jnp
+    from jax.test_util import check_grads
+
+    import cupy_maxsim.jax as cmj
+
+    rng = np.random.default_rng(5)
+    q, d = (jnp.asarray(x) for x in _inputs(rng, 3, 5, 4, 7, 8, np.float32))
+    q_mask, d_mask = jnp.asarray(holey_mask(rng, (3, 5), 0.8)), jnp.asarray(holey_mask(rng, (4, 7), 0.6))
+    weights = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
+    loss = jax.jit(lambda q, d: (jnp.where(jnp.isfinite(s := cmj.maxsim(q, d, q_mask, d_mask)), s, 0) * weights).sum())
+    grad_q, grad_d = jax.jit(jax.grad(loss, argnums=(0, 1)))(q, d)
+    _, argmax = cm.score(np.asarray(q), np.asarray(d), q_mask=np.asarray(q_mask), d_mask=np.asarray(d_mask),
+                         return_argmax=True)
+    w = np.where(np.isfinite(reference.maxsim_reference(q, d, q_mask, d_mask)), np.asarray(weights), 0)
+    _check_gradients(grad_q, grad_d, w, np.asarray(q), np.asarray(d), argmax, atol=1e-5)
+    with jax.enable_x64(True):
+        q64, d64 = (jnp.asarray(x) for x in _inputs(rng, 2, 4, 3, 6, 8))
+        check_grads(lambda q, d: cmj.maxsim(q, d), (q64, d64), order=1, modes=["rev"])
+        tokens, offsets = cm.pack(np.asarray(d64))
+        check_grads(lambda q, t: cmj.maxsim_packed(q, t, jnp.asarray(offsets)), (q64, jnp.asarray(tokens)),
+                    order=1, modes=["rev"])
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+NOISE = {"float16": 2e-4, "bfloat16": 2e-4, "float32": 1e-6, "float64": 1e-12}
+
+
+def _round_to(x, dtype):
+    from test_gpu import _round_to as round_to
+
+    return round_to(x, dtype)
+
+
+def _device(x64, dtype, framework="cupy"):
+    if framework == "torch" or dtype == "bfloat16":
+        import torch
+
+        return torch.from_numpy(x64).to("cuda", getattr(torch, dtype))
+    import cupy
+
+    return cupy.asarray(x64.astype(dtype))
+
+
+def _gradient_bound(expected, dtype, terms):
+    """FlashAttention rule for a result stored in `dtype`: twice the error of rounding the exact
+    gradient to the input precision, plus accumulation noise per summed term."""
+    naive = np.abs(_round_to(expected, dtype) - expected).max()
+    return 2 * naive + NOISE[dtype] * terms
+
+
+def _assert_valid_winners(argmax, q64, d64, q_mask, d_mask, dtype):
+    """The kernel's argmax reaches the max (up to fp32 accumulation), -1 exactly where no token
+    can win."""
+    expected = reference.maxsim_argmax_reference(q64, d64, q_mask, d_mask)
+    argmax = to_numpy(argmax).astype(np.int64)
+    np.testing.assert_array_equal(argmax < 0, expected < 0)
+    sims = np.einsum("qtd,njd->qntj", q64, d64)
+    sims = np.where(d_mask[None, :, None, :], sims, -np.inf)
+    best = sims.max(axis=-1)
+    chosen = np.take_along_axis(sims, np.maximum(argmax, 0)[..., None], axis=-1)[..., 0]
+    real = expected >= 0
+    assert np.all(best[real] - chosen[real] <= (1e-3 if dtype in ("float16", "bfloat16") else 1e-5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("nq,lq,nd,ld,dim", [
+    pytest.param(3, 32, 10, 300, 128, id="colbert"),
+    pytest.param(2, 33, 5, 1023, 128, id="Lq33-Ld1023"),
+    pytest.param(9, 31, 7, 7, 96, id="stacked-Ld7-dim96"),
+    pytest.param(2, 5, 3, 20, 100, id="dim100-simt"),
+    pytest.param(40, 32, 3, 50, 64, id="many-queries"),
+])
+def test_gpu_backward_matches_reference(dtype, nq, lq, nd, ld, dim, monkeypatch):
+    pytest.importorskip("torch") if dtype == "bfloat16" else None
+    monkeypatch.setattr(_arrays, "POISON_OUTPUTS", True)
+    rng = np.random.default_rng(nq + lq + ld + dim)
+    q64 = _round_to(unit_rows(rng, (nq, lq, dim), np.float64), dtype)
+    d64 = _round_to(unit_rows(rng, (nd, ld, dim), np.float64), dtype)
+    q_mask, d_mask = holey_mask(rng, (nq, lq), 0.8), holey_mask(rng, (nd, ld), 0.6)
+    q, d = _device(q64, dtype), _device(d64, dtype)
+    masks = {"q_mask": _device_mask(q, q_mask), "d_mask": _device_mask(q, d_mask)}
+    scores, argmax = cm.score(q, d, return_argmax=True, **masks)
+    assert str(argmax.dtype).endswith("int16")
+    _assert_valid_winners(argmax, q64, d64, q_mask, d_mask, dtype)
+    grad64 = rng.standard_normal((nq, nd))
+    grad = _device(grad64.astype(np.float32).astype(np.float64), "float32")
+    grad_q, grad_d = cm.score_backward(grad, q, d, argmax)
+    expected_q, expected_d = reference.maxsim_backward_reference(grad64.astype(np.float32), q64, d64,
+                                                                 to_numpy(argmax))
+    np.testing.assert_allclose(to_numpy(grad_q), expected_q, rtol=0,
+                               atol=_gradient_bound(expected_q, dtype, nd))
+    np.testing.assert_allclose(to_numpy(grad_d), expected_d, rtol=0,
+                               atol=_gradient_bound(expected_d, dtype, nq * lq))
+    again_q, again_d = cm.score_backward(grad, q, d, argmax)
+    np.testing.assert_array_equal(to_numpy(grad_q), to_numpy(again_q))  # bitwise reproducible
+    np.testing.assert_array_equal(to_numpy(grad_d), to_numpy(again_d))
+    _, argmax_again = cm.score(q, d, return_argmax=True, **masks)
+    np.testing.assert_array_equal(to_numpy(argmax), to_numpy(argmax_again))
+
+
+def _device_mask(like, mask):
+    if type(like).__module__.startswith("torch"):
+        import torch
+
+        return torch.from_numpy(mask).cuda()
+    import cupy
+
+    return cupy.asarray(mask)
+
+
+@pytest.mark.gpu
+def test_gpu_hot_rows_pairs_packed_and_long_documents():
+    import cupy
+
+    rng = np.random.default_rng(7)
+    # Every query token picks token 3 of each document: one hot row per document (split path).
+    q64 = unit_rows(rng, (64, 32, 64), np.float64)
+    d64 = 0.01 * unit_rows(rng, (5, 40, 64), np.float64)
+    d64[:, 3] = q64.mean(axis=(0, 1)) * 50
+    q64, d64 = _round_to(q64, "float32"), _round_to(d64, "float32")
+    q, d = cupy.asarray(q64.astype(np.float32)), cupy.asarray(d64.astype(np.float32))
+    _, argmax = cm.score(q, d, return_argmax=True)
+    assert (to_numpy(argmax) == 3).mean() > 0.9
+    grad64 = rng.standard_normal((64, 5)).astype(np.float32)
+    grad_q, grad_d = cm.score_backward(cupy.asarray(grad64), q, d, argmax)
+    expected_q, expected_d = reference.maxsim_backward_reference(grad64, q64, d64, to_numpy(argmax))
+    np.testing.assert_allclose(to_numpy(grad_d), expected_d, atol=1e-6 * 64 * 32 * np.abs(expected_d).max())
+    np.testing.assert_allclose(to_numpy(grad_q), expected_q, atol=1e-5)
+    # pairs
+    _, pair_argmax = cm.score_pairs(q[:5], d, return_argmax=True)
+    gq, gd = cm.score_backward(cupy.asarray(grad64[:5, 0]), q[:5], d, pair_argmax, pairs=True)
+    full = np.full((5, 5, 32), -1)
+    full[np.arange(5), np.arange(5)] = to_numpy(pair_argmax)
+    eq, ed = reference.maxsim_backward_reference(np.diag(grad64[:5, 0]), q64[:5], d64, full)
+    np.testing.assert_allclose(to_numpy(gq), eq, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(gd), ed, atol=1e-5)
+    # packed with an empty document, offsets leaving tokens outside every document
+    d_mask = holey_mask(rng, (5, 40), 0.5)
+    tokens, offsets = cm.pack(d, mask=cupy.asarray(d_mask))
+    tokens = cupy.concatenate([tokens, cupy.ones((3, 64), cupy.float32)])
+    _, packed_argmax = cm.score_packed(q, tokens, offsets, return_argmax=True)
+    gq, gt = cm.score_backward(cupy.asarray(grad64), q, tokens, packed_argmax, offsets=offsets)
+    _, padded_argmax = cm.score(q, d, d_mask=cupy.asarray(d_mask), return_argmax=True)
+    eq, ed = reference.maxsim_backward_reference(grad64, q64, d64, to_numpy(padded_argmax))
+    np.testing.assert_allclose(to_numpy(gq), eq, atol=1e-4)
+    np.testing.assert_allclose(to_numpy(gt)[:-3], ed[d_mask], atol=1e-4 * max(1, np.abs(ed).max()))
+    assert np.all(to_numpy(gt)[-3:] == 0)
+    # a document longer than 32767 tokens: int32 winners
+    long_doc = cupy.asarray(unit_rows(rng, (1, 33000, 64), np.float32))
+    _, long_argmax = cm.score(q[:2], long_doc, return_argmax=True)
+    assert long_argmax.dtype == cupy.int32
+    gq, gd = cm.score_backward(cupy.ones((2, 1), cupy.float32), q[:2], long_doc, long_argmax)
+    eq, ed = reference.maxsim_backward_reference(np.ones((2, 1)), q64[:2], long_doc.get().astype(np.float64),
+                                                 to_numpy(long_argmax))
+    np.testing.assert_allclose(to_numpy(gd), ed, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_autograd_matches_cpu_and_runs_on_torch_stream():
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    torch.manual_seed(0)
+    q = torch.randn(6, 32, 128, dtype=torch.float64)
+    d = torch.randn(9, 77, 128, dtype=torch.float64)
+    q_mask, d_mask = torch.rand(6, 32) > 0.2, torch.rand(9, 77) > 0.3
+    grads = []
+    for device in ("cpu", "cuda"):
+        qq = q.to(device).requires_grad_(True)
+        dd = d.to(device).requires_grad_(True)
+        stream = torch.cuda.Stream() if device == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            scores = cmt.maxsim(qq, dd, q_mask.to(device), d_mask.to(device))
+            (scores * torch.arange(9, device=device)).sum().backward()
+        if stream is not None:
+            torch.cuda.current_stream().wait_stream(stream)
+        grads.append((qq.grad.cpu(), dd.grad.cpu()))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=0, atol=1e-10)
+
+
+@pytest.mark.gpu
+def test_gpu_jax_grad_under_jit():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import cupy_maxsim.jax as cmj
+
+    rng = np.random.default_rng(9)
+    q64, d64 = unit_rows(rng, (8, 32, 128), np.float32), unit_rows(rng, (16, 60, 128), np.float32)
+    gpu = jax.devices("gpu")[0]
+    q, d = jax.device_put(q64, gpu), jax.device_put(d64, gpu)
+    loss = lambda q, d: jax.nn.log_softmax(cmj.maxsim(q, d)[:, :8], axis=1).trace()  # noqa: E731
+    grad_q, grad_d = jax.jit(jax.grad(loss, argnums=(0, 1)))(q, d)
+    cpu_q, cpu_d = jax.grad(loss, argnums=(0, 1))(jax.device_put(q64, jax.devices("cpu")[0]),
+                                                  jax.device_put(d64, jax.devices("cpu")[0]))
+    np.testing.assert_allclose(np.asarray(grad_q), np.asarray(cpu_q), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(grad_d), np.asarray(cpu_d), atol=2e-5)
+    tokens, offsets = cm.pack(d64[:, :50])
+    packed = lambda q, t: cmj.maxsim_packed(q, t, jax.device_put(offsets, gpu)).sum()  # noqa: E731
+    gq, gt = jax.jit(jax.grad(packed, argnums=(0, 1)))(q, jax.device_put(tokens, gpu))
+    assert gt.shape == tokens.shape and np.isfinite(np.asarray(gq)).all()
+    assert jnp.asarray(gq).dtype == jnp.float32
