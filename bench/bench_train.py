@@ -167,7 +167,7 @@ def colpali_inbatch(torch, found):
             torch.cuda.synchronize()
             peak = (torch.cuda.max_memory_allocated() - base) / 2**20
             ms = _median_ms(torch, lambda: loss_fn(q, d).backward(), reps=10, warmup=2)
-            out[provider] = {"ms": ms, "peak_extra_mb": peak, "loss": float(loss)}
+            out[provider] = {"ms": ms, "peak_extra_mb": peak, "loss": float(loss.detach())}
         except Exception as error:  # noqa: BLE001
             out[provider] = {"error": repr(error)[:300]}
         torch.cuda.empty_cache()

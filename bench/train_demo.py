@@ -59,7 +59,7 @@ def torch_run(batches, w0, use_ours: bool):
         loss.backward()
         with torch.no_grad():
             w -= LR * w.grad
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -68,6 +68,10 @@ def jax_run(batches, w0, use_ours: bool):
     import jax.numpy as jnp
 
     import cupy_maxsim.jax as cmj
+
+    # float32 matrix products in float32 (not TF32) on the GPU, as in the torch run: the two
+    # curves then differ only by the order of float32 additions.
+    jax.config.update("jax_default_matmul_precision", "highest")
 
     def scores_of(w, q_np, d_np):
         q = q_np @ w
