@@ -50,6 +50,18 @@ def main() -> int:
                     per_kernel[event.name] += event.device_time / 20
             kernels = ", ".join(f"{k[:40]} {v:.1f} us" for k, v in sorted(per_kernel.items(), key=lambda kv: -kv[1]))
             print(f"{label:16s} host {host_us:7.1f} us/call | GPU {sum(per_kernel.values()):7.1f} us: {kernels}")
+        if name.startswith("inbatch-colbert"):
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(200):
+                cm.score_backward(grad, q, d, argmax)
+            profiler.disable()
+            torch.cuda.synchronize()
+            print("-- host path of score_backward, 200 calls (cProfile, by own time)")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
     return 0
 
 

@@ -331,7 +331,8 @@ def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
     like = as_operand(q, "q")
     if like.dtype == "int8":
         raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
-    like = _float_operand(q, "q")
+    if like.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64, got {like.dtype}")
     d_op = _float_operand(d, "tokens" if offsets is not None else "d")
     if pairs and offsets is not None:
         raise ValueError("pairs and offsets cannot be combined: score_pairs takes padded documents")
@@ -423,24 +424,23 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
     if sources_per_doc >= 2**31:
         raise ValueError(f"at most 2^31 - 1 query tokens per backward, got {sources_per_doc}")
     suffix = _DTYPE_SUFFIX[like.dtype]
-    accumulator = 8 if like.dtype == "float64" else 4
-    threads = 256 if like.dtype == "float64" else 32 * _kernels.BWD_WARPS
-    with cupy.cuda.Device(like.device), _kernels.on_stream(stream):
+    switch = cupy.cuda.runtime.getDevice() != like.device
+    with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
         sm_count, smem_limit, _, _ = _kernels.device_properties(like.device)
-        fixed = _kernels.bwd_shared_bytes(0, longest, accumulator)
-        count_warps = min(8, (smem_limit - fixed) // (4 * longest))
+        count_warps = min(8, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
         if count_warps < 1:
             raise ValueError(f"documents of {longest} tokens are too long for the backward on this GPU "
-                             f"(at most {(smem_limit - fixed) // 4})")
+                             f"(at most {smem_limit // 4 - 1})")
         q, d = _unit_dim_stride(q), _unit_dim_stride(d)
         grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
             grad.cupy().astype(np.float32), "grad_scores", grad)
-        item = ITEMSIZE[like.dtype]
         aligned = dim % 4 == 0 and all(
             s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
         docs_per_chunk = num_docs if like.dtype == "float64" or pairs else DQ_DOCS_PER_CHUNK
         chunks = -(-num_docs // docs_per_chunk)
+        num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
         sources, sources_ptr = output.empty((num_docs * sources_per_doc,), "int32")
+        row_ranges, row_ranges_ptr = output.empty((2 * num_rows,), "int32")
         partial, partial_ptr = (None, 0)
         if chunks > 1:
             partial, partial_ptr = output.empty((chunks * num_queries * query_length * dim,), "float32")
@@ -450,34 +450,36 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             (0, grad_f32.strides[0]) if grad_f32.ndim == 1 else tuple(grad_f32.strides))
         argmax_strides = (argmax.strides[0], 0) if pairs else (
             (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
-        values = dict(
+        args = (_kernels.backward_args(
             q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
             d=d.ptr, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
             doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
             argmax=argmax.ptr, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
             grad=grad_f32.ptr, grad_query_stride=grad_strides[0], grad_doc_stride=grad_strides[1],
-            grad_q=grad_q_ptr, grad_d=grad_d_ptr, sources=sources_ptr, partial=partial_ptr,
-            num_docs=num_docs, sources_per_doc=sources_per_doc, docs_per_chunk=docs_per_chunk,
-            num_queries=num_queries, query_length=query_length, dim=dim,
+            grad_q=grad_q_ptr, grad_d=grad_d_ptr, sources=sources_ptr, row_ranges=row_ranges_ptr,
+            partial=partial_ptr, num_docs=num_docs, sources_per_doc=sources_per_doc,
+            docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
             offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
-            argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=min(count_warps, threads // 32),
-            vector_loads=int(aligned and item <= 4),
-        )
-        args = (_kernels.backward_args(**values),)
-        warps = threads // 32
+            argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
+            vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4),
+        ),)
+        threads = _kernels.BWD_THREADS
         dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
         dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}")
-        _kernels.launch(dq, (-(-num_queries * query_length // warps), dim_chunks, chunks), (threads,), args, 0, stream)
+        _kernels.launch(dq, (-(-num_queries * query_length // (threads // 32)), dim_chunks, chunks), (threads,),
+                        args, 0, stream)
         if chunks > 1:
             reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}")
             total = num_queries * query_length * dim
             _kernels.launch(reduce, (min(-(-total // 256), sm_count * 16),), (256,), args, 0, stream)
-        shared = _kernels.bwd_shared_bytes(values["count_warps"], longest, accumulator)
-        dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", (), shared)
-        # Row splits: enough blocks for two per SM, each keeping at least 32 rows.
-        splits = max(1, min(-(-2 * sm_count // num_docs), -(-longest // 32), 65535))
-        _kernels.launch(dd, (num_docs, splits), (threads,), args, shared, stream)
-        del sources, partial  # stream-ordered frees: the kernels above are queued first
+        shared = _kernels.bwd_csr_shared_bytes(count_warps, longest)
+        csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", (), shared)
+        _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), args, shared, stream)
+        dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}")
+        # Row splits of 16 rows: two rows per warp, thousands of blocks for latency hiding.
+        splits = max(1, min(-(-longest // 16), 65535))
+        _kernels.launch(dd, (num_docs, splits), (threads,), args, 0, stream)
+        del sources, row_ranges, partial  # stream-ordered frees: the kernels above are queued first
     return wrap()
 
 

@@ -36,8 +36,8 @@ FAMILIES = {
     ),
     "maxsim_bwd": (
         "maxsim_bwd.cu",
-        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
-              for stage in ("dq", "dq_reduce", "dd")),
+        ("maxsim_bwd_csr",) + tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
+                                    for stage in ("dq", "dq_reduce", "dd")),
     ),
 }
 
@@ -60,7 +60,7 @@ BACKWARD_ARGS = (
     ("d", "Q"), ("d_doc_stride", "q"), ("d_row_stride", "q"), ("doc_length", "q"),
     ("offsets", "Q"), ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"),
     ("grad", "Q"), ("grad_query_stride", "q"), ("grad_doc_stride", "q"),
-    ("grad_q", "Q"), ("grad_d", "Q"), ("sources", "Q"), ("partial", "Q"),
+    ("grad_q", "Q"), ("grad_d", "Q"), ("sources", "Q"), ("row_ranges", "Q"), ("partial", "Q"),
     ("num_docs", "q"), ("sources_per_doc", "q"), ("docs_per_chunk", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("pairs", "i"), ("argmax_is_32bit", "i"), ("count_warps", "i"), ("vector_loads", "i"),
@@ -166,14 +166,16 @@ def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> 
     return (rows_per_chunk * dim + SIMT_THREADS + rows_per_chunk) * accumulator_bytes + rows_per_chunk + SIMT_THREADS
 
 
-#: Warps per block of the backward kernels (MAXSIM_BWD_WARPS in maxsim_bwd.cu).
-BWD_WARPS = 16
+#: Threads per block of the backward kernels: the CSR build (one block per document) and the
+#: gathers (launch bounds in maxsim_bwd.cu); the hot-row partials hold at most 16 warps.
+BWD_CSR_THREADS = 512
+BWD_THREADS = 256
 BWD_DIM_CHUNK = 128
 
 
-def bwd_shared_bytes(count_warps: int, longest_doc: int, accumulator_bytes: int) -> int:
-    # Mirrors the formula at the top of maxsim_bwd.cu (+16 for the partials' alignment).
-    return 4 * (count_warps * longest_doc + longest_doc + 1) + 16 + BWD_WARPS * BWD_DIM_CHUNK * accumulator_bytes
+def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
+    # Mirrors the formula at the top of maxsim_bwd.cu.
+    return 4 * (count_warps * longest_doc + longest_doc + 1)
 
 
 # ---- CuPy side ------------------------------------------------------------------------------

@@ -9,28 +9,26 @@
 // input dtype: the same inputs give bitwise the same gradients.
 //
 // maxsim_bwd_dq_*: one warp per (query token, 128-wide dim chunk, document chunk). Lanes
-// read the argmax and g of 32 documents at once and broadcast them; each lane accumulates 4
-// dims, 8 document rows in flight. With one document chunk the warp writes grad_q directly;
+// read the argmax and g of 128 documents at once and broadcast them; each lane accumulates 4
+// dims, 8 document rows in flight (a weight of 0 marks a document the token has no winner in). With one document chunk the warp writes grad_q directly;
 // with several (very many documents) it writes fp32 partials that maxsim_bwd_dq_reduce_* sums
 // in chunk order.
 //
-// maxsim_bwd_dd_*: one block per (document, row split). It inverts the argmax of its document
-// into CSR in three phases (no sort, no global atomics):
+// maxsim_bwd_csr: one block per document inverts its argmax into CSR in three phases (no
+// sort, no global atomics):
 //   count: count_warps warps each count their contiguous share of the document's (i, t)
 //          sources per destination token, in shared memory (integer atomics: exact);
 //   scan:  per token, an exclusive scan over warps, then over tokens, gives each warp a cursor
-//          into the token's list;
+//          into the token's list and each token its range [begin, end);
 //   fill:  each warp walks its share in order, ranks equal destinations with __match_any_sync
 //          and writes the source at cursor + rank: lists come out in (i, t) order, every run.
-// Then each destination row is owned by one warp, which sums its sources in list order and
-// writes the row once (zeros for a token nobody chose). Hot rows (more than HOT_ROW sources,
-// e.g. a token every query picks) are split over all warps of the block into contiguous
-// parts, and the parts are added in warp order. Row splits (grid.y) let several blocks share
-// one long document; each recounts the document (cheap) and fills and writes only its rows.
-//
-// Shared memory (dynamic, bytes): 4 * (count_warps * L + L + 1) for counts and row starts
-// (L = the longest document) plus WARPS * 128 * sizeof(accumulator) for hot-row partials;
+// Shared memory (dynamic, bytes): 4 * (count_warps * L + L + 1), L = the longest document;
 // _kernels.py mirrors this formula.
+//
+// maxsim_bwd_dd_*: one block per (document, row split). Each destination row is owned by one
+// warp, which sums its sources in list order and writes the row once (zeros for a token
+// nobody chose). Hot rows (more than HOT_ROW sources, e.g. a token every query picks) are
+// split over all warps of the block into contiguous parts, added in warp order.
 //
 // Preconditions (checked in Python): q, d unit dim stride; vector_loads only when every row
 // start is 16-byte aligned and dim % 4 == 0; sources holds sources_per_doc (Nq * Lq, or Lq
@@ -100,25 +98,36 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
     i64 doc_end = min(doc_begin + args.docs_per_chunk, args.num_docs);
     if (args.pairs) doc_begin = query, doc_end = query + 1;
 
+    // Lane l fetches the winner and weight of documents n0 + l, n0 + 32 + l, ... (PREFETCH
+    // batches of 32, all loads in flight at once); the warp then walks them in order.
+    constexpr int PREFETCH = 4;
     A acc[4] = {0, 0, 0, 0};
-    for (i64 n0 = doc_begin; n0 < doc_end; n0 += 32) {
-        // Lane l fetches document n0 + l's winner and weight; the warp then walks them in order.
-        const i64 my_doc = n0 + lane;
-        int my_row = -1;
-        A my_weight = 0;
-        i64 my_base = 0;
-        if (my_doc < doc_end) {
-            i64 length, first_token;
-            bwd_doc_extent(args, my_doc, my_base, length, first_token);
-            const int row = load_argmax(args.argmax, args.argmax_is_32bit,
-                                        query * args.argmax_query_stride + my_doc * args.argmax_doc_stride + token);
-            if (row >= 0 && row < length) {
-                my_row = row;
-                my_weight = (A)args.grad[query * args.grad_query_stride + my_doc * args.grad_doc_stride];
-                my_base += (i64)row * args.d_row_stride;
+    for (i64 n0 = doc_begin; n0 < doc_end; n0 += 32 * PREFETCH) {
+        A my_weight[PREFETCH];
+        i64 my_base[PREFETCH];
+#pragma unroll
+        for (int u = 0; u < PREFETCH; ++u) {
+            const i64 my_doc = n0 + 32 * u + lane;
+            my_weight[u] = 0;
+            my_base[u] = 0;
+            if (my_doc < doc_end) {
+                i64 base, length, first_token;
+                bwd_doc_extent(args, my_doc, base, length, first_token);
+                const int row = load_argmax(args.argmax, args.argmax_is_32bit,
+                                            query * args.argmax_query_stride + my_doc * args.argmax_doc_stride + token);
+                const A weight = (A)args.grad[query * args.grad_query_stride + my_doc * args.grad_doc_stride];
+                const bool won = row >= 0 && row < length;
+                my_weight[u] = won ? weight : (A)0;
+                my_base[u] = won ? base + (i64)row * args.d_row_stride : base;
             }
         }
-        gather_rows<T, A>(d, my_base, my_weight, (int)min((i64)32, doc_end - n0), dim0, valid, vector, acc);
+#pragma unroll
+        for (int u = 0; u < PREFETCH; ++u) {
+            const i64 batch = n0 + 32 * u;
+            if (batch >= doc_end) break;
+            gather_rows<T, A>(d, my_base[u], my_weight[u], (int)min((i64)32, doc_end - batch), dim0, valid, vector,
+                              acc);
+        }
     }
     if (valid <= 0) return;
     const i64 out = token_index * args.dim + dim0;
@@ -171,50 +180,54 @@ __device__ int block_exclusive_scan(int* values, int n, int* warp_sums) {
     return carry;
 }
 
-template <typename T>
-__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
-    typedef typename AccumulatorOf<T>::type A;
-    using namespace bwd;
+// The inverse CSR of one document (one block per document): count, scan, fill. Writes the
+// document's source list (sources + doc * sources_per_doc) and, per destination row r, its
+// range [begin, end) in that list (row_ranges[2r], row_ranges[2r + 1]).
+__device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const i64 doc = blockIdx.x;
     i64 doc_base, length64, first_token;
     bwd_doc_extent(args, doc, doc_base, length64, first_token);
     const int length = (int)length64;
     if (length == 0) return;
-    // This block's destination rows.
-    const int rows_per_split = (length + gridDim.y - 1) / gridDim.y;
-    const int row_begin = blockIdx.y * rows_per_split, row_end = min(length, row_begin + rows_per_split);
-    if (row_begin >= row_end) return;
-
     const int count_warps = args.count_warps;
     int* sCount = (int*)smem;                       // [count_warps][length]: counts, then cursors
     int* sStart = sCount + count_warps * length;    // [length + 1]: row starts in the list
-    A* sPartial = (A*)(((unsigned long long)(sStart + length + 1) + 15) & ~15ull);  // [WARPS][128]
-    __shared__ int warp_sums[WARPS];
+    __shared__ int warp_sums[bwd::WARPS];
 
     const int query_length = args.query_length;
     const i64 first_query = args.pairs ? doc : 0;
-    const i64 sources = args.pairs ? query_length : (i64)args.num_queries * query_length;
+    const int sources = args.pairs ? query_length : args.num_queries * query_length;  // < 2^31
     int* list = args.sources + doc * args.sources_per_doc;
-    auto source_row = [&](i64 e) {  // the argmax entry of source e = (query, token), or -1
+    // Source e = (query, token) -> its winner in this document, or -1 (never trust an index
+    // past the document: a foreign argmax cannot make us write out of bounds).
+    auto source_row = [&](int e) {
         const i64 query = first_query + e / query_length;
         const int row = load_argmax(args.argmax, args.argmax_is_32bit,
                                     query * args.argmax_query_stride + doc * args.argmax_doc_stride +
                                         e % query_length);
-        return row < length ? row : -1;  // never trust an index past the document
+        return row < length ? row : -1;
     };
-    const i64 share = (sources + count_warps - 1) / count_warps;
+    const int share = (sources + count_warps - 1) / count_warps;
+    const int my_begin = warp * share, my_end = min(sources, (warp + 1) * share);
+    constexpr int AHEAD = 4;  // loads issued before their results are used
 
     // count
     for (int i = tid; i < count_warps * length; i += blockDim.x) sCount[i] = 0;
     __syncthreads();
     if (warp < count_warps) {
         int* counts = sCount + warp * length;
-        const i64 e_end = min(sources, (warp + 1) * share);
-        for (i64 e = warp * share + lane; e < e_end; e += 32) {
-            const int row = source_row(e);
-            if (row >= 0) atomicAdd(counts + row, 1);
+        for (int e0 = my_begin; e0 < my_end; e0 += 32 * AHEAD) {
+            int rows[AHEAD];
+#pragma unroll
+            for (int u = 0; u < AHEAD; ++u) {
+                const int e = e0 + u * 32 + lane;
+                rows[u] = e < my_end ? source_row(e) : -1;
+            }
+#pragma unroll
+            for (int u = 0; u < AHEAD; ++u)
+                if (rows[u] >= 0) atomicAdd(counts + rows[u], 1);
         }
     }
     __syncthreads();
@@ -233,36 +246,67 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     if (tid == 0) sStart[length] = list_length;
     __syncthreads();
     for (int i = tid; i < count_warps * length; i += blockDim.x) sCount[i] += sStart[i % length];
+    const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
+    for (int k = tid; k < length; k += blockDim.x) {
+        args.row_ranges[2 * (row0 + k)] = sStart[k];
+        args.row_ranges[2 * (row0 + k) + 1] = sStart[k + 1];
+    }
     __syncthreads();
-    // fill, in source order; only this block's rows
+    // fill, in source order
     if (warp < count_warps) {
         int* cursors = sCount + warp * length;
-        const i64 e_end = min(sources, (warp + 1) * share);
         const unsigned lanes_below = (1u << lane) - 1;
-        for (i64 e0 = warp * share; e0 < e_end; e0 += 32) {
-            const i64 e = e0 + lane;
-            const int row = e < e_end ? source_row(e) : -1;
-            const bool mine = row >= row_begin && row < row_end;
-            const unsigned active = __ballot_sync(0xffffffffu, mine);
-            unsigned peers = 0;
-            int position = 0;
-            if (mine) {
-                peers = __match_any_sync(active, row);
-                position = cursors[row] + __popc(peers & lanes_below);
+        for (int e0 = my_begin; e0 < my_end; e0 += 32 * AHEAD) {
+            int rows[AHEAD];
+#pragma unroll
+            for (int u = 0; u < AHEAD; ++u) {
+                const int e = e0 + u * 32 + lane;
+                rows[u] = e < my_end ? source_row(e) : -1;
             }
-            __syncwarp();
-            if (mine && (peers & lanes_below) == 0) cursors[row] += __popc(peers);
-            if (mine) list[position] = (int)e;
-            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < AHEAD; ++u) {
+                const int row = rows[u];
+                const bool real = row >= 0;
+                const unsigned active = __ballot_sync(0xffffffffu, real);
+                unsigned peers = 0;
+                int position = 0;
+                if (real) {
+                    peers = __match_any_sync(active, row);
+                    position = cursors[row] + __popc(peers & lanes_below);
+                }
+                __syncwarp();
+                if (real && (peers & lanes_below) == 0) cursors[row] += __popc(peers);
+                if (real) list[position] = e0 + u * 32 + lane;
+                __syncwarp();
+            }
         }
     }
-    __syncthreads();  // the lists (global memory) are visible to the whole block
+}
 
-    // dD rows: one warp per row, sources summed in list order; hot rows after, block-wide.
+// dD rows of one (document, row split) block: one warp per row, sources summed in list order;
+// hot rows after, block-wide, in contiguous parts added in warp order.
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
+    typedef typename AccumulatorOf<T>::type A;
+    using namespace bwd;
+    __shared__ __align__(16) A sPartial[WARPS * DIM_CHUNK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const i64 doc = blockIdx.x;
+    i64 doc_base, length64, first_token;
+    bwd_doc_extent(args, doc, doc_base, length64, first_token);
+    const int length = (int)length64;
+    const int rows_per_split = (length + gridDim.y - 1) / gridDim.y;
+    const int row_begin = blockIdx.y * rows_per_split, row_end = min(length, row_begin + rows_per_split);
+    if (row_begin >= row_end) return;
+
+    const int query_length = args.query_length;
+    const i64 first_query = args.pairs ? doc : 0;
+    const int* list = args.sources + doc * args.sources_per_doc;
+    const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
+    const int* ranges = args.row_ranges + 2 * row0;
     const T* q = (const T*)args.q;
     T* grad_d = (T*)args.grad_d;
     const bool vector = args.vector_loads != 0;
-    const i64 grad_row0 = args.offsets == nullptr ? doc * length : first_token;
     auto accumulate = [&](int begin, int end, int dim0, int valid, A (&acc)[4]) {
         for (int s0 = begin; s0 < end; s0 += 32) {
             // Lanes fetch 32 sources' query rows and weights; the warp then walks them in order.
@@ -279,21 +323,21 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
         }
     };
     auto store_row = [&](int row, int dim0, int valid, const A (&acc)[4]) {
-        T* out = grad_d + (grad_row0 + row) * args.dim + dim0;
+        T* out = grad_d + (row0 + row) * args.dim + dim0;
         for (int e = 0; e < valid; ++e) store_value(out + e, acc[e]);
     };
     for (int chunk0 = 0; chunk0 < args.dim; chunk0 += DIM_CHUNK) {
         const int dim0 = chunk0 + lane * 4;
         const int valid = min(4, args.dim - dim0);
         for (int row = row_begin + warp; row < row_end; row += warps) {
-            const int begin = sStart[row], end = sStart[row + 1];
+            const int begin = ranges[2 * row], end = ranges[2 * row + 1];
             if (end - begin > HOT_ROW) continue;
             A acc[4] = {0, 0, 0, 0};
             accumulate(begin, end, dim0, valid, acc);
             store_row(row, dim0, valid, acc);
         }
-        for (int row = row_begin; row < row_end; ++row) {  // uniform: every thread reads sStart
-            const int begin = sStart[row], end = sStart[row + 1];
+        for (int row = row_begin; row < row_end; ++row) {  // uniform: every thread reads the same
+            const int begin = ranges[2 * row], end = ranges[2 * row + 1];
             if (end - begin <= HOT_ROW) continue;
             const int part = (end - begin + warps - 1) / warps;
             A acc[4] = {0, 0, 0, 0};
@@ -313,7 +357,7 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     }
 }
 
-// THREADS: 512 (16 warps), or 256 for float64, whose registers would spill at 512.
+// THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS).
 #define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS)                                                  \
     extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const BackwardArgs args) { \
         maxsim_bwd_dq<T>(args);                                                              \
@@ -325,15 +369,19 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
         maxsim_bwd_dd<T>(args);                                                              \
     }
 
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 512)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 512)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 512)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 256)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 256)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 256)
 MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp16, fp16_t)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_bf16, bf16_t)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp32, float)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp64, double)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 512)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 512)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 512)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256)
+
+#define MAXSIM_BWD_CSR_ENTRY(NAME) \
+    extern "C" __global__ void __launch_bounds__(512) NAME(const BackwardArgs args) { build_inverse_csr(args); }
+MAXSIM_BWD_CSR_ENTRY(maxsim_bwd_csr)
