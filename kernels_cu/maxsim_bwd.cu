@@ -382,6 +382,6 @@ MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256)
 
-#define MAXSIM_BWD_CSR_ENTRY(NAME) \
-    extern "C" __global__ void __launch_bounds__(512) NAME(const BackwardArgs args) { build_inverse_csr(args); }
-MAXSIM_BWD_CSR_ENTRY(maxsim_bwd_csr)
+#define MAXSIM_BWD_CSR_ENTRY(NAME, THREADS) \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const BackwardArgs args) { build_inverse_csr(args); }
+MAXSIM_BWD_CSR_ENTRY(maxsim_bwd_csr, 512)
