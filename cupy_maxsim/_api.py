@@ -390,7 +390,7 @@ def _host_gradient(output: Output, array: np.ndarray, dtype: str):
     return output.wrap(rounded, dtype="bfloat16")
 
 
-#: Documents per dQ chunk: past this many, partial sums per chunk keep the grid wide.
+#: Most documents per dQ chunk (a warp walks a chunk's documents in order).
 DQ_DOCS_PER_CHUNK = 4096
 
 
@@ -436,11 +436,21 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             grad.cupy().astype(np.float32), "grad_scores", grad)
         aligned = dim % 4 == 0 and all(
             s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
-        docs_per_chunk = num_docs if like.dtype == "float64" or pairs else DQ_DOCS_PER_CHUNK
+        # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
+        # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
+        num_tokens = num_queries * query_length
+        if like.dtype == "float64" or pairs:
+            docs_per_chunk = num_docs
+        else:
+            wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
+            docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
         chunks = -(-num_docs // docs_per_chunk)
         num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
         sources, sources_ptr = output.empty((num_docs * sources_per_doc,), "int32")
-        row_ranges, row_ranges_ptr = output.empty((2 * num_rows,), "int32")
+        row_ranges, row_ranges_ptr = output.empty((2 * (num_rows + num_docs),), "int32")
+        # dD: rows per warp for about 64 sources per warp on average (sparse ColPali rows get
+        # up to 64 rows per warp; dense ColBERT rows a handful).
+        rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
         partial, partial_ptr = (None, 0)
         if chunks > 1:
             partial, partial_ptr = output.empty((chunks * num_queries * query_length * dim,), "float32")
@@ -461,7 +471,7 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
             offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
             argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
-            vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4),
+            vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
         ),)
         threads = _kernels.BWD_THREADS
         dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
@@ -476,9 +486,8 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
         csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", (), shared)
         _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), args, shared, stream)
         dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}")
-        # Row splits of 16 rows: two rows per warp, thousands of blocks for latency hiding.
-        splits = max(1, min(-(-longest // 16), 65535))
-        _kernels.launch(dd, (num_docs, splits), (threads,), args, 0, stream)
+        groups = -(-longest // (threads // 32 * rows_per_warp))
+        _kernels.launch(dd, (num_docs, groups), (threads,), args, 0, stream)
         del sources, row_ranges, partial  # stream-ordered frees: the kernels above are queued first
     return wrap()
 

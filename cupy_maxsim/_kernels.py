@@ -64,6 +64,7 @@ BACKWARD_ARGS = (
     ("num_docs", "q"), ("sources_per_doc", "q"), ("docs_per_chunk", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("pairs", "i"), ("argmax_is_32bit", "i"), ("count_warps", "i"), ("vector_loads", "i"),
+    ("rows_per_warp", "i"), ("reserved", "i"),
 )
 
 
@@ -175,7 +176,7 @@ BWD_DIM_CHUNK = 128
 
 def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
     # Mirrors the formula at the top of maxsim_bwd.cu.
-    return 4 * (count_warps * longest_doc + longest_doc + 1)
+    return 4 * (count_warps * longest_doc + 2 * longest_doc + 2)
 
 
 # ---- CuPy side ------------------------------------------------------------------------------

@@ -22,12 +22,14 @@
 //          into the token's list and each token its range [begin, end);
 //   fill:  each warp walks its share in order, ranks equal destinations with __match_any_sync
 //          and writes the source at cursor + rank: lists come out in (i, t) order, every run.
-// Shared memory (dynamic, bytes): 4 * (count_warps * L + L + 1), L = the longest document;
-// _kernels.py mirrors this formula.
+// Shared memory (dynamic, bytes): 4 * (count_warps * L + 2 * L + 2), L = the longest
+// document; _kernels.py mirrors this formula.
 //
-// maxsim_bwd_dd_*: one block per (document, row split). Each destination row is owned by one
+// maxsim_bwd_dd_*: one block per (document, row group). Each destination row is owned by one
 // warp, which sums its sources in list order and writes the row once (zeros for a token
-// nobody chose). Hot rows (more than HOT_ROW sources, e.g. a token every query picks) are
+// nobody chose); a warp walks the light sources of rows_per_warp consecutive rows as one
+// contiguous segment, so that sparse rows (ColPali: about one source per patch) do not cost a
+// round trip each. Hot rows (more than HOT_ROW sources, e.g. a token every query picks) are
 // split over all warps of the block into contiguous parts, added in warp order.
 //
 // Preconditions (checked in Python): q, d unit dim stride; vector_loads only when every row
@@ -180,9 +182,11 @@ __device__ int block_exclusive_scan(int* values, int n, int* warp_sums) {
     return carry;
 }
 
-// The inverse CSR of one document (one block per document): count, scan, fill. Writes the
-// document's source list (sources + doc * sources_per_doc) and, per destination row r, its
-// range [begin, end) in that list (row_ranges[2r], row_ranges[2r + 1]).
+// The inverse CSR of one document (one block per document): count, scan, fill. The list
+// (sources + doc * sources_per_doc) holds the light rows' sources first, row after row, then
+// the hot rows' (more than HOT_ROW sources). Per document, entry j = row0 + doc + k of
+// row_ranges (k = 0 .. L, the last one holding the totals) is the pair (light start, hot
+// start) of row k: light row k owns [light[k], light[k + 1]), hot row k [hot[k], hot[k + 1]).
 __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -193,7 +197,8 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     if (length == 0) return;
     const int count_warps = args.count_warps;
     int* sCount = (int*)smem;                       // [count_warps][length]: counts, then cursors
-    int* sStart = sCount + count_warps * length;    // [length + 1]: row starts in the list
+    int* sLight = sCount + count_warps * length;    // [length + 1]: light row starts
+    int* sHot = sLight + length + 1;                // [length + 1]: hot row starts
     __shared__ int warp_sums[bwd::WARPS];
 
     const int query_length = args.query_length;
@@ -231,7 +236,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
         }
     }
     __syncthreads();
-    // scan: per token over warps (cursor offsets), then over tokens (row starts)
+    // scan: per token over warps (cursor offsets), then over tokens, light and hot apart
     for (int k = tid; k < length; k += blockDim.x) {
         int total = 0;
         for (int w = 0; w < count_warps; ++w) {
@@ -239,17 +244,24 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
             sCount[w * length + k] = total;
             total += c;
         }
-        sStart[k] = total;
+        const bool hot = total > bwd::HOT_ROW;
+        sLight[k] = hot ? 0 : total;
+        sHot[k] = hot ? total : 0;
     }
     __syncthreads();
-    const int list_length = block_exclusive_scan(sStart, length, warp_sums);
-    if (tid == 0) sStart[length] = list_length;
+    const int light_total = block_exclusive_scan(sLight, length, warp_sums);
+    const int hot_total = block_exclusive_scan(sHot, length, warp_sums);
+    if (tid == 0) sLight[length] = light_total, sHot[length] = hot_total;
     __syncthreads();
-    for (int i = tid; i < count_warps * length; i += blockDim.x) sCount[i] += sStart[i % length];
-    const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
-    for (int k = tid; k < length; k += blockDim.x) {
-        args.row_ranges[2 * (row0 + k)] = sStart[k];
-        args.row_ranges[2 * (row0 + k) + 1] = sStart[k + 1];
+    for (int i = tid; i < count_warps * length; i += blockDim.x) {
+        const int k = i % length;
+        const bool hot = sHot[k + 1] > sHot[k];
+        sCount[i] += hot ? light_total + sHot[k] : sLight[k];
+    }
+    const i64 entry0 = (args.offsets == nullptr ? doc * length : first_token) + doc;
+    for (int k = tid; k <= length; k += blockDim.x) {
+        args.row_ranges[2 * (entry0 + k)] = sLight[k];
+        args.row_ranges[2 * (entry0 + k) + 1] = light_total + sHot[k];
     }
     __syncthreads();
     // fill, in source order
@@ -283,8 +295,11 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     }
 }
 
-// dD rows of one (document, row split) block: one warp per row, sources summed in list order;
-// hot rows after, block-wide, in contiguous parts added in warp order.
+// dD rows of one (document, row group) block. Each warp owns rows_per_warp consecutive rows:
+// their light sources are contiguous in the list, so the warp walks them as one segment, 32
+// list entries and 8 query rows in flight at a time, and writes each row once when the walk
+// passes its end (zeros for a row nobody chose). Then each hot row of the block is summed by
+// all warps in contiguous parts, added in warp order.
 template <typename T>
 __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     typedef typename AccumulatorOf<T>::type A;
@@ -295,53 +310,97 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     i64 doc_base, length64, first_token;
     bwd_doc_extent(args, doc, doc_base, length64, first_token);
     const int length = (int)length64;
-    const int rows_per_split = (length + gridDim.y - 1) / gridDim.y;
-    const int row_begin = blockIdx.y * rows_per_split, row_end = min(length, row_begin + rows_per_split);
-    if (row_begin >= row_end) return;
+    const int rows_per_warp = args.rows_per_warp;
+    const int block_first = blockIdx.y * warps * rows_per_warp;
+    if (block_first >= length) return;
+    const int block_last = min(length, block_first + warps * rows_per_warp);
 
     const int query_length = args.query_length;
     const i64 first_query = args.pairs ? doc : 0;
     const int* list = args.sources + doc * args.sources_per_doc;
     const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
-    const int* ranges = args.row_ranges + 2 * row0;
+    const int* ranges = args.row_ranges + 2 * (row0 + doc);  // (light, hot) starts, rows 0..L
     const T* q = (const T*)args.q;
     T* grad_d = (T*)args.grad_d;
     const bool vector = args.vector_loads != 0;
-    auto accumulate = [&](int begin, int end, int dim0, int valid, A (&acc)[4]) {
-        for (int s0 = begin; s0 < end; s0 += 32) {
-            // Lanes fetch 32 sources' query rows and weights; the warp then walks them in order.
-            const int s = s0 + lane;
-            i64 my_offset = 0;
-            A my_weight = 0;
-            if (s < end) {
-                const int e = list[s];
-                const i64 query = first_query + e / query_length;
-                my_offset = query * args.q_query_stride + (i64)(e % query_length) * args.q_row_stride;
-                my_weight = (A)args.grad[query * args.grad_query_stride + doc * args.grad_doc_stride];
-            }
-            gather_rows<T, A>(q, my_offset, my_weight, min(32, end - s0), dim0, valid, vector, acc);
-        }
+    auto source = [&](int position, i64& offset, A& weight) {  // list entry -> query row, weight
+        const int e = list[position];
+        const i64 query = first_query + e / query_length;
+        offset = query * args.q_query_stride + (i64)(e % query_length) * args.q_row_stride;
+        weight = (A)args.grad[query * args.grad_query_stride + doc * args.grad_doc_stride];
     };
     auto store_row = [&](int row, int dim0, int valid, const A (&acc)[4]) {
         T* out = grad_d + (row0 + row) * args.dim + dim0;
         for (int e = 0; e < valid; ++e) store_value(out + e, acc[e]);
     };
+    const int warp_first = block_first + warp * rows_per_warp;
+    const int warp_last = min(length, warp_first + rows_per_warp);
     for (int chunk0 = 0; chunk0 < args.dim; chunk0 += DIM_CHUNK) {
         const int dim0 = chunk0 + lane * 4;
         const int valid = min(4, args.dim - dim0);
-        for (int row = row_begin + warp; row < row_end; row += warps) {
-            const int begin = ranges[2 * row], end = ranges[2 * row + 1];
-            if (end - begin > HOT_ROW) continue;
+        for (int g0 = warp_first; g0 < warp_last; g0 += 32) {
+            const int rows = min(32, warp_last - g0);
+            // Lane l: row g0 + l's light end and whether it is hot.
+            const int k = g0 + min(lane, rows - 1);
+            const int light_end = ranges[2 * (k + 1)];
+            const bool hot = ranges[2 * (k + 1) + 1] > ranges[2 * k + 1];
+            const int segment_begin = ranges[2 * g0], segment_end = __shfl_sync(0xffffffffu, light_end, rows - 1);
+            int current = 0, current_end = __shfl_sync(0xffffffffu, light_end, 0);
+            bool current_hot = __shfl_sync(0xffffffffu, hot, 0);
             A acc[4] = {0, 0, 0, 0};
-            accumulate(begin, end, dim0, valid, acc);
-            store_row(row, dim0, valid, acc);
+            // Passing `position` closes every row that ends at or before it.
+            auto close_rows_up_to = [&](int position) {
+                while (current < rows && position >= current_end) {
+                    if (!current_hot) store_row(g0 + current, dim0, valid, acc);
+                    acc[0] = acc[1] = acc[2] = acc[3] = 0;
+                    ++current;
+                    current_end = __shfl_sync(0xffffffffu, light_end, min(current, 31));
+                    current_hot = __shfl_sync(0xffffffffu, hot, min(current, 31));
+                }
+            };
+            for (int p0 = segment_begin; p0 < segment_end; p0 += 32) {
+                i64 my_offset = 0;
+                A my_weight = 0;
+                if (p0 + lane < segment_end) source(p0 + lane, my_offset, my_weight);
+                const int count = min(32, segment_end - p0);
+                constexpr int INFLIGHT_ROWS = Inflight<A>::value;
+                for (int j0 = 0; j0 < count; j0 += INFLIGHT_ROWS) {
+                    A values[INFLIGHT_ROWS][4];
+                    A weights[INFLIGHT_ROWS];
+#pragma unroll
+                    for (int u = 0; u < INFLIGHT_ROWS; ++u) {
+                        const int src = j0 + u;
+                        const i64 offset = __shfl_sync(0xffffffffu, my_offset, src & 31);
+                        weights[u] = __shfl_sync(0xffffffffu, my_weight, src & 31);
+                        if (src < count && valid > 0)
+                            load4<T, A>(q + offset + dim0, valid, vector, values[u]);
+                        else
+                            values[u][0] = values[u][1] = values[u][2] = values[u][3] = 0;
+                    }
+#pragma unroll
+                    for (int u = 0; u < INFLIGHT_ROWS; ++u) {
+                        if (j0 + u >= count) break;
+                        close_rows_up_to(p0 + j0 + u);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[e] += weights[u] * values[u][e];
+                    }
+                }
+            }
+            close_rows_up_to(0x7fffffff);  // the last row, and rows nobody chose after it
         }
-        for (int row = row_begin; row < row_end; ++row) {  // uniform: every thread reads the same
-            const int begin = ranges[2 * row], end = ranges[2 * row + 1];
-            if (end - begin <= HOT_ROW) continue;
+        // Hot rows of this block: every warp sums a contiguous part; parts added in warp order.
+        for (int row = block_first; row < block_last; ++row) {  // uniform: every thread reads the same
+            const int begin = ranges[2 * row + 1], end = ranges[2 * (row + 1) + 1];
+            if (end == begin) continue;
             const int part = (end - begin + warps - 1) / warps;
+            const int my_begin = min(end, begin + warp * part), my_end = min(end, begin + (warp + 1) * part);
             A acc[4] = {0, 0, 0, 0};
-            accumulate(min(end, begin + warp * part), min(end, begin + (warp + 1) * part), dim0, valid, acc);
+            for (int s0 = my_begin; s0 < my_end; s0 += 32) {
+                i64 my_offset = 0;
+                A my_weight = 0;
+                if (s0 + lane < my_end) source(s0 + lane, my_offset, my_weight);
+                gather_rows<T, A>(q, my_offset, my_weight, min(32, my_end - s0), dim0, valid, vector, acc);
+            }
 #pragma unroll
             for (int e = 0; e < 4; ++e) sPartial[warp * DIM_CHUNK + lane * 4 + e] = acc[e];
             __syncthreads();
