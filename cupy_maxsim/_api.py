@@ -428,9 +428,11 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
     with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
         sm_count, smem_limit, _, _ = _kernels.device_properties(like.device)
         count_warps = min(8, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
-        if count_warps < 1:
-            raise ValueError(f"documents of {longest} tokens are too long for the backward on this GPU "
-                             f"(at most {smem_limit // 4 - 1})")
+        csr_counts, csr_counts_ptr, csr_counts_stride = None, 0, 0
+        if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
+            count_warps = 1
+            csr_counts_stride = _kernels.bwd_csr_shared_bytes(1, longest) // 4
+            csr_counts, csr_counts_ptr = output.empty((num_docs * csr_counts_stride,), "int32")
         q, d = _unit_dim_stride(q), _unit_dim_stride(d)
         grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
             grad.cupy().astype(np.float32), "grad_scores", grad)
@@ -467,6 +469,7 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             argmax=argmax.ptr, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
             grad=grad_f32.ptr, grad_query_stride=grad_strides[0], grad_doc_stride=grad_strides[1],
             grad_q=grad_q_ptr, grad_d=grad_d_ptr, sources=sources_ptr, row_ranges=row_ranges_ptr,
+            csr_counts=csr_counts_ptr, csr_counts_stride=csr_counts_stride,
             partial=partial_ptr, num_docs=num_docs, sources_per_doc=sources_per_doc,
             docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
             offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
@@ -482,13 +485,13 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}")
             total = num_queries * query_length * dim
             _kernels.launch(reduce, (min(-(-total // 256), sm_count * 16),), (256,), args, 0, stream)
-        shared = _kernels.bwd_csr_shared_bytes(count_warps, longest)
+        shared = 0 if csr_counts is not None else _kernels.bwd_csr_shared_bytes(count_warps, longest)
         csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", (), shared)
         _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), args, shared, stream)
         dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}")
         groups = -(-longest // (threads // 32 * rows_per_warp))
         _kernels.launch(dd, (num_docs, groups), (threads,), args, 0, stream)
-        del sources, row_ranges, partial  # stream-ordered frees: the kernels above are queued first
+        del sources, row_ranges, partial, csr_counts  # stream-ordered frees: the kernels above are queued first
     return wrap()
 
 

@@ -105,13 +105,15 @@ struct BackwardArgs {
     void* grad_d;
     int* sources;       // scratch: the inverse CSR, sources_per_doc entries per document
     int* row_ranges;    // scratch: per row (and one per document), its light and hot list starts
+    int* csr_counts;    // scratch for documents too long for shared memory, or null
+    i64 csr_counts_stride;
     float* partial;     // scratch: dQ partial sums per document chunk, or null (one chunk)
     i64 num_docs, sources_per_doc, docs_per_chunk;
     int num_queries, query_length, dim, offsets_are_64bit;
     int pairs, argmax_is_32bit, count_warps, vector_loads;
     int rows_per_warp, reserved;
 };
-static_assert(sizeof(BackwardArgs) == 22 * 8 + 10 * 4, "BackwardArgs must have no padding");
+static_assert(sizeof(BackwardArgs) == 24 * 8 + 10 * 4, "BackwardArgs must have no padding");
 
 // float -> storage type, round to nearest even.
 __device__ __forceinline__ void store_value(fp16_t* p, float x) {

@@ -23,7 +23,8 @@
 //   fill:  each warp walks its share in order, ranks equal destinations with __match_any_sync
 //          and writes the source at cursor + rank: lists come out in (i, t) order, every run.
 // Shared memory (dynamic, bytes): 4 * (count_warps * L + 2 * L + 2), L = the longest
-// document; _kernels.py mirrors this formula.
+// document; _kernels.py mirrors this formula. Documents too long for that (about 19,000
+// tokens) use a global scratch of that size per document (csr_counts) with one count warp.
 //
 // maxsim_bwd_dd_*: one block per (document, row group). Each destination row is owned by one
 // warp, which sums its sources in list order and writes the row once (zeros for a token
@@ -196,7 +197,10 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     const int length = (int)length64;
     if (length == 0) return;
     const int count_warps = args.count_warps;
-    int* sCount = (int*)smem;                       // [count_warps][length]: counts, then cursors
+    // Counts and starts live in shared memory, or, for documents too long for it, in this
+    // document's slice of a global scratch buffer (same code: generic addressing).
+    int* sCount = args.csr_counts != nullptr ? args.csr_counts + doc * args.csr_counts_stride
+                                             : (int*)smem;  // [count_warps][length]: counts, then cursors
     int* sLight = sCount + count_warps * length;    // [length + 1]: light row starts
     int* sHot = sLight + length + 1;                // [length + 1]: hot row starts
     __shared__ int warp_sums[bwd::WARPS];

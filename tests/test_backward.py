@@ -320,8 +320,8 @@ def test_gpu_torch_autograd_matches_cpu_and_runs_on_torch_stream():
     q_mask, d_mask = torch.rand(6, 32) > 0.2, torch.rand(9, 77) > 0.3
     grads = []
     for device in ("cpu", "cuda"):
-        qq = q.to(device).requires_grad_(True)
-        dd = d.to(device).requires_grad_(True)
+        qq = q.detach().to(device).clone().requires_grad_(True)
+        dd = d.detach().to(device).clone().requires_grad_(True)
         stream = torch.cuda.Stream() if device == "cuda" else None
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             scores = cmt.maxsim(qq, dd, q_mask.to(device), d_mask.to(device))
