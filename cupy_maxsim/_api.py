@@ -478,17 +478,17 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
         ),)
         threads = _kernels.BWD_THREADS
         dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
-        dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}")
+        dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}", _kernels.BWD_DEFINES)
         _kernels.launch(dq, (-(-num_queries * query_length // (threads // 32)), dim_chunks, chunks), (threads,),
                         args, 0, stream)
         if chunks > 1:
-            reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}")
+            reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}", _kernels.BWD_DEFINES)
             total = num_queries * query_length * dim
             _kernels.launch(reduce, (min(-(-total // 256), sm_count * 16),), (256,), args, 0, stream)
         shared = 0 if csr_counts is not None else _kernels.bwd_csr_shared_bytes(count_warps, longest)
-        csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", (), shared)
+        csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", _kernels.BWD_DEFINES, shared)
         _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), args, shared, stream)
-        dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}")
+        dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", _kernels.BWD_DEFINES)
         groups = -(-longest // (threads // 32 * rows_per_warp))
         _kernels.launch(dd, (num_docs, groups), (threads,), args, 0, stream)
         del sources, row_ranges, partial, csr_counts  # stream-ordered frees: the kernels above are queued first

@@ -173,6 +173,9 @@ def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> 
 BWD_CSR_THREADS = 512
 BWD_THREADS = 256
 BWD_DIM_CHUNK = 128
+#: Compile-time tunables of maxsim_bwd.cu (rows in flight, blocks per SM), chosen by
+#: bench/tune_backward.py on the H200.
+BWD_DEFINES: tuple[str, ...] = ()
 
 
 def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
@@ -369,7 +372,7 @@ def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | Non
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
     with and without the argmax."""
-    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", ())]
+    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", BWD_DEFINES)]
     for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
             config = mma_config(width, ksteps)

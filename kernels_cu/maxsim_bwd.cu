@@ -43,7 +43,14 @@ namespace bwd {
 constexpr int WARPS = 16;
 constexpr int DIM_CHUNK = 128;  // 32 lanes x 4 dims
 constexpr int HOT_ROW = 64;     // rows with more sources are split over the block's warps
-constexpr int INFLIGHT = 8;     // rows loaded before they are accumulated (2 for float64: registers)
+#ifndef MAXSIM_BWD_INFLIGHT
+#define MAXSIM_BWD_INFLIGHT 8
+#endif
+#ifndef MAXSIM_BWD_MIN_BLOCKS
+#define MAXSIM_BWD_MIN_BLOCKS 1
+#endif
+// Rows loaded before they are accumulated (2 for float64: registers); bench/tune_backward.py.
+constexpr int INFLIGHT = MAXSIM_BWD_INFLIGHT;
 template <typename A> struct Inflight { static constexpr int value = sizeof(A) == 8 ? 2 : INFLIGHT; };
 }  // namespace bwd
 
@@ -422,13 +429,13 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
 
 // THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS).
 #define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS)                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const BackwardArgs args) { \
+    extern "C" __global__ void __launch_bounds__(THREADS, MAXSIM_BWD_MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dq<T>(args);                                                              \
     }
 #define MAXSIM_BWD_DQ_REDUCE_ENTRY(NAME, T) \
     extern "C" __global__ void NAME(const BackwardArgs args) { maxsim_bwd_dq_reduce<T>(args); }
 #define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS)                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const BackwardArgs args) { \
+    extern "C" __global__ void __launch_bounds__(THREADS, MAXSIM_BWD_MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dd<T>(args);                                                              \
     }
 
