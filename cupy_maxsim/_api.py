@@ -427,7 +427,7 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
     switch = cupy.cuda.runtime.getDevice() != like.device
     with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
         sm_count, smem_limit, _, _ = _kernels.device_properties(like.device)
-        count_warps = min(8, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
+        count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
         csr_counts, csr_counts_ptr, csr_counts_stride = None, 0, 0
         if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
             count_warps = 1

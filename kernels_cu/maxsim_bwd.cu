@@ -42,6 +42,7 @@ namespace bwd {
 // the count from blockDim, WARPS is the most they handle.
 constexpr int WARPS = 16;
 constexpr int DIM_CHUNK = 128;  // 32 lanes x 4 dims
+constexpr int MAX_BLOCK_ROWS = 1024;  // rows per dD block: warps * rows_per_warp (Python keeps it)
 constexpr int HOT_ROW = 64;     // rows with more sources are split over the block's warps
 #ifndef MAXSIM_BWD_INFLIGHT
 #define MAXSIM_BWD_INFLIGHT 8
@@ -316,15 +317,18 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
     __shared__ __align__(16) A sPartial[WARPS * DIM_CHUNK];
+    __shared__ int sHotRows[MAX_BLOCK_ROWS];  // this block's hot rows, in no particular order
+    __shared__ int sHotCount;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const i64 doc = blockIdx.x;
     i64 doc_base, length64, first_token;
     bwd_doc_extent(args, doc, doc_base, length64, first_token);
     const int length = (int)length64;
     const int rows_per_warp = args.rows_per_warp;
+    if (threadIdx.x == 0) sHotCount = 0;
+    __syncthreads();
     const int block_first = blockIdx.y * warps * rows_per_warp;
     if (block_first >= length) return;
-    const int block_last = min(length, block_first + warps * rows_per_warp);
 
     const int query_length = args.query_length;
     const i64 first_query = args.pairs ? doc : 0;
@@ -356,6 +360,13 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
             const int light_end = ranges[2 * (k + 1)];
             const bool hot = ranges[2 * (k + 1) + 1] > ranges[2 * k + 1];
             const int segment_begin = ranges[2 * g0], segment_end = __shfl_sync(0xffffffffu, light_end, rows - 1);
+            if (chunk0 == 0) {  // note the hot rows once; each is summed block-wide below
+                const unsigned hot_lanes = __ballot_sync(0xffffffffu, hot && lane < rows);
+                int slot = 0;
+                if (lane == 0 && hot_lanes) slot = atomicAdd(&sHotCount, __popc(hot_lanes));
+                slot = __shfl_sync(0xffffffffu, slot, 0);
+                if (hot && lane < rows) sHotRows[slot + __popc(hot_lanes & ((1u << lane) - 1))] = g0 + lane;
+            }
             int current = 0, current_end = __shfl_sync(0xffffffffu, light_end, 0);
             bool current_hot = __shfl_sync(0xffffffffu, hot, 0);
             A acc[4] = {0, 0, 0, 0};
@@ -399,10 +410,12 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
             }
             close_rows_up_to(0x7fffffff);  // the last row, and rows nobody chose after it
         }
-        // Hot rows of this block: every warp sums a contiguous part; parts added in warp order.
-        for (int row = block_first; row < block_last; ++row) {  // uniform: every thread reads the same
+        // Hot rows of this block: every warp sums a contiguous part; parts added in warp order
+        // (each row's bits do not depend on the order the rows are visited in).
+        __syncthreads();
+        for (int h = 0; h < sHotCount; ++h) {
+            const int row = sHotRows[h];
             const int begin = ranges[2 * row + 1], end = ranges[2 * (row + 1) + 1];
-            if (end == begin) continue;
             const int part = (end - begin + warps - 1) / warps;
             const int my_begin = min(end, begin + warp * part), my_end = min(end, begin + (warp + 1) * part);
             A acc[4] = {0, 0, 0, 0};
