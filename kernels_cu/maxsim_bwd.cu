@@ -45,14 +45,15 @@ constexpr int DIM_CHUNK = 128;  // 32 lanes x 4 dims
 constexpr int MAX_BLOCK_ROWS = 1024;  // rows per dD block: warps * rows_per_warp (Python keeps it)
 constexpr int HOT_ROW = 64;     // rows with more sources are split over the block's warps
 #ifndef MAXSIM_BWD_INFLIGHT
-#define MAXSIM_BWD_INFLIGHT 8
+#define MAXSIM_BWD_INFLIGHT 4
 #endif
 #ifndef MAXSIM_BWD_MIN_BLOCKS
-#define MAXSIM_BWD_MIN_BLOCKS 1
+#define MAXSIM_BWD_MIN_BLOCKS 4
 #endif
-// Rows loaded before they are accumulated (2 for float64: registers); bench/tune_backward.py.
+// Rows loaded before they are accumulated (2 for float64: registers) and blocks per SM: 4 and 4
+// measured best on the H200 (occupancy beats rows in flight; bench/results/tune-backward-*.log).
 constexpr int INFLIGHT = MAXSIM_BWD_INFLIGHT;
-template <typename A> struct Inflight { static constexpr int value = sizeof(A) == 8 ? 2 : INFLIGHT; };
+template <typename A> struct Inflight { static constexpr int value = sizeof(A) == 8 ? (INFLIGHT < 2 ? INFLIGHT : 2) : INFLIGHT; };
 }  // namespace bwd
 
 // Where document n's rows start (elements) and how many it has.
@@ -440,30 +441,30 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     }
 }
 
-// THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS).
-#define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS)                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS, MAXSIM_BWD_MIN_BLOCKS) NAME(const BackwardArgs args) { \
+// THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS: per SM.
+#define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dq<T>(args);                                                              \
     }
 #define MAXSIM_BWD_DQ_REDUCE_ENTRY(NAME, T) \
     extern "C" __global__ void NAME(const BackwardArgs args) { maxsim_bwd_dq_reduce<T>(args); }
-#define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS)                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS, MAXSIM_BWD_MIN_BLOCKS) NAME(const BackwardArgs args) { \
+#define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dd<T>(args);                                                              \
     }
 
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 256)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 256)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 256)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256, 1)  // registers
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp16, fp16_t)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_bf16, bf16_t)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp32, float)
 MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp64, double)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256, 1)  // registers
 
 #define MAXSIM_BWD_CSR_ENTRY(NAME, THREADS) \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(const BackwardArgs args) { build_inverse_csr(args); }
