@@ -166,7 +166,7 @@ __device__ __forceinline__ void maxsim_bwd_dq_reduce(const BackwardArgs args) {
 }
 
 // Exclusive scan of values[0, n) in place (all threads of the block call it); returns the total.
-__device__ int block_exclusive_scan(int* values, int n, int* warp_sums) {
+__device__ __forceinline__ int block_exclusive_scan(int* values, int n, int* warp_sums) {
     using namespace bwd;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
     int carry = 0;
@@ -190,6 +190,16 @@ __device__ int block_exclusive_scan(int* values, int n, int* warp_sums) {
         __syncthreads();
     }
     return carry;
+}
+
+// Source e = (query, token) of a document -> its winner there, or -1 (never trust an index
+// past the document: a foreign argmax cannot make us write out of bounds).
+__device__ __forceinline__ int source_winner(const BackwardArgs& args, i64 doc, i64 first_query, int query_length,
+                                             int length, int e) {
+    const i64 query = first_query + e / query_length;
+    const int row = load_argmax(args.argmax, args.argmax_is_32bit,
+                                query * args.argmax_query_stride + doc * args.argmax_doc_stride + e % query_length);
+    return row < length ? row : -1;
 }
 
 // The inverse CSR of one document (one block per document): count, scan, fill. The list
@@ -218,15 +228,6 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     const i64 first_query = args.pairs ? doc : 0;
     const int sources = args.pairs ? query_length : args.num_queries * query_length;  // < 2^31
     int* list = args.sources + doc * args.sources_per_doc;
-    // Source e = (query, token) -> its winner in this document, or -1 (never trust an index
-    // past the document: a foreign argmax cannot make us write out of bounds).
-    auto source_row = [&](int e) {
-        const i64 query = first_query + e / query_length;
-        const int row = load_argmax(args.argmax, args.argmax_is_32bit,
-                                    query * args.argmax_query_stride + doc * args.argmax_doc_stride +
-                                        e % query_length);
-        return row < length ? row : -1;
-    };
     const int share = (sources + count_warps - 1) / count_warps;
     const int my_begin = warp * share, my_end = min(sources, (warp + 1) * share);
     constexpr int AHEAD = 4;  // loads issued before their results are used
@@ -241,7 +242,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
                 const int e = e0 + u * 32 + lane;
-                rows[u] = e < my_end ? source_row(e) : -1;
+                rows[u] = e < my_end ? source_winner(args, doc, first_query, query_length, length, e) : -1;
             }
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u)
@@ -286,7 +287,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
                 const int e = e0 + u * 32 + lane;
-                rows[u] = e < my_end ? source_row(e) : -1;
+                rows[u] = e < my_end ? source_winner(args, doc, first_query, query_length, length, e) : -1;
             }
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
