@@ -285,11 +285,14 @@ def provenance():
     import cupy
     import torch
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
+    # The device copy of the tree may carry a stale .git: the commit passed in wins.
+    commit = os.environ.get("CUPY_MAXSIM_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip()
+        except OSError:
+            commit = ""
     versions = {"python": platform.python_version(), "numpy": np.__version__, "cupy": cupy.__version__,
                 "torch": torch.__version__}
     for name in ("triton", "flash_maxsim", "late_interaction_kernels", "jax"):
@@ -298,7 +301,7 @@ def provenance():
         except Exception:  # noqa: BLE001
             versions[name] = None
     return {"gpu": torch.cuda.get_device_name(), "versions": versions,
-            "commit": commit or os.environ.get("CUPY_MAXSIM_COMMIT", ""),
+            "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
