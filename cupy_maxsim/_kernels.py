@@ -148,7 +148,7 @@ class MmaConfig:
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
         return 2 * row * (bn + self.stages * bm) + 4 * (
-            2 * self.stages * bm + (4 + 2 * self.argmax) * self.warps_m * bn + 2 * bn + 2 * warps)
+            2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps)
 
     def defines(self) -> tuple[str, ...]:
         return (

@@ -235,6 +235,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* smem) {
 template <typename T> struct Mma16816;
 template <> struct Mma16816<i8> {
     typedef int acc_t;
+    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ void run(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -245,6 +246,7 @@ template <> struct Mma16816<i8> {
 };
 template <> struct Mma16816<fp16_t> {
     typedef float acc_t;
+    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -255,6 +257,7 @@ template <> struct Mma16816<fp16_t> {
 };
 template <> struct Mma16816<bf16_t> {
     typedef float acc_t;
+    static constexpr bool is_bf16 = true;
     static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

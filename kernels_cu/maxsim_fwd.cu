@@ -18,10 +18,14 @@
 // block n scores query n against document n only.
 //
 // Masks. A masked or out-of-range document row is never read: cp.async zero-fills it and
-// the row gets a -FLT_MAX bias, so it can never win the max (padding is not 0). A masked
-// query token is zero-filled and left out of the sum. A document with no real token scores
-// -inf. Non-finite policy: if any similarity between a real query token and a real document
-// token is NaN or +-inf, the score is NaN (the max propagates NaN, a running min catches -inf).
+// the row gets a -FLT_MAX bias, so it can never win the max (padding is not 0); a tile with
+// no masked or padding row skips the bias. A masked query token is zero-filled and left out
+// of the sum. A document with no real token scores -inf. Non-finite policy: a real token
+// holding NaN or +-inf makes the score NaN. A non-finite document element makes its row's
+// similarity with every column non-finite (x * inf and 0 * inf alike), so one column per row,
+// summed per document, finds it (2 adds per 16-row tile instead of a running min per
+// element); a non-finite query element is found once, when the query block lands; the max
+// itself (NaN propagates, +-inf checked) covers the rest.
 //
 // Argmax (MAXSIM_ARGMAX=1, training): each running max carries the index of its row; ties go
 // to the lowest document-token index (strict > within a thread, which meets rows in
@@ -29,9 +33,10 @@
 // per (query, doc, query token), -1 for a masked query token or a document with no real token.
 //
 // Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
-// tile ring, plus 4 * (2 * STAGES * BM + (4 + 2 * ARGMAX) * WARPS_M * BN + 2 * BN + 2 * WARPS)
-// for row biases and scales, the cross-warp max/min (and argmax) of two documents in flight,
-// the per-column query index and scale, and row flags; _kernels.py mirrors this formula. Rows and k-steps are counted in
+// tile ring, plus 4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS)
+// for row biases and scales, the cross-warp max (and argmax) of two documents in flight, the
+// per-column query index, scale and non-finite flag, and per-warp document flags; _kernels.py
+// mirrors this formula. Rows and k-steps are counted in
 // 16-bit units: a k-step is 32 bytes (16 fp16 or 32 int8 elements).
 //
 // Preconditions (checked in Python): dim a multiple of 16 bytes' worth of elements and at most
@@ -120,10 +125,11 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     float* sScale = sBias + STAGES * BM;        // int8: per-row document scale
     float* sColScale = sScale + STAGES * BM;    // int8: per-column query scale
     float* sRedMax = sColScale + BN;            // [2 parities][WARPS_M][BN]
-    float* sRedMin = sRedMax + 2 * WARPS_M * BN;
-    int* sColQuery = (int*)(sRedMin + 2 * WARPS_M * BN);
-    int* sHasRow = sColQuery + BN;              // [2 parities][WARPS]
-    int* sRedArg = sHasRow + 2 * WARPS;         // ARGMAX: [2 parities][WARPS_M][BN]
+    int* sColQuery = (int*)(sRedMax + 2 * WARPS_M * BN);
+    int* sColBad = sColQuery + BN;              // query token holds NaN or inf
+    int* sHasRow = sColBad + BN;                // [2 parities][WARPS]
+    int* sDocBad = sHasRow + 2 * WARPS;         // [2 parities][WARPS]: a real row is not finite
+    int* sRedArg = sDocBad + 2 * WARPS;         // ARGMAX: [2 parities][WARPS_M][BN]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
@@ -230,6 +236,16 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     // loop reads only document fragments from shared memory.
     cp_async_wait<STAGES - 1>();
     __syncthreads();
+    // Non-finite query tokens, once: an exponent of all ones (int8 tokens cannot be; their
+    // scales are checked with the max).
+    for (int col = tid; col < BN; col += THREADS) {
+        bool bad = false;
+        if constexpr (!SCALED) {
+            const u16 exponent = sizeof(T) == 2 && Mma16816<T>::is_bf16 ? 0x7f80 : 0x7c00;
+            for (int k = 0; k < CHUNKS * 8; ++k) bad |= (sQ[col * LDS + k] & exponent) == exponent;
+        }
+        sColBad[col] = bad;
+    }
     u32 b_regs[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4];
     if constexpr (B_IN_REGISTERS) {
 #pragma unroll
@@ -244,11 +260,13 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     // alternate by parity, and one warp sums each query with its lanes over query tokens.
     auto finish_document = [&](i64 finished_doc, int parity) {
         const float* red_max = sRedMax + parity * WARPS_M * BN;
-        const float* red_min = sRedMin + parity * WARPS_M * BN;
         const int* red_arg = sRedArg + parity * WARPS_M * BN;
-        bool doc_has_row = false;
+        bool doc_has_row = false, doc_bad = false;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) doc_has_row |= sHasRow[parity * WARPS + w] != 0;
+        for (int w = 0; w < WARPS; ++w) {
+            doc_has_row |= sHasRow[parity * WARPS + w] != 0;
+            doc_bad |= sDocBad[parity * WARPS + w] != 0;
+        }
         for (int g = warp; g < group_size; g += WARPS) {
             float sum = 0.f;
             bool non_finite = false;
@@ -260,7 +278,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                     if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
                     continue;
                 }
-                float m = MAXSIM_NEG_INF, lo = MAXSIM_INF;
+                float m = MAXSIM_NEG_INF;
                 int arg = -1;
 #pragma unroll
                 for (int w = 0; w < WARPS_M; ++w) {
@@ -270,12 +288,11 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                         if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
                     }
                     m = max_nan(m, other);
-                    lo = fminf(lo, red_min[w * BN + col]);
                 }
                 if constexpr (ARGMAX)
                     store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, doc_has_row ? arg : -1);
-                non_finite |= !(m < MAXSIM_INF) || lo == MAXSIM_NEG_INF;
                 if constexpr (SCALED) m *= sColScale[col];
+                non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sColBad[col] || doc_bad;
                 sum += m;
             }
 #pragma unroll
@@ -294,16 +311,17 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     i64 pending_doc = -1;
     int parity = 0;
 
-    float run_max[NT][2], run_min[NT][2];
+    float run_max[NT][2];
     int run_arg[ARGMAX ? NT : 1][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            run_max[nt][j] = MAXSIM_NEG_INF, run_min[nt][j] = MAXSIM_INF;
+            run_max[nt][j] = MAXSIM_NEG_INF;
             if constexpr (ARGMAX) run_arg[nt][j] = -1;
         }
     bool has_row = false;
+    float row_sum = 0.f;  // one column of every row this thread sees: non-finite iff a row is
 
     for (int stage = 0; doc < doc_end; stage = (stage + 1) % STAGES) {
         cp_async_wait<STAGES - 2>();
@@ -345,44 +363,58 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
             }
         }
 
+        // Fold the tile into the running max. A tile with no masked or padding row (no d_mask,
+        // wholly inside the document) needs no bias: the common case skips a quarter of the
+        // per-element work.
+        // Called twice with a constant: each call inlines into its own specialised copy.
+        auto fold = [&](const bool BIASED) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2);
-            const float bias_lo = sBias[stage * BM + r], bias_hi = sBias[stage * BM + r + 8];
-            has_row |= (bias_lo == 0.f) | (bias_hi == 0.f);
-            const float scale_lo = SCALED ? sScale[stage * BM + r] : 1.f;
-            const float scale_hi = SCALED ? sScale[stage * BM + r + 8] : 1.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
-                const float v0 = fmaf((float)acc[mt][nt][0], scale_lo, bias_lo);
-                const float v1 = fmaf((float)acc[mt][nt][1], scale_lo, bias_lo);
-                const float v2 = fmaf((float)acc[mt][nt][2], scale_hi, bias_hi);
-                const float v3 = fmaf((float)acc[mt][nt][3], scale_hi, bias_hi);
-                if constexpr (ARGMAX) {
-                    // Rows meet this thread in increasing order: strict > keeps the first.
-                    const int row = tile * BM + r;
-                    const float best0 = v2 > v0 ? v2 : v0, best1 = v3 > v1 ? v3 : v1;
-                    if (best0 > run_max[nt][0]) run_arg[nt][0] = v2 > v0 ? row + 8 : row;
-                    if (best1 > run_max[nt][1]) run_arg[nt][1] = v3 > v1 ? row + 8 : row;
+            for (int mt = 0; mt < MT; ++mt) {
+                const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2);
+                float bias_lo = 0.f, bias_hi = 0.f;
+                if (BIASED) {
+                    bias_lo = sBias[stage * BM + r], bias_hi = sBias[stage * BM + r + 8];
+                    has_row |= (bias_lo == 0.f) | (bias_hi == 0.f);
+                } else {
+                    has_row = true;
                 }
-                run_max[nt][0] = max_nan(run_max[nt][0], max_nan(v0, v2));
-                run_max[nt][1] = max_nan(run_max[nt][1], max_nan(v1, v3));
-                run_min[nt][0] = fminf(run_min[nt][0], fminf(v0, v2));
-                run_min[nt][1] = fminf(run_min[nt][1], fminf(v1, v3));
+                const float scale_lo = SCALED ? sScale[stage * BM + r] : 1.f;
+                const float scale_hi = SCALED ? sScale[stage * BM + r + 8] : 1.f;
+                // Masked rows are zero-filled (scale 0): they add 0.
+                row_sum += (float)acc[mt][0][0] * scale_lo + (float)acc[mt][0][2] * scale_hi;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
+                    const float v0 = BIASED ? fmaf((float)acc[mt][nt][0], scale_lo, bias_lo) : (float)acc[mt][nt][0] * scale_lo;
+                    const float v1 = BIASED ? fmaf((float)acc[mt][nt][1], scale_lo, bias_lo) : (float)acc[mt][nt][1] * scale_lo;
+                    const float v2 = BIASED ? fmaf((float)acc[mt][nt][2], scale_hi, bias_hi) : (float)acc[mt][nt][2] * scale_hi;
+                    const float v3 = BIASED ? fmaf((float)acc[mt][nt][3], scale_hi, bias_hi) : (float)acc[mt][nt][3] * scale_hi;
+                    if constexpr (ARGMAX) {
+                        // Rows meet this thread in increasing order: strict > keeps the first.
+                        const int row = tile * BM + r;
+                        const float best0 = v2 > v0 ? v2 : v0, best1 = v3 > v1 ? v3 : v1;
+                        if (best0 > run_max[nt][0]) run_arg[nt][0] = v2 > v0 ? row + 8 : row;
+                        if (best1 > run_max[nt][1]) run_arg[nt][1] = v3 > v1 ? row + 8 : row;
+                    }
+                    run_max[nt][0] = max_nan(run_max[nt][0], max_nan(v0, v2));
+                    run_max[nt][1] = max_nan(run_max[nt][1], max_nan(v1, v3));
+                }
             }
-        }
+        };
+        if (d_mask == nullptr && (i64)(tile + 1) * BM <= length)
+            fold(false);
+        else
+            fold(true);
 
         if (++tile < tiles) continue;
 
         // Document finished: reduce over the 8 row lanes here; over warps in finish_document.
         float* red_max = sRedMax + parity * WARPS_M * BN;
-        float* red_min = sRedMin + parity * WARPS_M * BN;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                float m = run_max[nt][j], lo = run_min[nt][j];
+                float m = run_max[nt][j];
                 int arg = ARGMAX ? run_arg[ARGMAX ? nt : 0][j] : -1;
 #pragma unroll
                 for (int offset = 4; offset < 32; offset <<= 1) {
@@ -392,21 +424,20 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                         if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
                     }
                     m = max_nan(m, other);
-                    lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, offset));
                 }
                 if (lane < 4) {
                     const int col = warp_n * 8 * NT + nt * 8 + 2 * lane + j;
                     red_max[warp_m * BN + col] = m;
-                    red_min[warp_m * BN + col] = lo;
                     if constexpr (ARGMAX) sRedArg[parity * WARPS_M * BN + warp_m * BN + col] = arg;
                 }
                 run_max[nt][j] = MAXSIM_NEG_INF;
-                run_min[nt][j] = MAXSIM_INF;
                 if constexpr (ARGMAX) run_arg[nt][j] = -1;
             }
         const bool warp_has_row = __any_sync(0xffffffffu, has_row);
-        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row;
+        const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(row_sum) < MAXSIM_INF));
+        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
         has_row = false;
+        row_sum = 0.f;
         pending_doc = doc;
         parity ^= 1;
         tile = 0;

@@ -155,6 +155,23 @@ def test_non_finite_policy_on_gpu():
         expected = reference.maxsim_reference(q, d, None, d_mask)
         assert_scores_match(got, expected, atol=1e-2)
         assert np.isnan(to_numpy(got)[:, :2]).all()
+    # A non-finite query token poisons its own query's scores only, also against documents
+    # whose masked and padding rows would otherwise hide a -inf similarity (-FLT_MAX bias).
+    q_bad = unit_rows(rng, (3, 32, 64), np.float16)
+    q_bad[1, 4, :] = -np.inf
+    q_bad[2, 9, 0] = np.inf
+    d_ok = unit_rows(rng, (5, 70, 64), np.float16)
+    holes = rng.random((5, 70)) < 0.8
+    for dtype in ("float16", "bfloat16"):
+        if dtype == "bfloat16":
+            torch = pytest.importorskip("torch")
+            args = [torch.from_numpy(x.astype(np.float32)).to("cuda", torch.bfloat16) for x in (q_bad, d_ok)]
+            mask = torch.from_numpy(holes).cuda()
+        else:
+            args, mask = [cupy.asarray(x) for x in (q_bad, d_ok)], cupy.asarray(holes)
+        got = to_numpy(cm.score(*args, d_mask=mask))
+        assert np.isnan(got[1:]).all() and np.isfinite(got[0]).all()
+        assert_scores_match(got, reference.maxsim_reference(q_bad, d_ok, None, holes), atol=1e-2)
 
 
 def test_non_contiguous_and_misaligned():
