@@ -237,15 +237,20 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     cp_async_wait<STAGES - 1>();
     __syncthreads();
     // Non-finite query tokens, once: an exponent of all ones (int8 tokens cannot be; their
-    // scales are checked with the max).
+    // scales are checked with the max). Such a column scores NaN through sColBad and is then
+    // zeroed, so that every column stays a valid witness for the document-row check (a
+    // non-finite document row makes 0 * inf = NaN in a zero column too).
     for (int col = tid; col < BN; col += THREADS) {
         bool bad = false;
         if constexpr (!SCALED) {
-            const u16 exponent = sizeof(T) == 2 && Mma16816<T>::is_bf16 ? 0x7f80 : 0x7c00;
+            const u16 exponent = Mma16816<T>::is_bf16 ? 0x7f80 : 0x7c00;
             for (int k = 0; k < CHUNKS * 8; ++k) bad |= (sQ[col * LDS + k] & exponent) == exponent;
+            if (bad)
+                for (int k = 0; k < CHUNKS * 8; ++k) sQ[col * LDS + k] = 0;
         }
         sColBad[col] = bad;
     }
+    __syncthreads();
     u32 b_regs[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4];
     if constexpr (B_IN_REGISTERS) {
 #pragma unroll
