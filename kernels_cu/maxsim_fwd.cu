@@ -394,15 +394,15 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                     const float v1 = BIASED ? fmaf((float)acc[mt][nt][1], scale_lo, bias_lo) : (float)acc[mt][nt][1] * scale_lo;
                     const float v2 = BIASED ? fmaf((float)acc[mt][nt][2], scale_hi, bias_hi) : (float)acc[mt][nt][2] * scale_hi;
                     const float v3 = BIASED ? fmaf((float)acc[mt][nt][3], scale_hi, bias_hi) : (float)acc[mt][nt][3] * scale_hi;
+                    const float best0 = max_nan(v0, v2), best1 = max_nan(v1, v3);
                     if constexpr (ARGMAX) {
                         // Rows meet this thread in increasing order: strict > keeps the first.
                         const int row = tile * BM + r;
-                        const float best0 = v2 > v0 ? v2 : v0, best1 = v3 > v1 ? v3 : v1;
                         if (best0 > run_max[nt][0]) run_arg[nt][0] = v2 > v0 ? row + 8 : row;
                         if (best1 > run_max[nt][1]) run_arg[nt][1] = v3 > v1 ? row + 8 : row;
                     }
-                    run_max[nt][0] = max_nan(run_max[nt][0], max_nan(v0, v2));
-                    run_max[nt][1] = max_nan(run_max[nt][1], max_nan(v1, v3));
+                    run_max[nt][0] = max_nan(run_max[nt][0], best0);
+                    run_max[nt][1] = max_nan(run_max[nt][1], best1);
                 }
             }
         };
