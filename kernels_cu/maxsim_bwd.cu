@@ -66,10 +66,11 @@ __device__ __forceinline__ void bwd_doc_extent(const BackwardArgs& args, i64 doc
 
 // The gather both gradients are made of: lane l holds the offset (elements, from `base`) and
 // the weight of the l-th of `count` rows; the warp adds weight * row[dim0, dim0 + 4) for each
-// row in lane order into acc, Inflight rows loaded before they are accumulated.
-template <typename T, typename A>
+// row in lane order into acc, Inflight rows loaded before they are accumulated. before_row(j)
+// runs (warp-uniformly) just before row j is added: the dD walk closes finished rows there.
+template <typename T, typename A, typename BeforeRow>
 __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_weight, int count, int dim0,
-                                            int valid, bool vector, A (&acc)[4]) {
+                                            int valid, bool vector, A (&acc)[4], BeforeRow before_row) {
     constexpr int INFLIGHT_ROWS = bwd::Inflight<A>::value;
     for (int j0 = 0; j0 < count; j0 += INFLIGHT_ROWS) {
         A rows[INFLIGHT_ROWS][4];
@@ -85,10 +86,18 @@ __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_w
                 rows[u][0] = rows[u][1] = rows[u][2] = rows[u][3] = 0, weights[u] = 0;
         }
 #pragma unroll
-        for (int u = 0; u < INFLIGHT_ROWS; ++u)
+        for (int u = 0; u < INFLIGHT_ROWS; ++u) {
+            if (j0 + u >= count) break;
+            before_row(j0 + u);
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[e] += weights[u] * rows[u][e];
+        }
     }
+}
+template <typename T, typename A>
+__device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_weight, int count, int dim0,
+                                            int valid, bool vector, A (&acc)[4]) {
+    gather_rows<T, A>(base, my_offset, my_weight, count, dim0, valid, vector, acc, [](int) {});
 }
 
 template <typename T>
@@ -202,6 +211,15 @@ __device__ __forceinline__ int source_winner(const BackwardArgs& args, i64 doc, 
     return row < length ? row : -1;
 }
 
+// The winners of sources e, e + 32, ... (N of them, -1 past `end`): all loads in flight at once.
+template <int N>
+__device__ __forceinline__ void source_winners(const BackwardArgs& args, i64 doc, i64 first_query, int query_length,
+                                               int length, int e, int end, int (&rows)[N]) {
+#pragma unroll
+    for (int u = 0; u < N; ++u)
+        rows[u] = e + 32 * u < end ? source_winner(args, doc, first_query, query_length, length, e + 32 * u) : -1;
+}
+
 // The inverse CSR of one document (one block per document): count, scan, fill. The list
 // (sources + doc * sources_per_doc) holds the light rows' sources first, row after row, then
 // the hot rows' (more than HOT_ROW sources). Per document, entry j = row0 + doc + k of
@@ -239,11 +257,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
         int* counts = sCount + warp * length;
         for (int e0 = my_begin; e0 < my_end; e0 += 32 * AHEAD) {
             int rows[AHEAD];
-#pragma unroll
-            for (int u = 0; u < AHEAD; ++u) {
-                const int e = e0 + u * 32 + lane;
-                rows[u] = e < my_end ? source_winner(args, doc, first_query, query_length, length, e) : -1;
-            }
+            source_winners<AHEAD>(args, doc, first_query, query_length, length, e0 + lane, my_end, rows);
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u)
                 if (rows[u] >= 0) atomicAdd(counts + rows[u], 1);
@@ -284,11 +298,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
         const unsigned lanes_below = (1u << lane) - 1;
         for (int e0 = my_begin; e0 < my_end; e0 += 32 * AHEAD) {
             int rows[AHEAD];
-#pragma unroll
-            for (int u = 0; u < AHEAD; ++u) {
-                const int e = e0 + u * 32 + lane;
-                rows[u] = e < my_end ? source_winner(args, doc, first_query, query_length, length, e) : -1;
-            }
+            source_winners<AHEAD>(args, doc, first_query, query_length, length, e0 + lane, my_end, rows);
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
                 const int row = rows[u];
@@ -386,29 +396,8 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
                 i64 my_offset = 0;
                 A my_weight = 0;
                 if (p0 + lane < segment_end) source(p0 + lane, my_offset, my_weight);
-                const int count = min(32, segment_end - p0);
-                constexpr int INFLIGHT_ROWS = Inflight<A>::value;
-                for (int j0 = 0; j0 < count; j0 += INFLIGHT_ROWS) {
-                    A values[INFLIGHT_ROWS][4];
-                    A weights[INFLIGHT_ROWS];
-#pragma unroll
-                    for (int u = 0; u < INFLIGHT_ROWS; ++u) {
-                        const int src = j0 + u;
-                        const i64 offset = __shfl_sync(0xffffffffu, my_offset, src & 31);
-                        weights[u] = __shfl_sync(0xffffffffu, my_weight, src & 31);
-                        if (src < count && valid > 0)
-                            load4<T, A>(q + offset + dim0, valid, vector, values[u]);
-                        else
-                            values[u][0] = values[u][1] = values[u][2] = values[u][3] = 0;
-                    }
-#pragma unroll
-                    for (int u = 0; u < INFLIGHT_ROWS; ++u) {
-                        if (j0 + u >= count) break;
-                        close_rows_up_to(p0 + j0 + u);
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[e] += weights[u] * values[u][e];
-                    }
-                }
+                gather_rows<T, A>(q, my_offset, my_weight, min(32, segment_end - p0), dim0, valid, vector, acc,
+                                  [&](int j) { close_rows_up_to(p0 + j); });
             }
             close_rows_up_to(0x7fffffff);  // the last row, and rows nobody chose after it
         }

@@ -182,14 +182,16 @@ def _round_to(x, dtype):
     return round_to(x, dtype)
 
 
-def _device(x64, dtype, framework="cupy"):
-    if framework == "torch" or dtype == "bfloat16":
-        import torch
+def _device(x64, dtype):
+    from test_gpu import _to_device
 
-        return torch.from_numpy(x64).to("cuda", getattr(torch, dtype))
-    import cupy
+    return _to_device(x64, dtype)
 
-    return cupy.asarray(x64.astype(dtype))
+
+def _device_mask(like, mask):
+    from test_gpu import _like
+
+    return _like(like, mask)
 
 
 def _gradient_bound(expected, dtype, terms):
@@ -248,16 +250,6 @@ def test_gpu_backward_matches_reference(dtype, nq, lq, nd, ld, dim, monkeypatch)
     np.testing.assert_array_equal(to_numpy(grad_d), to_numpy(again_d))
     _, argmax_again = cm.score(q, d, return_argmax=True, **masks)
     np.testing.assert_array_equal(to_numpy(argmax), to_numpy(argmax_again))
-
-
-def _device_mask(like, mask):
-    if type(like).__module__.startswith("torch"):
-        import torch
-
-        return torch.from_numpy(mask).cuda()
-    import cupy
-
-    return cupy.asarray(mask)
 
 
 @pytest.mark.gpu
