@@ -112,7 +112,20 @@ def main(argv=None) -> int:
         "fp16 (cupy_maxsim)": as_host(cm.score(xp.asarray(q.astype(np.float16)), xp.asarray(d.astype(np.float16)))),
         "naive fp16 (similarities stored in fp16)": naive_fp16_scores(q, d),
     }
+    import datetime
+    import os
+    import subprocess
+
+    commit = os.environ.get("CUPY_MAXSIM_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip()
+        except OSError:
+            commit = ""
     report = {
+        "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {"numpy": np.__version__, "cupy_maxsim": cm.__version__},
         "backend": "cupy_maxsim GPU kernels" if gpu else "cupy_maxsim CPU backend (NumPy)",
         "corpus": vars(args) | {"out": None},
         "seconds": time.time() - started,
