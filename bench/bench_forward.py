@@ -34,6 +34,9 @@ SHAPES = {  # name: (Nq, Lq, Nd, Ld); dim 128
     "colbert-256q-100k": (256, 32, 100_000, 128),
     "packed-ragged-100k": (1, 32, 100_000, 300),  # lengths uniform in [16, 300]; packed
 }
+#: --sweep: time against corpus size (ColBERT documents of 300 tokens), one query and 32.
+SWEEP_SHAPES = {f"sweep-{nq}q-{nd // 1000}k": (nq, 32, nd, 300)
+                for nq in (1, 32) for nd in (1_000, 3_000, 10_000, 30_000, 100_000)}
 DIM = 128
 NAIVE_LIMIT_BYTES = 24 * 2**30  # naive providers skip shapes whose similarity tensor is larger
 
@@ -181,11 +184,14 @@ def run(args):
     ceilings = measure_ceilings(torch)
     found, notes = int8_providers(torch) if args.int8 else providers(torch)
     primary = "cupy_maxsim_int8" if args.int8 else "cupy_maxsim"
-    wanted = [s for s in args.shapes.split(",") if s] if args.shapes else list(SHAPES)
+    if args.sweep:
+        wanted = list(SWEEP_SHAPES)
+    else:
+        wanted = [s for s in args.shapes.split(",") if s] if args.shapes else list(SHAPES)
     dtype = getattr(torch, args.dtype)
     results = []
     for name in wanted:
-        nq, lq, nd, ld = SHAPES[name]
+        nq, lq, nd, ld = {**SHAPES, **SWEEP_SHAPES}[name]
         generator = torch.Generator(device="cuda").manual_seed(0)
         q = torch.nn.functional.normalize(torch.randn(nq, lq, DIM, device="cuda", generator=generator), dim=-1).to(dtype)
         packed = None
@@ -343,6 +349,37 @@ def plot(report, path):
     figure.savefig(path, dpi=110)
 
 
+def plot_sweep(report, path):
+    """Time against corpus size, one panel for one query and one for 32, a line per provider."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in report["results"] if r["shape"].startswith("sweep-")]
+    if not rows:
+        return
+    figure, panels = plt.subplots(1, 2, figsize=(12, 5))
+    for axes, nq in zip(panels, (1, 32)):
+        mine = sorted((r for r in rows if r["nq"] == nq), key=lambda r: r["nd"])
+        sizes = [r["nd"] for r in mine]
+        for provider in sorted({p for r in mine for p in r["providers"]}) + ["floor"]:
+            values = [r["floor_ms"] if provider == "floor" else r["providers"].get(provider, {}).get("ms", np.nan)
+                      for r in mine]
+            axes.plot(sizes, values, marker="o", linestyle="--" if provider == "floor" else "-", label=provider)
+        axes.set_xscale("log")
+        axes.set_yscale("log")
+        axes.set_xlabel("documents (300 tokens, dim 128)")
+        axes.set_ylabel("median ms")
+        axes.set_title(f"{nq} quer{'y' if nq == 1 else 'ies'} x 32 tokens")
+        axes.legend(fontsize=7)
+    figure.suptitle(f"MaxSim forward against corpus size, {report['dtype']}, {report['gpu']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
@@ -351,6 +388,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--tag", default="", help="added to the result file names")
     parser.add_argument("--int8", action="store_true", help="int8 x int8 scoring against int8 peers and our fp16")
+    parser.add_argument("--sweep", action="store_true", help="time against corpus size (1k-100k docs, 1 and 32 queries)")
     args = parser.parse_args(argv)
     report = {**provenance(), "dtype": args.dtype}
     report.update(run(args))
@@ -360,6 +398,7 @@ def main(argv=None) -> int:
     stem = f"forward-{kind}-{report['date'][:10]}{'-' + args.tag if args.tag else ''}"
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
     plot(report, out / f"{stem}.png")
+    plot_sweep(report, out / f"{stem}-sweep.png")
     ceilings = report["ceilings"]
     print(f"ceilings: copy {ceilings['copy_tbps']:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s, "
           f"int8 {ceilings['int8_tops']:.0f} TOPS")
