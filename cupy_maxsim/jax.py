@@ -19,7 +19,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.buffer_callback import buffer_callback
+try:
+    from jax.experimental.buffer_callback import buffer_callback
+except ImportError as error:  # JAX before buffer_callback (0.7)
+    raise ImportError(f"cupy_maxsim.jax needs jax.experimental.buffer_callback (JAX 0.7 or later); "
+                      f"this JAX is {jax.__version__}") from error
 
 from . import _api
 from ._arrays import device_buffer_operand
