@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 try:
     from jax.experimental.buffer_callback import buffer_callback
-except ImportError as error:  # JAX before buffer_callback (0.7)
-    raise ImportError(f"cupy_maxsim.jax needs jax.experimental.buffer_callback (JAX 0.7 or later); "
+except ImportError as error:  # a JAX without buffer_callback
+    raise ImportError(f"cupy_maxsim.jax needs jax.experimental.buffer_callback (tested with JAX 0.10 and 0.11); "
                       f"this JAX is {jax.__version__}") from error
 
 from . import _api
