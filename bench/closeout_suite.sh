@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The measurements the open issues' acceptance lines ask for, in as few device calls as the
+# 10-minute limit allows. Usage (device machine, repo root, peers' wheels installed):
+#   CUPY_MAXSIM_COMMIT=<sha> bash bench/closeout_suite.sh forward   # fp16 + bf16, all shapes
+#   CUPY_MAXSIM_COMMIT=<sha> bash bench/closeout_suite.sh more      # sweep, int8, fidelity, training
+set -o pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+case "${1:-forward}" in
+  forward)
+    timeout 280 python3 bench/bench_forward.py --out "$OUT" --tag all 2>&1 | tail -12
+    timeout 280 python3 bench/bench_forward.py --out "$OUT" --dtype bfloat16 --tag all 2>&1 | tail -12 ;;
+  more)
+    timeout 150 python3 bench/bench_forward.py --out "$OUT" --sweep --tag sweep 2>&1 | tail -14
+    timeout 120 python3 bench/bench_forward.py --out "$OUT" --int8 --shapes corpus-10k,colpali-1q-10k,colbert-1q-1M,colpali-32q-10k --tag int8 2>&1 | tail -8
+    timeout 90 python3 bench/fidelity_int8.py --out "$OUT/fidelity-int8.json" 2>&1 | tail -6
+    timeout 120 python3 bench/bench_train.py --out "$OUT/train.json" 2>&1 | grep "^|" ;;
+esac
