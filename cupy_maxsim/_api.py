@@ -289,10 +289,10 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None,
     q_scale3 = _as_query_batch(q_scale_op, None)[0] if q_scale_op is not None and single else q_scale_op
     num_docs = o_op.shape[0] - 1
     shape = (num_docs,) if single else (q3.shape[0], num_docs)
-    argmax_dtype = (_argmax_dtype(longest) if return_argmax is True else return_argmax) if return_argmax else None
+    argmax_dtype = _argmax_dtype(longest) if return_argmax else None
     if not q_op.on_gpu:
         out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3), _host(q_scale3), _host(d_scale_op),
-                                with_argmax=bool(return_argmax))
+                                with_argmax=return_argmax)
         return _host_result(like, out, single, argmax_dtype)
     return _gpu_score(like, q3, t_op, q_mask3, None, q_scale3, d_scale_op, shape, pairs=False, doc_length=0,
                       doc_stride=0, offsets=o_op, argmax_dtype=argmax_dtype)
@@ -370,8 +370,8 @@ def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
         raise ValueError(f"argmax must have shape {scores_shape + (query_length,)}, got {tuple(argmax_op.shape)}")
     _check_device(like, argmax_op)
     if not like.on_gpu:
-        grad_host = grad_op.host if single is False or pairs else grad_op.host[None]
-        argmax_host = argmax_op.host if single is False or pairs else argmax_op.host[None]
+        grad_host = grad_op.host[None] if single else grad_op.host  # one query: a batch of one
+        argmax_host = argmax_op.host[None] if single else argmax_op.host
         grad_q, grad_d = _cpu.score_backward(grad_host, q3.host, d_op.host, argmax_host,
                                              None if o_op is None else o_op.host, pairs)
         output = Output(like)

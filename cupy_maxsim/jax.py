@@ -50,14 +50,22 @@ def _operand(buffer, dtype, name):
 
 
 def _store(out_buffer, value) -> None:
-    """Copy a result into an output buffer (on the current CuPy stream, XLA's, on a GPU)."""
+    """Copy a result into an output buffer (on the current CuPy stream, XLA's, on a GPU).
+    Same-size dtypes are reinterpreted (bfloat16 held as uint16 bits); others are converted
+    (int16 winners into an int32 buffer)."""
     if _on_gpu(out_buffer):
         import cupy
 
         target = cupy.asarray(out_buffer)
-        target[...] = value.view(target.dtype) if value.dtype != target.dtype else value
+        same_size = value.dtype != target.dtype and value.dtype.itemsize == target.dtype.itemsize
+        target[...] = value.view(target.dtype) if same_size else value
     else:
         np.asarray(out_buffer)[...] = np.asarray(value)
+
+
+def _operands(buffers, dtypes, names):
+    """Callback buffers as cupy_maxsim operands (None stays None)."""
+    return [_operand(b, t, n) for b, t, n in zip(buffers, dtypes, names)]
 
 
 def _on_stream(ctx, buffer):
@@ -87,14 +95,11 @@ def _forward(q, d, offsets, q_mask, d_mask):
     dtypes = (q.dtype, d.dtype, None if offsets is None else offsets.dtype,
               None if q_mask is None else q_mask.dtype, None if d_mask is None else d_mask.dtype)
 
-    def callback(ctx, out, q_buf, d_buf, offsets_buf, q_mask_buf, d_mask_buf):
-        with _on_stream(ctx, q_buf):
-            q_op, d_op, o_op, qm_op, dm_op = (
-                _operand(b, t, n) for b, t, n in zip((q_buf, d_buf, offsets_buf, q_mask_buf, d_mask_buf),
-                                                     dtypes, ("q", "d", "offsets", "q_mask", "d_mask")))
-            if o_op is not None:
-                scores, argmax = _api.score_packed(q_op, d_op, o_op, q_mask=qm_op,
-                                                   return_argmax=np.dtype(argmax_dtype).name)
+    def callback(ctx, out, *buffers):
+        with _on_stream(ctx, buffers[0]):
+            q_op, d_op, o_op, qm_op, dm_op = _operands(buffers, dtypes, ("q", "d", "offsets", "q_mask", "d_mask"))
+            if o_op is not None:  # int16 or int32 by the longest document; stored as int32
+                scores, argmax = _api.score_packed(q_op, d_op, o_op, q_mask=qm_op, return_argmax=True)
             else:
                 scores, argmax = _api.score(q_op, d_op, q_mask=qm_op, d_mask=dm_op, return_argmax=True)
             _store(out[0], scores)
@@ -107,11 +112,9 @@ def _backward(grad, q, d, offsets, argmax):
     result_types = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype))
     dtypes = (grad.dtype, q.dtype, d.dtype, None if offsets is None else offsets.dtype, argmax.dtype)
 
-    def callback(ctx, out, grad_buf, q_buf, d_buf, offsets_buf, argmax_buf):
-        with _on_stream(ctx, q_buf):
-            g_op, q_op, d_op, o_op, a_op = (
-                _operand(b, t, n) for b, t, n in zip((grad_buf, q_buf, d_buf, offsets_buf, argmax_buf),
-                                                     dtypes, ("grad_scores", "q", "d", "offsets", "argmax")))
+    def callback(ctx, out, *buffers):
+        with _on_stream(ctx, buffers[1]):
+            g_op, q_op, d_op, o_op, a_op = _operands(buffers, dtypes, ("grad_scores", "q", "d", "offsets", "argmax"))
             grad_q, grad_d = _api.score_backward(g_op, q_op, d_op, a_op, offsets=o_op)
             _store(out[0], grad_q)
             _store(out[1], grad_d)
