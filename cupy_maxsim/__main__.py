@@ -56,8 +56,8 @@ def compile_kernels(args) -> int:
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     failures = 0
     print(f"{'kernel':<26} {'arch':<7} {'variant':<34} {'regs':>5} {'spill':>6}")
-    for arch in archs:
-        for family, defines in _kernels.compile_variants():
+    for family, defines in _kernels.compile_variants():
+        for arch in _kernels.compile_targets(family, archs):
             variant = " ".join(d.split("=")[1] for d in defines) or "-"
             try:
                 reports = _kernels.compile_with_nvrtc(family, arch, defines)
@@ -69,7 +69,7 @@ def compile_kernels(args) -> int:
                 spill = r.spill_store_bytes + r.spill_load_bytes
                 failures += spill > 0
                 print(f"{r.kernel:<26} {arch:<7} {variant:<34} {r.registers:>5} {spill:>6}")
-    print("variant = WARPS_M WARPS_N MT NT STAGES KSTEPS; shared memory is dynamic (see _kernels.MmaConfig)")
+    print("variant = the kernel's compile-time defines (see _kernels.MmaConfig, WgmmaConfig); shared memory is dynamic")
     print("all kernels compiled, no spills" if not failures else f"{failures} failures or spilling kernels")
     return 1 if failures else 0
 

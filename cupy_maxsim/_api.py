@@ -722,12 +722,24 @@ def _choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: 
 def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
-    sm_count, smem_limit, smem_per_sm, _ = _kernels.device_properties(device)
+    sm_count, smem_limit, smem_per_sm, capability = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
-    config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, argmax)
-    if config is None:
-        return None
-    kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(), config.shared_bytes)
+    config = None
+    if _kernels.USE_WGMMA and capability == 90 and not pairs:
+        # Hopper, more stacked query rows than one warpgroup's 64: warpgroup MMA.
+        config = _kernels.wgmma_config(ksteps, argmax)
+        if config is not None and (num_queries * query_length <= 64 or query_length > config.block_cols
+                                   or config.shared_bytes > smem_limit):
+            config = None
+    if config is not None:
+        kernel = _kernels.get_kernel(device, "maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config.defines(),
+                                     config.shared_bytes)
+    else:
+        config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, argmax)
+        if config is None:
+            return None
+        kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(),
+                                     config.shared_bytes)
     group = 1 if pairs else max(1, min(num_queries, config.block_cols // query_length))
     groups = 1 if pairs else -(-num_queries // group)
     if pairs:
@@ -735,7 +747,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     else:
         # One wave of resident blocks, each streaming an equal range of documents through its
         # pipeline (a persistent grid): no tail of half-empty waves.
-        resident = sm_count * max(1, min(smem_per_sm // (config.shared_bytes + 1024), 2048 // config.threads))
+        resident = sm_count * _kernels.resident_blocks(kernel, config.threads, config.shared_bytes, device)
         chunks = max(1, min(num_docs, -(-resident // groups)))
         docs_per_block = -(-num_docs // chunks)
     grid_x = -(-num_docs // docs_per_block)

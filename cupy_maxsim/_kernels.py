@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import glob
+import hashlib
 import os
 import re
 import struct
@@ -29,6 +30,9 @@ import numpy as np
 #: Kernel names each source family defines; tests check that every one exists in the source.
 FAMILIES = {
     "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_int8")),
+    "maxsim_fwd_wgmma": (
+        "maxsim_fwd_wgmma.cu", ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8"),
+    ),
     "maxsim_fwd_simt": (
         "maxsim_fwd_simt.cu",
         ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64",
@@ -163,6 +167,57 @@ class MmaConfig:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class WgmmaConfig:
+    """Shape of the Hopper forward kernel (``maxsim_fwd_wgmma.cu``): 64 stacked query rows per
+    warpgroup, 64-row document tiles."""
+
+    warpgroups: int
+    ksteps: int
+    stages: int = 4
+    argmax: int = 0
+    min_blocks: int = 1
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    @property
+    def block_cols(self) -> int:
+        """Stacked query tokens a block holds (the wgmma M rows of all its warpgroups)."""
+        return 64 * self.warpgroups
+
+    @property
+    def shared_bytes(self) -> int:
+        # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
+        rows, kpad = self.block_cols, self.ksteps * 16
+        return (self.stages * 64 * kpad * 2 + rows * (kpad + 8) * 2
+                + 4 * (2 * self.stages * 64 + (5 + 2 * self.argmax) * rows + 4 * 4 * self.warpgroups))
+
+    def defines(self) -> tuple[str, ...]:
+        return (
+            f"-DMAXSIM_WARPGROUPS={self.warpgroups}",
+            f"-DMAXSIM_STAGES={self.stages}",
+            f"-DMAXSIM_KSTEPS={self.ksteps}",
+            f"-DMAXSIM_ARGMAX={self.argmax}",
+            f"-DMAXSIM_MIN_BLOCKS={self.min_blocks}",
+        )
+
+
+#: The Hopper kernel's shape, chosen by bench/tune_wgmma.py on the H200; at most 8 k-steps
+#: (dim 128 in 16-bit, 256 in int8), since the query fragments live in registers.
+WGMMA_SHAPE = dict(warpgroups=2, stages=4)
+WGMMA_MAX_KSTEPS = 8
+#: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
+USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
+
+
+def wgmma_config(ksteps: int, argmax: bool = False) -> WgmmaConfig | None:
+    if ksteps > WGMMA_MAX_KSTEPS:
+        return None
+    return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **WGMMA_SHAPE)
+
+
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
     # Mirrors the formula at the top of maxsim_fwd_simt.cu.
     return (rows_per_chunk * dim + SIMT_THREADS + rows_per_chunk) * accumulator_bytes + rows_per_chunk + SIMT_THREADS
@@ -200,7 +255,7 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
 
         module = _modules.get(key[:3])
         if module is None:
-            module = _modules[key[:3]] = cupy.RawModule(code=source(family), options=_NVRTC_OPTIONS + defines)
+            module = _modules[key[:3]] = _load_module(family, defines)
         kernel = module.get_function(name)
         if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
             kernel.max_dynamic_shared_size_bytes = shared_bytes
@@ -212,6 +267,56 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
 
 
 _kernel_cache: dict = {}
+
+#: Families written with architecture-specific instructions (wgmma exists on sm_90a only).
+ARCH_SPECIFIC = {"maxsim_fwd_wgmma": "sm_90a"}
+
+
+def cache_dir() -> Path:
+    """Where compiled architecture-specific kernels are kept across processes."""
+    return Path(os.environ.get("CUPY_MAXSIM_CACHE_DIR") or Path.home() / ".cache" / "cupy_maxsim")
+
+
+def _load_module(family: str, defines: tuple[str, ...]):
+    import cupy
+
+    arch = ARCH_SPECIFIC.get(family)
+    if arch is None:
+        return cupy.RawModule(code=source(family), options=_NVRTC_OPTIONS + defines)
+    # CuPy adds -arch=sm_90 itself, which has no wgmma: compile the cubin here (CuPy's own
+    # NVRTC), keep it on disk under a hash of everything that went into it, and load that.
+    from cupy_backends.cuda.libs import nvrtc
+
+    code = source(family)
+    options = _NVRTC_OPTIONS + defines + (f"-arch={arch}",)
+    key = hashlib.sha256(repr((code, options, nvrtc.getVersion())).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{family}-{key}.cubin"
+    if not path.is_file():
+        program = nvrtc.createProgram(code, f"{family}.cu", (), ())
+        try:
+            try:
+                nvrtc.compileProgram(program, list(options))
+            except nvrtc.NVRTCError as error:
+                raise RuntimeError(f"NVRTC failed to compile {family} {options}:\n"
+                                   f"{nvrtc.getProgramLog(program)}") from error
+            cubin = nvrtc.getCUBIN(program)
+        finally:
+            nvrtc.destroyProgram(program)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(cubin)
+        os.replace(partial, path)  # atomic: a concurrent process sees all of it or none
+    return cupy.RawModule(path=str(path))
+
+
+def resident_blocks(kernel, threads: int, shared_bytes: int, device: int) -> int:
+    """Blocks of ``kernel`` one SM holds at once, limited by registers, shared memory and
+    threads (a persistent grid is sized from this)."""
+    _, _, smem_per_sm, _ = device_properties(device)
+    # Registers are allocated per warp in units of 256.
+    per_warp = -(-kernel.num_regs * 32 // 256) * 256
+    by_registers = 65536 // (per_warp * (threads // 32))
+    return max(1, min(by_registers, smem_per_sm // (shared_bytes + 1024), 2048 // threads))
 
 
 def on_stream(stream_ptr: int | None):
@@ -379,13 +484,24 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             if config is not None:
                 variants.append(("maxsim_fwd", config.defines()))
                 variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
+    for ksteps in (4, 6, 8):
+        for argmax in (False, True):
+            variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax).defines()))
     return variants
+
+
+def compile_targets(family: str, archs) -> tuple[str, ...]:
+    """The architectures among ``archs`` that ``family`` is built for (sm_90a stands for sm_90)."""
+    arch = ARCH_SPECIFIC.get(family)
+    if arch is None:
+        return tuple(archs)
+    return (arch,) if arch.rstrip("a") in archs else ()
 
 
 def compile_all(archs=("sm_80", "sm_86", "sm_89", "sm_90")) -> list[CompileReport]:
     """Compile every kernel variant for every architecture through NVRTC (no GPU needed)."""
     reports = []
-    for arch in archs:
-        for family, defines in compile_variants():
+    for family, defines in compile_variants():
+        for arch in compile_targets(family, archs):
             reports += compile_with_nvrtc(family, arch, defines)
     return reports

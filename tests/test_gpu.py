@@ -249,6 +249,81 @@ def test_errors_come_before_any_launch():
         cm.score(q, np.zeros((3, 4, 64), np.float16))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
+    """The warpgroup-MMA kernel (sm_90, many stacked queries) against float64 and against the
+    mma.sync kernel: queries straddling warpgroups (Lq 27), documents of 1..300 tokens with
+    holes, packed documents, non-finite document elements, and the saved argmax."""
+    import cupy
+
+    from cupy_maxsim import _api, _kernels
+
+    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] != 90:
+        pytest.skip("the warpgroup-MMA kernel runs on sm_90 only")
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    nq, lq, nd, ld, dim = 13, 27, 37, 300, 128
+    source_dtype = "float16" if dtype == "int8" else dtype
+    q64, d64, q, d = _inputs(rng, nq, lq, nd, ld, dim, source_dtype)
+    d64[4, 17, 5] = np.nan
+    d64[6, 250, 0] = -np.inf
+    q_mask, d_mask = holey_mask(rng, (nq, lq), 0.9), holey_mask(rng, (nd, ld), 0.7)
+    d_mask[7, 1:] = False  # a one-token document
+    d_mask[8, 64:] = False  # exactly one full tile
+    d = _to_device(d64, source_dtype)
+    masks = dict(q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
+    extra = {}
+    if dtype == "int8":
+        (q8, q_scale), (d8, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
+        q64 = to_numpy(q8) * to_numpy(q_scale)[..., None]
+        d64 = to_numpy(d8) * to_numpy(d_scale)[..., None]
+        q, d, extra = q8, d8, dict(q_scale=q_scale, d_scale=d_scale)
+
+    def both_kernels(call):
+        results = []
+        for use_wgmma in (True, False):
+            monkeypatch.setattr(_kernels, "USE_WGMMA", use_wgmma)
+            _api._mma_plan.cache_clear()
+            results.append(call())
+        _api._mma_plan.cache_clear()
+        return results
+
+    expected = reference.maxsim_reference(q64, d64, q_mask, d_mask)
+    tolerance = 2 * naive_error(q64, d64, q_mask, d_mask, source_dtype, expected) + NOISE[source_dtype] * lq
+    hopper, classic = both_kernels(lambda: cm.score(q, d, **masks, **extra))
+    assert_scores_match(hopper, expected, atol=tolerance)
+    assert_scores_match(hopper, classic, atol=tolerance)
+    assert np.isnan(to_numpy(hopper)[:, [4, 6]]).all() and (to_numpy(hopper)[:, 1] == -np.inf).all()
+
+    lengths = rng.integers(0, 300, nd)
+    lengths[:3] = [0, 1, 64]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens64 = np.concatenate([d64[n, :lengths[n]] for n in range(nd)])
+    tokens = _to_device(tokens64, source_dtype) if dtype != "int8" else cupy.asarray(
+        np.concatenate([to_numpy(d8)[n, :lengths[n]] for n in range(nd)]).astype(np.int8))
+    packed_extra = dict(extra)
+    if dtype == "int8":
+        packed_extra["d_scale"] = cupy.asarray(np.concatenate(
+            [to_numpy(d_scale)[n, :lengths[n]] for n in range(nd)]).astype(np.float32))
+    hopper, classic = both_kernels(lambda: cm.score_packed(q, tokens, _like(q, offsets), q_mask=masks["q_mask"],
+                                                           **packed_extra))
+    expected = reference.maxsim_packed_reference(q64, tokens64, offsets, q_mask)
+    assert_scores_match(hopper, expected, atol=tolerance)
+    assert_scores_match(hopper, classic, atol=tolerance)
+
+    if dtype != "int8":
+        finite = np.isfinite(d64).all(axis=-1)
+        masks = dict(q_mask=_like(q, q_mask), d_mask=_like(q, d_mask & finite))
+        (_, hopper_argmax), (_, classic_argmax) = both_kernels(lambda: cm.score(q, d, return_argmax=True, **masks))
+        sims = np.einsum("qtd,njd->qntj", q64, np.nan_to_num(d64))
+        sims = np.where((d_mask & finite)[None, :, None, :], sims, -np.inf)
+        top2 = np.sort(sims, axis=-1)[..., -2:]
+        clear = (top2[..., 1] - top2[..., 0] > 1e-2) & q_mask[:, None, :] & (d_mask & finite).any(-1)[None, :, None]
+        np.testing.assert_array_equal(to_numpy(hopper_argmax)[clear], to_numpy(classic_argmax)[clear])
+        np.testing.assert_array_equal(to_numpy(hopper_argmax)[clear], sims.argmax(-1)[clear])
+
+
 @pytest.mark.slow
 def test_past_two_to_the_31_elements():
     """140,000 x 128 x 128 fp16 = 2.29e9 elements: 64-bit index arithmetic throughout."""

@@ -1,0 +1,477 @@
+// maxsim_fwd_wgmma.cu: fused MaxSim forward for many stacked queries on Hopper (sm_90a):
+// warpgroup MMA (wgmma.mma_async), queries from registers, document tiles from shared memory.
+//
+//   out[q, n] = sum over real query tokens i of  max over real doc tokens j of  <q_i, d_nj>
+//
+// Why a second forward kernel. With mma.sync (maxsim_fwd.cu) every stacked query fragment is
+// re-read from shared memory for every document tile, so many-query shapes are bound by
+// shared-memory bandwidth and by the epilogue sitting between MMAs. Here the roles swap:
+// query tokens are the wgmma M dimension (64 rows per warpgroup, their A fragments loaded
+// once into registers for the block's lifetime) and document tokens the N dimension (a tile
+// of 64 rows read by the tensor cores straight from shared memory). The MMA runs
+// asynchronously: while the tensor cores work on tile t, the warps fold tile t-1 (two
+// accumulator sets) into a running max, so the epilogue overlaps the MMAs instead of
+// following them. The max over document tokens is then a max along each accumulator row: per
+// thread two rows, no cross-warp reduction at all.
+//
+// Mapping. A block has WARPGROUPS warpgroups, i.e. BLOCK_ROWS = 64 * WARPGROUPS stacked query
+// rows (query g, token i is row g * Lq + i); all warpgroups share one STAGES-deep cp.async
+// ring of document tiles, so a tile read from L2 serves every row of the block. grid.x is a
+// contiguous range of documents (persistent), grid.y a query group. Every document starts a
+// new tile; its last tile is partial and biased.
+//
+// Shared-memory tile layout (what the wgmma descriptor describes): K-major, no swizzle, made
+// of "core matrices" of 8 document rows x 16 bytes stored as 128 contiguous bytes; core
+// matrices adjacent in k are 128 bytes apart (leading byte offset), groups of 8 rows are
+// CHUNKS * 128 bytes apart (stride byte offset). Consecutive threads fill consecutive 16-byte
+// slots, so the copies are free of bank conflicts, and a k-step of the MMA is the descriptor
+// advanced by 256 bytes.
+//
+// Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: masked
+// and padding document rows are zero-filled and get a -FLT_MAX bias (only in tiles that have
+// one); a document with no real token scores -inf; a non-finite query token is flagged and
+// zeroed once; a non-finite document element shows up in every row's similarities with its
+// column, so one warp sums one row per thread as a witness (an add per two elements in one
+// warp); ties in the argmax go to the lowest document-token index.
+//
+// Shared memory (dynamic, bytes): STAGES * 64 * KPAD * 2 for the tile ring, BLOCK_ROWS * LDS * 2
+// for the query block (read once into registers), then 4 * (2 * STAGES * 64 + (5 + 2 * ARGMAX)
+// * BLOCK_ROWS + 4 * WARPS) for row biases and scales, the row maxima (and argmax) of two
+// documents in flight, per-row query index, scale and non-finite flag, and per-warp document
+// flags; _kernels.WgmmaConfig mirrors this formula.
+//
+// Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= BLOCK_ROWS and
+// KSTEPS <= 8; not pairs mode.
+
+#ifndef MAXSIM_WARPGROUPS
+#define MAXSIM_WARPGROUPS 2
+#endif
+#ifndef MAXSIM_STAGES
+#define MAXSIM_STAGES 4
+#endif
+#ifndef MAXSIM_KSTEPS
+#define MAXSIM_KSTEPS 8
+#endif
+#ifndef MAXSIM_ARGMAX
+#define MAXSIM_ARGMAX 0
+#endif
+#ifndef MAXSIM_MIN_BLOCKS
+#define MAXSIM_MIN_BLOCKS 1
+#endif
+
+namespace wg {
+constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
+constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
+constexpr int THREADS = 128 * WARPGROUPS, WARPS = 4 * WARPGROUPS;
+constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
+constexpr int TILE_N = 64;                   // document rows per tile (the wgmma N)
+constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
+constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
+constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix without conflicts)
+constexpr int TILE_SLOTS = TILE_N * CHUNKS;  // 16-byte slots per tile
+static_assert(STAGES >= 3, "the ring keeps two tiles in the tensor cores' hands and one loading");
+static_assert(KSTEPS <= 8, "query fragments live in registers: at most 8 k-steps");
+}  // namespace wg
+
+// wgmma shared-memory descriptor of a K-major, unswizzled tile (see the layout note above).
+__device__ __forceinline__ unsigned long long tile_descriptor(const void* tile) {
+    const unsigned long long leading = 128, stride = wg::CHUNKS * 128;
+    return (unsigned long long)((smem_address(tile) & 0x3ffff) >> 4) | ((leading >> 4) << 16) |
+           ((stride >> 4) << 32);
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses to accumulators across the asynchronous MMA.
+__device__ __forceinline__ void pin(float (&acc)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+}
+__device__ __forceinline__ void pin(int (&acc)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) asm volatile("" : "+r"(acc[i])::"memory");
+}
+
+#define MAXSIM_WGMMA_D32(C)                                                                       \
+    C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),    \
+        C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), \
+        C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), \
+        C(d[28]), C(d[29]), C(d[30]), C(d[31])
+#define MAXSIM_WGMMA_REGS                                                                         \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p"
+
+// D (64 x 64) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
+// the immediates after the predicate: scale A by 1, scale B by 1, B not transposed (K-major).
+template <typename T> struct Wgmma64;
+template <> struct Wgmma64<fp16_t> {
+    typedef float acc_t;
+    static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc,
+                                               int accumulate) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"
+                     : MAXSIM_WGMMA_D32("+f")
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    }
+};
+template <> struct Wgmma64<bf16_t> {
+    typedef float acc_t;
+    static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc,
+                                               int accumulate) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"
+                     : MAXSIM_WGMMA_D32("+f")
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    }
+};
+template <> struct Wgmma64<i8> {
+    typedef int acc_t;
+    static __device__ __forceinline__ void run(int (&d)[32], const u32 (&a)[4], unsigned long long desc,
+                                               int accumulate) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " MAXSIM_WGMMA_REGS ";\n}\n"
+                     : MAXSIM_WGMMA_D32("+r")
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    }
+};
+
+// Running max (and argmax) of one accumulator row over the document's columns so far.
+struct RowBest {
+    float value;
+    int index;
+};
+
+template <typename T>
+__device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
+    using namespace wg;
+    typedef typename Wgmma64<T>::acc_t Acc;
+    constexpr bool SCALED = sizeof(T) == 1;
+    constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
+    const T* __restrict__ q = (const T*)args.q;
+    const T* __restrict__ d = (const T*)args.d;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    u16* sD = (u16*)smem;                               // [STAGES][TILE_SLOTS * 8]
+    u16* sQ = sD + STAGES * TILE_SLOTS * 8;             // [BLOCK_ROWS][LDS]
+    float* sBias = (float*)(sQ + BLOCK_ROWS * LDS);     // [STAGES][TILE_N]
+    float* sScale = sBias + STAGES * TILE_N;            // int8: [STAGES][TILE_N] document scales
+    float* sRowScale = sScale + STAGES * TILE_N;        // int8: per-row query scale
+    float* sRowMax = sRowScale + BLOCK_ROWS;            // [2 parities][BLOCK_ROWS]
+    int* sRowQuery = (int*)(sRowMax + 2 * BLOCK_ROWS);  // query of each row, -1 if none
+    int* sRowBad = sRowQuery + BLOCK_ROWS;              // query token holds NaN or inf
+    int* sHasRow = sRowBad + BLOCK_ROWS;                // [2 parities][WARPS]
+    int* sDocBad = sHasRow + 2 * WARPS;                 // [2 parities][WARPS]
+    int* sRowArg = sDocBad + 2 * WARPS;                 // ARGMAX: [2 parities][BLOCK_ROWS]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
+    const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
+    const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
+    if (doc_begin >= doc_end) return;
+    const int query_length = args.query_length;
+    const i64 first_query = (i64)blockIdx.y * args.queries_per_group;
+    const int group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
+    const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
+                                             args.offsets, args.offsets_are_64bit);
+
+    // Query block -> shared memory, once (padded rows: ldmatrix reads them without conflicts).
+    for (int c = tid; c < BLOCK_ROWS * CHUNKS; c += THREADS) {
+        const int row = c / CHUNKS, chunk = c % CHUNKS;
+        const int g = row / query_length, token = row % query_length;
+        const i64 query = first_query + g;
+        bool real = g < group_size;
+        if (real && args.q_mask != nullptr)
+            real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+        const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
+        const T* src = q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
+        cp_async_16(sQ + row * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
+        if (chunk == 0) {
+            sRowQuery[row] = real ? g : -1;
+            if constexpr (SCALED)
+                sRowScale[row] = real ? args.q_scale[query * args.q_scale_query_stride +
+                                                     token * args.q_scale_row_stride]
+                                      : 0.f;
+        }
+    }
+    cp_async_commit();
+
+    // Producer: the (document, tile) the next load fetches, and the ring slot it goes to.
+    i64 load_doc = doc_begin, load_base, load_length, load_first_token;
+    int load_tile = 0, load_stage = 0;
+    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
+    int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
+
+    // Slot s of a tile is row (s / (8 * CHUNKS)) * 8 + s % 8, chunk (s / 8) % CHUNKS: the
+    // core-matrix order, so that slot s lands at byte 16 * s of the tile.
+    auto issue_tile_load = [&]() {
+        if (load_doc < doc_end) {
+            u16* tile = sD + load_stage * TILE_SLOTS * 8;
+            const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
+                                                           : load_first_token * args.d_scale_row_stride;
+#pragma unroll
+            for (int s = tid; s < TILE_SLOTS; s += THREADS) {
+                const int chunk = (s >> 3) % CHUNKS;
+                const int r = (s / (8 * CHUNKS)) * 8 + (s & 7);
+                const i64 row = (i64)load_tile * TILE_N + r;
+                bool real = row < load_length;
+                if (real && args.d_mask != nullptr)
+                    real = args.d_mask[load_doc * args.d_mask_doc_stride + row * args.d_mask_row_stride] != 0;
+                const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
+                const T* src = d + load_base + row * args.d_row_stride + chunk * ELEMS;
+                cp_async_16(tile + s * 8, bytes ? (const void*)src : (const void*)d, bytes);
+                if (chunk == 0) {
+                    sBias[load_stage * TILE_N + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+                    if constexpr (SCALED)
+                        cp_async_4(sScale + load_stage * TILE_N + r,
+                                   real ? (const void*)(args.d_scale + scale_base + row * args.d_scale_row_stride)
+                                        : (const void*)args.d_scale,
+                                   real ? 4 : 0);
+                }
+            }
+            if (++load_tile == load_tiles) {
+                load_tile = 0;
+                if (++load_doc < doc_end) {
+                    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
+                    load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
+                }
+            }
+        }
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        issue_tile_load();
+        cp_async_commit();
+    }
+
+    // The query block is the oldest group. Non-finite query tokens are flagged once and zeroed
+    // (so that every row stays a valid witness for non-finite document elements); then each
+    // warp loads its 16 rows' A fragments into registers for the whole kernel.
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    for (int row = tid; row < BLOCK_ROWS; row += THREADS) {
+        bool bad = false;
+        if constexpr (!SCALED) {
+            const u16 exponent = Mma16816<T>::is_bf16 ? 0x7f80 : 0x7c00;
+            for (int k = 0; k < KPAD; ++k) bad |= (sQ[row * LDS + k] & exponent) == exponent;
+            if (bad)
+                for (int k = 0; k < KPAD; ++k) sQ[row * LDS + k] = 0;
+        }
+        sRowBad[row] = bad;
+    }
+    __syncthreads();
+    const int row0 = warp * 16;  // this warp's first query row (warpgroup w owns rows 64w..)
+    u32 a_regs[KSTEPS][4];
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+        ldmatrix_x4(a_regs[ks], sQ + (row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+
+    // A finished document's row maxima are summed one iteration later, after the barrier the
+    // pipeline has anyway; per-document buffers alternate by parity.
+    auto finish_document = [&](i64 finished_doc, int parity) {
+        bool doc_has_row = false, doc_bad = false;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            doc_has_row |= sHasRow[parity * WARPS + w] != 0;
+            doc_bad |= sDocBad[parity * WARPS + w] != 0;
+        }
+        for (int g = warp; g < group_size; g += WARPS) {
+            float sum = 0.f;
+            bool non_finite = false;
+            for (int i = lane; i < query_length; i += 32) {
+                const int row = g * query_length + i;
+                const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
+                                         finished_doc * args.argmax_doc_stride + i;
+                if (sRowQuery[row] < 0) {
+                    if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
+                    continue;
+                }
+                float m = sRowMax[parity * BLOCK_ROWS + row];
+                if constexpr (ARGMAX)
+                    store_argmax(args.argmax, args.argmax_is_32bit, argmax_index,
+                                 doc_has_row ? sRowArg[parity * BLOCK_ROWS + row] : -1);
+                if constexpr (SCALED) m *= sRowScale[row];
+                non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sRowBad[row] || doc_bad;
+                sum += m;
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+            non_finite = __any_sync(0xffffffffu, non_finite);
+            if (lane == 0)
+                ((float*)args.out)[(first_query + g) * args.out_query_stride + finished_doc] =
+                    !doc_has_row ? MAXSIM_NEG_INF : non_finite ? __int_as_float(0x7fffffff) : sum;
+        }
+    };
+
+    // Consumer cursor: the tile the tensor cores get next.
+    i64 doc = doc_begin, base_unused, length, first_unused;
+    doc_extent(layout, doc, base_unused, length, first_unused);
+    int tiles = max(1, (int)((length + TILE_N - 1) / TILE_N)), tile = 0, stage = 0;
+    // What the fold of a tile needs to know, recorded when its MMAs are issued.
+    struct TileInfo {
+        i64 doc;
+        int stage, first_column;
+        bool biased, last;
+    };
+    TileInfo in_flight;
+    i64 pending_doc = -1;
+    int parity = 0;
+
+    RowBest best[2] = {{MAXSIM_NEG_INF, -1}, {MAXSIM_NEG_INF, -1}};  // rows lane/4 and lane/4 + 8
+    bool has_row = false;
+    float witness = 0.f;  // warp 0: one row's similarities summed, non-finite iff a column is
+
+    // Fold a finished tile's accumulators into the running row maxima; at a document's last
+    // tile, reduce over the 4 lanes of each row and publish the row maxima.
+    auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
+        const float* bias = sBias + info.stage * TILE_N;
+        const float* scale = sScale + info.stage * TILE_N;
+        if (!info.biased) has_row = true;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+            float m[8];
+            int c[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int col = 8 * j + 2 * quad;
+                float v0 = (float)acc[4 * j + 2 * h], v1 = (float)acc[4 * j + 2 * h + 1];
+                if constexpr (SCALED) v0 *= scale[col], v1 *= scale[col + 1];
+                if (warp == 0 && h == 0) witness += v0 + v1;
+                if (info.biased) {
+                    const float b0 = bias[col], b1 = bias[col + 1];
+                    if (h == 0) has_row |= (b0 == 0.f) | (b1 == 0.f);
+                    v0 += b0, v1 += b1;
+                }
+                m[j] = max_nan(v0, v1);
+                c[j] = v1 > v0 ? col + 1 : col;  // ties keep the lower column
+            }
+            if constexpr (ARGMAX) {
+                // Columns in increasing order with strict >: the first maximum wins.
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (m[j] > best[h].value) best[h].index = info.first_column + c[j];
+                    best[h].value = max_nan(best[h].value, m[j]);
+                }
+            } else {
+                const float m01 = max_nan(m[0], m[1]), m23 = max_nan(m[2], m[3]);
+                const float m45 = max_nan(m[4], m[5]), m67 = max_nan(m[6], m[7]);
+                best[h].value = max_nan(best[h].value, max_nan(max_nan(m01, m23), max_nan(m45, m67)));
+            }
+        }
+        if (!info.last) return;
+        // Document finished.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float value = best[h].value;
+            int index = best[h].index;
+#pragma unroll
+            for (int offset = 1; offset < 4; offset <<= 1) {
+                const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+                if constexpr (ARGMAX) {
+                    const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+                    if (other > value || (other == value && (unsigned)other_index < (unsigned)index))
+                        index = other_index;
+                }
+                value = max_nan(value, other);
+            }
+            if (quad == 0) {
+                const int row = row0 + (lane >> 2) + 8 * h;
+                sRowMax[parity * BLOCK_ROWS + row] = value;
+                if constexpr (ARGMAX) sRowArg[parity * BLOCK_ROWS + row] = index;
+            }
+            best[h].value = MAXSIM_NEG_INF;
+            best[h].index = -1;
+        }
+        const bool warp_has_row = __any_sync(0xffffffffu, has_row);
+        const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(witness) < MAXSIM_INF));
+        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
+        has_row = false;
+        witness = 0.f;
+        pending_doc = info.doc;
+        parity ^= 1;
+    };
+
+    // Start of every pipeline step: the next tile has landed for everyone (and tile t-2's
+    // MMAs are done in every warpgroup, so its slot can be refilled). Returns whether there
+    // is a tile to multiply.
+    auto begin_step = [&]() -> bool {
+        cp_async_wait<STAGES - 3>();
+        fence_proxy_async();  // the copies are generic-proxy writes; wgmma reads via the async proxy
+        __syncthreads();
+        if (pending_doc >= 0) {
+            finish_document(pending_doc, parity ^ 1);
+            pending_doc = -1;
+        }
+        issue_tile_load();
+        cp_async_commit();
+        return doc < doc_end;
+    };
+    // Hand the current tile to the tensor cores (asynchronously) and move the cursor on.
+    auto issue_mma = [&](Acc (&acc)[32]) {
+        const unsigned long long desc = tile_descriptor(sD + stage * TILE_SLOTS * 8);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) Wgmma64<T>::run(acc, a_regs[ks], desc + ks * (256 >> 4), ks);
+        wgmma_commit();
+        in_flight.doc = doc;
+        in_flight.stage = stage;
+        in_flight.first_column = tile * TILE_N;
+        in_flight.biased = args.d_mask != nullptr || (i64)(tile + 1) * TILE_N > length;
+        in_flight.last = tile + 1 == tiles;
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+        if (++tile == tiles) {
+            tile = 0;
+            if (++doc < doc_end) {
+                doc_extent(layout, doc, base_unused, length, first_unused);
+                tiles = max(1, (int)((length + TILE_N - 1) / TILE_N));
+            }
+        }
+    };
+    // One step: tile t goes to the tensor cores while tile t-1 is folded. The two accumulator
+    // sets alternate, so the registers the running MMA writes are never the ones being read.
+    auto step = [&](Acc (&acc_new)[32], Acc (&acc_old)[32]) -> bool {
+        if (!begin_step()) return false;
+        const TileInfo folding = in_flight;
+        issue_mma(acc_new);
+        wgmma_wait<1>();
+        pin(acc_old);
+        fold(acc_old, folding);
+        return true;
+    };
+
+    Acc acc0[32], acc1[32];
+    begin_step();  // every block has at least one tile
+    issue_mma(acc0);
+#pragma unroll 1
+    for (;;) {
+        if (!step(acc1, acc0)) {
+            wgmma_wait<0>();
+            pin(acc0);
+            fold(acc0, in_flight);
+            break;
+        }
+        if (!step(acc0, acc1)) {
+            wgmma_wait<0>();
+            pin(acc1);
+            fold(acc1, in_flight);
+            break;
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (pending_doc >= 0) finish_document(pending_doc, parity ^ 1);
+}
+
+#define MAXSIM_FWD_WGMMA_ENTRY(NAME, T)                                                             \
+    extern "C" __global__ void __launch_bounds__(wg::THREADS, MAXSIM_MIN_BLOCKS) NAME(const __grid_constant__ ForwardArgs args) { \
+        maxsim_fwd_wgmma<T>(args);                                                                 \
+    }
+
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
