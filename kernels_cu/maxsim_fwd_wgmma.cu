@@ -206,31 +206,50 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     doc_extent(layout, load_doc, load_base, load_length, load_first_token);
     int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
 
-    // Slot s of a tile is row (s / (8 * CHUNKS)) * 8 + s % 8, chunk (s / 8) % CHUNKS: the
-    // core-matrix order, so that slot s lands at byte 16 * s of the tile.
+    // Each thread always copies the same 16-byte chunk column of rows my_row, my_row + ROW_STEP,
+    // ...: lanes 8k..8k+7 take 8 consecutive rows of one chunk, i.e. one core matrix, 128
+    // contiguous bytes of shared memory (no bank conflicts), and the per-row work is an add and
+    // a compare. Chunk slots are a power of two (dim 96 has 12 chunks: 16 slots, 4 idle).
+    constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : 16;
+    constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
+    constexpr int PASSES = (TILE_N + ROW_STEP - 1) / ROW_STEP;
+    static_assert(THREADS % (8 * CHUNK_SLOTS) == 0, "a pass must cover whole core matrices");
+    const int my_chunk = (tid >> 3) % CHUNK_SLOTS;
+    const int my_row = (tid & 7) + 8 * (tid / (8 * CHUNK_SLOTS));
+    const int my_chunk_bytes = my_chunk * ELEMS < args.dim ? 16 : 0;
+    const i64 src_step = ROW_STEP * args.d_row_stride;
+    u16* const my_slot = sD + ((my_row >> 3) * CHUNKS + my_chunk) * 64 + (my_row & 7) * 8;
+
     auto issue_tile_load = [&]() {
         if (load_doc < doc_end) {
-            u16* tile = sD + load_stage * TILE_SLOTS * 8;
-            const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
-                                                           : load_first_token * args.d_scale_row_stride;
+            if (my_chunk < CHUNKS) {
+                const int first_row = load_tile * TILE_N;
+                const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
+                const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
+                u16* dst = my_slot + load_stage * TILE_SLOTS * 8;
+                const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
+                                                               : load_first_token * args.d_scale_row_stride;
 #pragma unroll
-            for (int s = tid; s < TILE_SLOTS; s += THREADS) {
-                const int chunk = (s >> 3) % CHUNKS;
-                const int r = (s / (8 * CHUNKS)) * 8 + (s & 7);
-                const i64 row = (i64)load_tile * TILE_N + r;
-                bool real = row < load_length;
-                if (real && args.d_mask != nullptr)
-                    real = args.d_mask[load_doc * args.d_mask_doc_stride + row * args.d_mask_row_stride] != 0;
-                const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
-                const T* src = d + load_base + row * args.d_row_stride + chunk * ELEMS;
-                cp_async_16(tile + s * 8, bytes ? (const void*)src : (const void*)d, bytes);
-                if (chunk == 0) {
-                    sBias[load_stage * TILE_N + r] = real ? 0.f : -MAXSIM_FLT_MAX;
-                    if constexpr (SCALED)
-                        cp_async_4(sScale + load_stage * TILE_N + r,
-                                   real ? (const void*)(args.d_scale + scale_base + row * args.d_scale_row_stride)
-                                        : (const void*)args.d_scale,
-                                   real ? 4 : 0);
+                for (int pass = 0; pass < PASSES; ++pass) {
+                    const int r = my_row + pass * ROW_STEP;
+                    if (PASSES * ROW_STEP > TILE_N && r >= TILE_N) break;
+                    bool real = r < rows_left;
+                    if (real && args.d_mask != nullptr)
+                        real = args.d_mask[load_doc * args.d_mask_doc_stride +
+                                           (first_row + r) * args.d_mask_row_stride] != 0;
+                    const int bytes = real ? my_chunk_bytes : 0;
+                    cp_async_16(dst, bytes ? (const void*)src : (const void*)d, bytes);
+                    if (my_chunk == 0) {
+                        sBias[load_stage * TILE_N + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+                        if constexpr (SCALED)
+                            cp_async_4(sScale + load_stage * TILE_N + r,
+                                       real ? (const void*)(args.d_scale + scale_base +
+                                                            (first_row + r) * args.d_scale_row_stride)
+                                            : (const void*)args.d_scale,
+                                       real ? 4 : 0);
+                    }
+                    dst += (ROW_STEP / 8) * CHUNKS * 64;
+                    src += src_step;
                 }
             }
             if (++load_tile == load_tiles) {
@@ -327,42 +346,63 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     float witness = 0.f;  // warp 0: one row's similarities summed, non-finite iff a column is
 
     // Fold a finished tile's accumulators into the running row maxima; at a document's last
-    // tile, reduce over the 4 lanes of each row and publish the row maxima.
-    auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
+    // tile, reduce over the 4 lanes of each row and publish the row maxima. Tiles with no masked
+    // or padding column skip the bias (called with a constant: each call inlines into its own
+    // specialised copy, with no per-element branch).
+    auto fold_tile = [&](const Acc (&acc)[32], const TileInfo& info, const bool BIASED) {
         const float* bias = sBias + info.stage * TILE_N;
         const float* scale = sScale + info.stage * TILE_N;
-        if (!info.biased) has_row = true;
+        if (!BIASED) has_row = true;
+        float m[2][8];
+        int c[2][8];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
-            float m[8];
-            int c[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int col = 8 * j + 2 * quad;
-                float v0 = (float)acc[4 * j + 2 * h], v1 = (float)acc[4 * j + 2 * h + 1];
-                if constexpr (SCALED) v0 *= scale[col], v1 *= scale[col + 1];
-                if (warp == 0 && h == 0) witness += v0 + v1;
-                if (info.biased) {
-                    const float b0 = bias[col], b1 = bias[col + 1];
-                    if (h == 0) has_row |= (b0 == 0.f) | (b1 == 0.f);
-                    v0 += b0, v1 += b1;
-                }
-                m[j] = max_nan(v0, v1);
-                c[j] = v1 > v0 ? col + 1 : col;  // ties keep the lower column
+        for (int j = 0; j < 8; ++j) {
+            const int col = 8 * j + 2 * quad;
+            float2 b = make_float2(0.f, 0.f), sc = make_float2(1.f, 1.f);
+            if (BIASED) {
+                b = *(const float2*)(bias + col);
+                has_row |= (b.x == 0.f) | (b.y == 0.f);
             }
+            if constexpr (SCALED) sc = *(const float2*)(scale + col);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+                float v0 = (float)acc[4 * j + 2 * h], v1 = (float)acc[4 * j + 2 * h + 1];
+                if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
+                if (BIASED) v0 += b.x, v1 += b.y;
+                m[h][j] = max_nan(v0, v1);
+                c[h][j] = v1 > v0 ? col + 1 : col;  // ties keep the lower column
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
             if constexpr (ARGMAX) {
                 // Columns in increasing order with strict >: the first maximum wins.
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    if (m[j] > best[h].value) best[h].index = info.first_column + c[j];
-                    best[h].value = max_nan(best[h].value, m[j]);
+                    if (m[h][j] > best[h].value) best[h].index = info.first_column + c[h][j];
+                    best[h].value = max_nan(best[h].value, m[h][j]);
                 }
             } else {
-                const float m01 = max_nan(m[0], m[1]), m23 = max_nan(m[2], m[3]);
-                const float m45 = max_nan(m[4], m[5]), m67 = max_nan(m[6], m[7]);
+                const float m01 = max_nan(m[h][0], m[h][1]), m23 = max_nan(m[h][2], m[h][3]);
+                const float m45 = max_nan(m[h][4], m[h][5]), m67 = max_nan(m[h][6], m[h][7]);
                 best[h].value = max_nan(best[h].value, max_nan(max_nan(m01, m23), max_nan(m45, m67)));
             }
         }
+    };
+    auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
+        if (warp == 0) {  // the witness: row lane/4 against every column (scaled, unbiased)
+            const float* scale = sScale + info.stage * TILE_N;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                float v0 = (float)acc[4 * j], v1 = (float)acc[4 * j + 1];
+                if constexpr (SCALED) v0 *= scale[8 * j + 2 * quad], v1 *= scale[8 * j + 2 * quad + 1];
+                witness += v0 + v1;
+            }
+        }
+        if (info.biased)
+            fold_tile(acc, info, true);
+        else
+            fold_tile(acc, info, false);
         if (!info.last) return;
         // Document finished.
 #pragma unroll
