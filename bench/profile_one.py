@@ -5,6 +5,9 @@ import sys
 import cupy
 
 import cupy_maxsim as cm
+import os
+from cupy_maxsim import _kernels
+if os.environ.get("WGS"): _kernels.WGMMA_SHAPE = dict(warpgroups=int(os.environ["WGS"]), stages=4)
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
 rng = cupy.random.default_rng(0)

@@ -741,7 +741,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     if _kernels.USE_WGMMA and capability == 90 and not pairs:
         # Hopper, more stacked query rows than one warpgroup's 64: warpgroup MMA.
         config = _kernels.wgmma_config(ksteps, argmax)
-        if config is not None and (num_queries * query_length <= 64 or query_length > config.block_cols
+        if config is not None and (num_queries * query_length <= 64 or query_length > 64
                                    or config.shared_bytes > smem_limit):
             config = None
     if config is not None:
@@ -753,7 +753,9 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
             return None
         kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(),
                                      config.shared_bytes)
-    group = 1 if pairs else max(1, min(num_queries, config.block_cols // query_length))
+    per_block = config.queries_per_block(query_length) if isinstance(config, _kernels.WgmmaConfig) \
+        else config.block_cols // query_length
+    group = 1 if pairs else max(1, min(num_queries, per_block))
     groups = 1 if pairs else -(-num_queries // group)
     if pairs:
         docs_per_block = 1

@@ -169,30 +169,33 @@ class MmaConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig:
-    """Shape of the Hopper forward kernel (``maxsim_fwd_wgmma.cu``): 64 stacked query rows per
-    warpgroup, 64-row document tiles."""
+    """Shape of the Hopper forward kernel (``maxsim_fwd_wgmma.cu``): consumer warpgroups of 64
+    stacked query rows each, one producer warp, a ring of 64-row document tiles."""
 
     warpgroups: int
     ksteps: int
-    stages: int = 4
+    stages: int = 6
     argmax: int = 0
-    min_blocks: int = 1
 
     @property
     def threads(self) -> int:
-        return 128 * self.warpgroups
+        return 128 * self.warpgroups + 32
 
     @property
     def block_cols(self) -> int:
-        """Stacked query tokens a block holds (the wgmma M rows of all its warpgroups)."""
+        """Stacked query rows a block holds (the wgmma M rows of all its warpgroups)."""
         return 64 * self.warpgroups
+
+    def queries_per_block(self, query_length: int) -> int:
+        """Each warpgroup owns whole queries."""
+        return self.warpgroups * (64 // query_length)
 
     @property
     def shared_bytes(self) -> int:
         # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
-        rows, kpad = self.block_cols, self.ksteps * 16
+        rows, kpad, warps = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 1
         return (self.stages * 64 * kpad * 2 + rows * (kpad + 8) * 2
-                + 4 * (2 * self.stages * 64 + (5 + 2 * self.argmax) * rows + 4 * 4 * self.warpgroups))
+                + 4 * (2 * self.stages * 64 + (5 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -200,20 +203,19 @@ class WgmmaConfig:
             f"-DMAXSIM_STAGES={self.stages}",
             f"-DMAXSIM_KSTEPS={self.ksteps}",
             f"-DMAXSIM_ARGMAX={self.argmax}",
-            f"-DMAXSIM_MIN_BLOCKS={self.min_blocks}",
         )
 
 
 #: The Hopper kernel's shape, chosen by bench/tune_wgmma.py on the H200; at most 8 k-steps
-#: (dim 128 in 16-bit, 256 in int8), since the query fragments live in registers.
-WGMMA_SHAPE = dict(warpgroups=2, stages=4)
+#: (dim 128 in 16-bit, 256 in int8; an even number), since the query fragments live in registers.
+WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 WGMMA_MAX_KSTEPS = 8
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
 def wgmma_config(ksteps: int, argmax: bool = False) -> WgmmaConfig | None:
-    if ksteps > WGMMA_MAX_KSTEPS:
+    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2:
         return None
     return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **WGMMA_SHAPE)
 

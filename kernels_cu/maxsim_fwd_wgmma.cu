@@ -1,53 +1,58 @@
 // maxsim_fwd_wgmma.cu: fused MaxSim forward for many stacked queries on Hopper (sm_90a):
-// warpgroup MMA (wgmma.mma_async), queries from registers, document tiles from shared memory.
+// warpgroup MMA (wgmma.mma_async), queries from registers, document tiles from shared memory,
+// a producer warp feeding the tensor cores through an mbarrier ring.
 //
 //   out[q, n] = sum over real query tokens i of  max over real doc tokens j of  <q_i, d_nj>
 //
 // Why a second forward kernel. With mma.sync (maxsim_fwd.cu) every stacked query fragment is
-// re-read from shared memory for every document tile, so many-query shapes are bound by
-// shared-memory bandwidth and by the epilogue sitting between MMAs. Here the roles swap:
-// query tokens are the wgmma M dimension (64 rows per warpgroup, their A fragments loaded
-// once into registers for the block's lifetime) and document tokens the N dimension (a tile
-// of 64 rows read by the tensor cores straight from shared memory). The MMA runs
+// re-read from shared memory for every document tile, and the epilogue sits between MMAs, so
+// many-query shapes are bound by shared-memory bandwidth and instruction issue. Here the roles
+// swap: query tokens are the wgmma M dimension (64 rows per warpgroup, their A fragments
+// loaded once into registers for the block's lifetime) and document tokens the N dimension
+// (a tile of 64 rows read by the tensor cores straight from shared memory). The MMA runs
 // asynchronously: while the tensor cores work on tile t, the warps fold tile t-1 (two
-// accumulator sets) into a running max, so the epilogue overlaps the MMAs instead of
-// following them. The max over document tokens is then a max along each accumulator row: per
-// thread two rows, no cross-warp reduction at all.
+// accumulator sets) into a running max along each accumulator row, two rows per thread.
 //
-// Mapping. A block has WARPGROUPS warpgroups, i.e. BLOCK_ROWS = 64 * WARPGROUPS stacked query
-// rows (query g, token i is row g * Lq + i); all warpgroups share one STAGES-deep cp.async
-// ring of document tiles, so a tile read from L2 serves every row of the block. grid.x is a
-// contiguous range of documents (persistent), grid.y a query group. Every document starts a
-// new tile; its last tile is partial and biased.
+// Roles. A block has WARPGROUPS consumer warpgroups and one producer warp. The producer
+// streams the block's document tiles into a STAGES-deep ring with cp.async and publishes each
+// one on its "full" mbarrier; consumers release a slot on its "empty" mbarrier once their MMAs
+// on it are done. There is no block-wide barrier in the main loop: a consumer warpgroup never
+// waits for another, nor for the loads of tiles it does not need yet. Each warpgroup owns
+// whole queries (64 / Lq of them, rows 64w + j * Lq + i) and sums its own scores with a
+// warpgroup-local named barrier per document.
+//
+// Mapping. grid.x is a contiguous range of documents (persistent), grid.y a query group of
+// WARPGROUPS * (64 / Lq) queries. Every document starts a new tile; its last tile is partial
+// and biased. A tile read from L2 serves every row of the block.
 //
 // Shared-memory tile layout (what the wgmma descriptor describes): K-major, no swizzle, made
 // of "core matrices" of 8 document rows x 16 bytes stored as 128 contiguous bytes; core
 // matrices adjacent in k are 128 bytes apart (leading byte offset), groups of 8 rows are
-// CHUNKS * 128 bytes apart (stride byte offset). Consecutive threads fill consecutive 16-byte
-// slots, so the copies are free of bank conflicts, and a k-step of the MMA is the descriptor
+// CHUNKS * 128 bytes apart (stride byte offset). The producer's lanes 8k..8k+7 copy 8 rows of
+// one chunk, i.e. one core matrix: no bank conflicts; a k-step of the MMA is the descriptor
 // advanced by 256 bytes.
 //
 // Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: masked
 // and padding document rows are zero-filled and get a -FLT_MAX bias (only in tiles that have
 // one); a document with no real token scores -inf; a non-finite query token is flagged and
 // zeroed once; a non-finite document element shows up in every row's similarities with its
-// column, so one warp sums one row per thread as a witness (an add per two elements in one
-// warp); ties in the argmax go to the lowest document-token index.
+// column, so the first warp of each warpgroup sums one row per thread as a witness; ties in
+// the argmax go to the lowest document-token index.
 //
 // Shared memory (dynamic, bytes): STAGES * 64 * KPAD * 2 for the tile ring, BLOCK_ROWS * LDS * 2
 // for the query block (read once into registers), then 4 * (2 * STAGES * 64 + (5 + 2 * ARGMAX)
 // * BLOCK_ROWS + 4 * WARPS) for row biases and scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
-// flags; _kernels.WgmmaConfig mirrors this formula.
+// flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
 //
-// Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= BLOCK_ROWS and
-// KSTEPS <= 8; not pairs mode.
+// Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
+// and <= 8; not pairs mode.
 
 #ifndef MAXSIM_WARPGROUPS
-#define MAXSIM_WARPGROUPS 2
+#define MAXSIM_WARPGROUPS 3
 #endif
 #ifndef MAXSIM_STAGES
-#define MAXSIM_STAGES 4
+#define MAXSIM_STAGES 6
 #endif
 #ifndef MAXSIM_KSTEPS
 #define MAXSIM_KSTEPS 8
@@ -55,22 +60,34 @@
 #ifndef MAXSIM_ARGMAX
 #define MAXSIM_ARGMAX 0
 #endif
-#ifndef MAXSIM_MIN_BLOCKS
-#define MAXSIM_MIN_BLOCKS 1
-#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
 constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
-constexpr int THREADS = 128 * WARPGROUPS, WARPS = 4 * WARPGROUPS;
+constexpr int CONSUMER_WARPS = 4 * WARPGROUPS, WARPS = CONSUMER_WARPS + 4;  // + the producer group
+constexpr int THREADS = 32 * WARPS;
+// Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
+// of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
+// fragments.
+constexpr int PRODUCER_REGISTERS = 40;
+constexpr int consumer_registers() {
+    const int pool = 65536 / THREADS * THREADS;
+    const int share = (pool - 128 * PRODUCER_REGISTERS) / (128 * WARPGROUPS) / 8 * 8;
+    return share > 240 ? 240 : share;
+}
+constexpr int CONSUMER_REGISTERS = consumer_registers();
+static_assert(WARPGROUPS <= 3 && CONSUMER_REGISTERS >= 152, "consumers need 152 registers");
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
 constexpr int TILE_N = 64;                   // document rows per tile (the wgmma N)
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
 constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix without conflicts)
 constexpr int TILE_SLOTS = TILE_N * CHUNKS;  // 16-byte slots per tile
-static_assert(STAGES >= 3, "the ring keeps two tiles in the tensor cores' hands and one loading");
-static_assert(KSTEPS <= 8, "query fragments live in registers: at most 8 k-steps");
+// The producer signals tile t once tile t + LAG is issued; LAG <= STAGES - 2 keeps a slot free
+// for the tile the consumers are about to release (else producer and consumers wait on each other).
+constexpr int LAG = STAGES - 2;
+static_assert(STAGES >= 3, "the ring needs a slot in the tensor cores' hands and one loading");
+static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 }  // namespace wg
 
 // wgmma shared-memory descriptor of a K-major, unswizzled tile (see the layout note above).
@@ -147,6 +164,26 @@ struct RowBest {
     int index;
 };
 
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Wait until the barrier's phase `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(smem_address(bar)),
+        "r"(parity)
+        : "memory");
+}
+// Named barrier for the 128 threads of one warpgroup (id 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int warpgroup) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(warpgroup + 1) : "memory");
+}
+
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     using namespace wg;
@@ -167,24 +204,29 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     int* sRowBad = sRowQuery + BLOCK_ROWS;              // query token holds NaN or inf
     int* sHasRow = sRowBad + BLOCK_ROWS;                // [2 parities][WARPS]
     int* sDocBad = sHasRow + 2 * WARPS;                 // [2 parities][WARPS]
-    int* sRowArg = sDocBad + 2 * WARPS;                 // ARGMAX: [2 parities][BLOCK_ROWS]
+    int* sRowArg = sDocBad + 2 * WARPS;                 // [2 parities][BLOCK_ROWS], ARGMAX only
+    unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? 2 * BLOCK_ROWS : 0));
+    unsigned long long* empty = full + STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
     const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
     const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
     if (doc_begin >= doc_end) return;
     const int query_length = args.query_length;
+    const int queries_per_warpgroup = 64 / query_length;
     const i64 first_query = (i64)blockIdx.y * args.queries_per_group;
     const int group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
     const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
                                              args.offsets, args.offsets_are_64bit);
 
-    // Query block -> shared memory, once (padded rows: ldmatrix reads them without conflicts).
+    // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
+    // w * (64 / Lq) + j at rows 64w + j * Lq + i.
     for (int c = tid; c < BLOCK_ROWS * CHUNKS; c += THREADS) {
         const int row = c / CHUNKS, chunk = c % CHUNKS;
-        const int g = row / query_length, token = row % query_length;
+        const int local = row % 64, j = local / query_length, token = local % query_length;
+        const int g = (row / 64) * queries_per_warpgroup + j;
         const i64 query = first_query + g;
-        bool real = g < group_size;
+        bool real = j < queries_per_warpgroup && g < group_size;
         if (real && args.q_mask != nullptr)
             real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
         const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
@@ -199,80 +241,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         }
     }
     cp_async_commit();
-
-    // Producer: the (document, tile) the next load fetches, and the ring slot it goes to.
-    i64 load_doc = doc_begin, load_base, load_length, load_first_token;
-    int load_tile = 0, load_stage = 0;
-    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-    int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
-
-    // Each thread always copies the same 16-byte chunk column of rows my_row, my_row + ROW_STEP,
-    // ...: lanes 8k..8k+7 take 8 consecutive rows of one chunk, i.e. one core matrix, 128
-    // contiguous bytes of shared memory (no bank conflicts), and the per-row work is an add and
-    // a compare. Chunk slots are a power of two (dim 96 has 12 chunks: 16 slots, 4 idle).
-    constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : 16;
-    constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
-    constexpr int PASSES = (TILE_N + ROW_STEP - 1) / ROW_STEP;
-    static_assert(THREADS % (8 * CHUNK_SLOTS) == 0, "a pass must cover whole core matrices");
-    const int my_chunk = (tid >> 3) % CHUNK_SLOTS;
-    const int my_row = (tid & 7) + 8 * (tid / (8 * CHUNK_SLOTS));
-    const int my_chunk_bytes = my_chunk * ELEMS < args.dim ? 16 : 0;
-    const i64 src_step = ROW_STEP * args.d_row_stride;
-    u16* const my_slot = sD + ((my_row >> 3) * CHUNKS + my_chunk) * 64 + (my_row & 7) * 8;
-
-    auto issue_tile_load = [&]() {
-        if (load_doc < doc_end) {
-            if (my_chunk < CHUNKS) {
-                const int first_row = load_tile * TILE_N;
-                const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
-                const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
-                u16* dst = my_slot + load_stage * TILE_SLOTS * 8;
-                const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
-                                                               : load_first_token * args.d_scale_row_stride;
-#pragma unroll
-                for (int pass = 0; pass < PASSES; ++pass) {
-                    const int r = my_row + pass * ROW_STEP;
-                    if (PASSES * ROW_STEP > TILE_N && r >= TILE_N) break;
-                    bool real = r < rows_left;
-                    if (real && args.d_mask != nullptr)
-                        real = args.d_mask[load_doc * args.d_mask_doc_stride +
-                                           (first_row + r) * args.d_mask_row_stride] != 0;
-                    const int bytes = real ? my_chunk_bytes : 0;
-                    cp_async_16(dst, bytes ? (const void*)src : (const void*)d, bytes);
-                    if (my_chunk == 0) {
-                        sBias[load_stage * TILE_N + r] = real ? 0.f : -MAXSIM_FLT_MAX;
-                        if constexpr (SCALED)
-                            cp_async_4(sScale + load_stage * TILE_N + r,
-                                       real ? (const void*)(args.d_scale + scale_base +
-                                                            (first_row + r) * args.d_scale_row_stride)
-                                            : (const void*)args.d_scale,
-                                       real ? 4 : 0);
-                    }
-                    dst += (ROW_STEP / 8) * CHUNKS * 64;
-                    src += src_step;
-                }
-            }
-            if (++load_tile == load_tiles) {
-                load_tile = 0;
-                if (++load_doc < doc_end) {
-                    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-                    load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
-                }
-            }
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full + s, 1);
+            mbarrier_init(empty + s, CONSUMER_WARPS);
         }
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-    };
-#pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
-        issue_tile_load();
-        cp_async_commit();
     }
-
-    // The query block is the oldest group. Non-finite query tokens are flagged once and zeroed
-    // (so that every row stays a valid witness for non-finite document elements); then each
-    // warp loads its 16 rows' A fragments into registers for the whole kernel.
-    cp_async_wait<STAGES - 2>();
+    cp_async_wait<0>();
     __syncthreads();
+    // Non-finite query tokens are flagged once and zeroed, so that every row stays a valid
+    // witness for non-finite document elements (int8 tokens cannot be; their scales are
+    // checked with the max).
     for (int row = tid; row < BLOCK_ROWS; row += THREADS) {
         bool bad = false;
         if constexpr (!SCALED) {
@@ -283,27 +262,103 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         }
         sRowBad[row] = bad;
     }
-    __syncthreads();
-    const int row0 = warp * 16;  // this warp's first query row (warpgroup w owns rows 64w..)
+    __syncthreads();  // the last block-wide barrier
+
+    if (warp >= CONSUMER_WARPS) {
+        // ---- Producer warpgroup: its first warp loads, the others only give up registers --
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
+        if (warp != CONSUMER_WARPS) return;
+        // Lane l copies chunks 4c + l / 8 of rows 8g + l % 8: per row group and chunk quartet,
+        // 32 lanes fill four core matrices (512 contiguous bytes).
+        const int my_row = lane & 7, my_chunk = lane >> 3;
+        const i64 src_group_step = 8 * args.d_row_stride;
+        i64 load_doc = doc_begin, load_base, load_length, load_first_token;
+        doc_extent(layout, load_doc, load_base, load_length, load_first_token);
+        int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
+        int stage = 0;
+        u32 phase = 0;
+        int t = 0;
+        for (; load_doc < doc_end; ++t) {
+            if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
+            const int first_row = load_tile * TILE_N;
+            const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
+            const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
+            u16* dst = sD + stage * TILE_SLOTS * 8 + (my_chunk * 8 + my_row) * 8;
+            const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
+                                                           : load_first_token * args.d_scale_row_stride;
+#pragma unroll 2
+            for (int group = 0; group < TILE_N / 8; ++group) {
+                const int r = group * 8 + my_row;
+                bool real = r < rows_left;
+                if (real && args.d_mask != nullptr)
+                    real = args.d_mask[load_doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+#pragma unroll
+                for (int c = 0; c < CHUNKS / 4; ++c) {
+                    const int bytes = real && (4 * c + my_chunk) * ELEMS < args.dim ? 16 : 0;
+                    cp_async_16(dst + c * 4 * 64, bytes ? (const void*)(src + c * 4 * ELEMS) : (const void*)d, bytes);
+                }
+                if (my_chunk == 0) {
+                    sBias[stage * TILE_N + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+                    if constexpr (SCALED)
+                        cp_async_4(sScale + stage * TILE_N + r,
+                                   real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
+                                        : (const void*)args.d_scale,
+                                   real ? 4 : 0);
+                }
+                src += src_group_step;
+                dst += CHUNKS * 64;
+            }
+            cp_async_commit();
+            if (t >= LAG) {  // tile t - LAG has landed: publish it
+                cp_async_wait<LAG>();
+                fence_proxy_async();  // generic-proxy copies, read by wgmma through the async proxy
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(full + (t - LAG) % STAGES);
+            }
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+            if (++load_tile == load_tiles) {
+                load_tile = 0;
+                if (++load_doc < doc_end) {
+                    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
+                    load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
+                }
+            }
+        }
+        // Publish the last LAG tiles (fewer when the block has fewer): t tiles were issued.
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0)
+            for (int k = max(0, t - LAG); k < t; ++k) mbarrier_arrive(full + k % STAGES);
+        return;
+    }
+
+    // ---- Consumer warpgroups ----------------------------------------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
+    const int warpgroup = warp / 4, warp_in_group = warp % 4;
+    const int row0 = warp * 16;  // this warp's first query row
     u32 a_regs[KSTEPS][4];
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
         ldmatrix_x4(a_regs[ks], sQ + (row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
 
-    // A finished document's row maxima are summed one iteration later, after the barrier the
-    // pipeline has anyway; per-document buffers alternate by parity.
+    // Scores of a finished document, by the warpgroup that owns the queries: one warp per
+    // query, its lanes over the query's tokens.
+    const int group_first = warpgroup * queries_per_warpgroup;
+    const int group_count = max(0, min(queries_per_warpgroup, group_size - group_first));
     auto finish_document = [&](i64 finished_doc, int parity) {
         bool doc_has_row = false, doc_bad = false;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            doc_has_row |= sHasRow[parity * WARPS + w] != 0;
-            doc_bad |= sDocBad[parity * WARPS + w] != 0;
+        for (int w = 0; w < 4; ++w) {
+            doc_has_row |= sHasRow[parity * WARPS + warpgroup * 4 + w] != 0;
+            doc_bad |= sDocBad[parity * WARPS + warpgroup * 4 + w] != 0;
         }
-        for (int g = warp; g < group_size; g += WARPS) {
+        for (int j = warp_in_group; j < group_count; j += 4) {
+            const int g = group_first + j;
             float sum = 0.f;
             bool non_finite = false;
             for (int i = lane; i < query_length; i += 32) {
-                const int row = g * query_length + i;
+                const int row = warpgroup * 64 + j * query_length + i;
                 const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
                                          finished_doc * args.argmax_doc_stride + i;
                 if (sRowQuery[row] < 0) {
@@ -331,6 +386,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     i64 doc = doc_begin, base_unused, length, first_unused;
     doc_extent(layout, doc, base_unused, length, first_unused);
     int tiles = max(1, (int)((length + TILE_N - 1) / TILE_N)), tile = 0, stage = 0;
+    u32 phase = 0;
     // What the fold of a tile needs to know, recorded when its MMAs are issued.
     struct TileInfo {
         i64 doc;
@@ -338,16 +394,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         bool biased, last;
     };
     TileInfo in_flight;
-    i64 pending_doc = -1;
     int parity = 0;
 
     RowBest best[2] = {{MAXSIM_NEG_INF, -1}, {MAXSIM_NEG_INF, -1}};  // rows lane/4 and lane/4 + 8
     bool has_row = false;
-    float witness = 0.f;  // warp 0: one row's similarities summed, non-finite iff a column is
+    float witness = 0.f;  // first warp of the group: one row against every column, summed
 
-    // Fold a finished tile's accumulators into the running row maxima; at a document's last
-    // tile, reduce over the 4 lanes of each row and publish the row maxima. Tiles with no masked
-    // or padding column skip the bias (called with a constant: each call inlines into its own
+    // Fold a finished tile's accumulators into the running row maxima. Tiles with no masked or
+    // padding column skip the bias (called with a constant: each call inlines into its own
     // specialised copy, with no per-element branch).
     auto fold_tile = [&](const Acc (&acc)[32], const TileInfo& info, const bool BIASED) {
         const float* bias = sBias + info.stage * TILE_N;
@@ -389,8 +443,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
             }
         }
     };
+    // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
+    // maxima to the warpgroup and sum its queries' scores.
     auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
-        if (warp == 0) {  // the witness: row lane/4 against every column (scaled, unbiased)
+        if (warp_in_group == 0) {  // the witness: row lane/4 against every column (scaled, unbiased)
             const float* scale = sScale + info.stage * TILE_N;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -404,7 +460,6 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         else
             fold_tile(acc, info, false);
         if (!info.last) return;
-        // Document finished.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float value = best[h].value;
@@ -432,27 +487,16 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
         has_row = false;
         witness = 0.f;
-        pending_doc = info.doc;
+        // Per-document buffers alternate by parity: a warp reaches this barrier for the next
+        // document only after it finished reading this one.
+        warpgroup_sync(warpgroup);
+        finish_document(info.doc, parity);
         parity ^= 1;
     };
 
-    // Start of every pipeline step: the next tile has landed for everyone (and tile t-2's
-    // MMAs are done in every warpgroup, so its slot can be refilled). Returns whether there
-    // is a tile to multiply.
-    auto begin_step = [&]() -> bool {
-        cp_async_wait<STAGES - 3>();
-        fence_proxy_async();  // the copies are generic-proxy writes; wgmma reads via the async proxy
-        __syncthreads();
-        if (pending_doc >= 0) {
-            finish_document(pending_doc, parity ^ 1);
-            pending_doc = -1;
-        }
-        issue_tile_load();
-        cp_async_commit();
-        return doc < doc_end;
-    };
-    // Hand the current tile to the tensor cores (asynchronously) and move the cursor on.
+    // Hand the next tile to the tensor cores (asynchronously) and move the cursor on.
     auto issue_mma = [&](Acc (&acc)[32]) {
+        mbarrier_wait(full + stage, phase);
         const unsigned long long desc = tile_descriptor(sD + stage * TILE_SLOTS * 8);
         wgmma_fence();
 #pragma unroll
@@ -463,7 +507,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         in_flight.first_column = tile * TILE_N;
         in_flight.biased = args.d_mask != nullptr || (i64)(tile + 1) * TILE_N > length;
         in_flight.last = tile + 1 == tiles;
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
+        if (++stage == STAGES) stage = 0, phase ^= 1;
         if (++tile == tiles) {
             tile = 0;
             if (++doc < doc_end) {
@@ -475,18 +519,19 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // One step: tile t goes to the tensor cores while tile t-1 is folded. The two accumulator
     // sets alternate, so the registers the running MMA writes are never the ones being read.
     auto step = [&](Acc (&acc_new)[32], Acc (&acc_old)[32]) -> bool {
-        if (!begin_step()) return false;
+        if (doc >= doc_end) return false;
         const TileInfo folding = in_flight;
         issue_mma(acc_new);
         wgmma_wait<1>();
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty + folding.stage);  // this warp is done reading it
         pin(acc_old);
         fold(acc_old, folding);
         return true;
     };
 
     Acc acc0[32], acc1[32];
-    begin_step();  // every block has at least one tile
-    issue_mma(acc0);
+    issue_mma(acc0);  // every block has at least one tile
 #pragma unroll 1
     for (;;) {
         if (!step(acc1, acc0)) {
@@ -502,14 +547,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
             break;
         }
     }
-    cp_async_wait<0>();
-    __syncthreads();
-    if (pending_doc >= 0) finish_document(pending_doc, parity ^ 1);
 }
 
-#define MAXSIM_FWD_WGMMA_ENTRY(NAME, T)                                                             \
-    extern "C" __global__ void __launch_bounds__(wg::THREADS, MAXSIM_MIN_BLOCKS) NAME(const __grid_constant__ ForwardArgs args) { \
-        maxsim_fwd_wgmma<T>(args);                                                                 \
+#define MAXSIM_FWD_WGMMA_ENTRY(NAME, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) NAME(const __grid_constant__ ForwardArgs args) { \
+        maxsim_fwd_wgmma<T>(args);                                                                         \
     }
 
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
