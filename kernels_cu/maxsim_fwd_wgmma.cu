@@ -70,7 +70,7 @@ constexpr int THREADS = 32 * WARPS;
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
 constexpr int PRODUCER_REGISTERS = 40;
-constexpr int consumer_registers() {
+__host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
     const int share = (pool - 128 * PRODUCER_REGISTERS) / (128 * WARPGROUPS) / 8 * 8;
     return share > 240 ? 240 : share;
