@@ -170,7 +170,7 @@ class MmaConfig:
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig:
     """Shape of the Hopper forward kernel (``maxsim_fwd_wgmma.cu``): consumer warpgroups of 64
-    stacked query rows each, one producer warp, a ring of 64-row document tiles."""
+    stacked query rows each, one producer warpgroup, a ring of 64-row document tiles."""
 
     warpgroups: int
     ksteps: int
@@ -179,7 +179,7 @@ class WgmmaConfig:
 
     @property
     def threads(self) -> int:
-        return 128 * self.warpgroups + 32
+        return 128 * (self.warpgroups + 1)
 
     @property
     def block_cols(self) -> int:
@@ -193,7 +193,7 @@ class WgmmaConfig:
     @property
     def shared_bytes(self) -> int:
         # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
-        rows, kpad, warps = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 1
+        rows, kpad, warps = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4
         return (self.stages * 64 * kpad * 2 + rows * (kpad + 8) * 2
                 + 4 * (2 * self.stages * 64 + (5 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
 

@@ -39,7 +39,7 @@
 // column, so the first warp of each warpgroup sums one row per thread as a witness; ties in
 // the argmax go to the lowest document-token index.
 //
-// Shared memory (dynamic, bytes): STAGES * 64 * KPAD * 2 for the tile ring, BLOCK_ROWS * LDS * 2
+// Shared memory (dynamic, bytes; SHARED_BYTES): STAGES * 64 * KPAD * 2 for the tile ring, BLOCK_ROWS * LDS * 2
 // for the query block (read once into registers), then 4 * (2 * STAGES * 64 + (5 + 2 * ARGMAX)
 // * BLOCK_ROWS + 4 * WARPS) for row biases and scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
@@ -86,6 +86,9 @@ constexpr int TILE_SLOTS = TILE_N * CHUNKS;  // 16-byte slots per tile
 // The producer signals tile t once tile t + LAG is issued; LAG <= STAGES - 2 keeps a slot free
 // for the tile the consumers are about to release (else producer and consumers wait on each other).
 constexpr int LAG = STAGES - 2;
+// Dynamic shared memory the kernel needs (the formula in the header comment).
+constexpr int SHARED_BYTES = STAGES * TILE_SLOTS * 16 + BLOCK_ROWS * LDS * 2 +
+                             4 * (2 * STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) + 16 * STAGES;
 static_assert(STAGES >= 3, "the ring needs a slot in the tensor cores' hands and one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 }  // namespace wg
@@ -208,6 +211,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? 2 * BLOCK_ROWS : 0));
     unsigned long long* empty = full + STAGES;
 
+    // A launch that disagrees with this build (_kernels.WgmmaConfig) stops here, not in a
+    // corrupted ring.
+    u32 dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES) __trap();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
     const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
     const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
