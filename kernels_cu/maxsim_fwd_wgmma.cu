@@ -40,8 +40,8 @@
 // the argmax go to the lowest document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): STAGES * 64 * KPAD * 2 for the tile ring, BLOCK_ROWS * LDS * 2
-// for the query block (read once into registers), then 4 * (2 * STAGES * 64 + (5 + 2 * ARGMAX)
-// * BLOCK_ROWS + 4 * WARPS) for row biases and scales, the row maxima (and argmax) of two
+// for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
+// * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
 //
@@ -69,7 +69,7 @@ constexpr int THREADS = 32 * WARPS;
 // Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
-constexpr int PRODUCER_REGISTERS = 40;
+constexpr int PRODUCER_REGISTERS = 56;
 __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
     const int share = (pool - 128 * PRODUCER_REGISTERS) / (128 * WARPGROUPS) / 8 * 8;
@@ -83,13 +83,10 @@ constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
 constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix without conflicts)
 constexpr int TILE_SLOTS = TILE_N * CHUNKS;  // 16-byte slots per tile
-// The producer signals tile t once tile t + LAG is issued; LAG <= STAGES - 2 keeps a slot free
-// for the tile the consumers are about to release (else producer and consumers wait on each other).
-constexpr int LAG = STAGES - 2;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = STAGES * TILE_SLOTS * 16 + BLOCK_ROWS * LDS * 2 +
-                             4 * (2 * STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) + 16 * STAGES;
-static_assert(STAGES >= 3, "the ring needs a slot in the tensor cores' hands and one loading");
+                             4 * (STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) + 16 * STAGES;
+static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 }  // namespace wg
 
@@ -170,6 +167,11 @@ struct RowBest {
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
+// Arrive on `bar` once every cp.async this thread issued so far has landed (counted in the
+// barrier's initial count).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
 __device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
@@ -199,8 +201,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     extern __shared__ __align__(128) unsigned char smem[];
     u16* sD = (u16*)smem;                               // [STAGES][TILE_SLOTS * 8]
     u16* sQ = sD + STAGES * TILE_SLOTS * 8;             // [BLOCK_ROWS][LDS]
-    float* sBias = (float*)(sQ + BLOCK_ROWS * LDS);     // [STAGES][TILE_N]
-    float* sScale = sBias + STAGES * TILE_N;            // int8: [STAGES][TILE_N] document scales
+    float* sScale = (float*)(sQ + BLOCK_ROWS * LDS);    // int8: [STAGES][TILE_N] document scales
     float* sRowScale = sScale + STAGES * TILE_N;        // int8: per-row query scale
     float* sRowMax = sRowScale + BLOCK_ROWS;            // [2 parities][BLOCK_ROWS]
     int* sRowQuery = (int*)(sRowMax + 2 * BLOCK_ROWS);  // query of each row, -1 if none
@@ -251,7 +252,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     cp_async_commit();
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + s, 1);
+            mbarrier_init(full + s, 32);  // the producer warp's lanes
             mbarrier_init(empty + s, CONSUMER_WARPS);
         }
     }
@@ -285,8 +286,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
         int stage = 0;
         u32 phase = 0;
-        int t = 0;
-        for (; load_doc < doc_end; ++t) {
+        for (int t = 0; load_doc < doc_end; ++t) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
             const int first_row = load_tile * TILE_N;
             const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
@@ -305,8 +305,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
                     const int bytes = real && (4 * c + my_chunk) * ELEMS < args.dim ? 16 : 0;
                     cp_async_16(dst + c * 4 * 64, bytes ? (const void*)(src + c * 4 * ELEMS) : (const void*)d, bytes);
                 }
-                if (my_chunk == 0) {
-                    sBias[stage * TILE_N + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+                if (SCALED && my_chunk == 0) {
                     if constexpr (SCALED)
                         cp_async_4(sScale + stage * TILE_N + r,
                                    real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
@@ -316,13 +315,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
                 src += src_group_step;
                 dst += CHUNKS * 64;
             }
-            cp_async_commit();
-            if (t >= LAG) {  // tile t - LAG has landed: publish it
-                cp_async_wait<LAG>();
-                fence_proxy_async();  // generic-proxy copies, read by wgmma through the async proxy
-                __syncwarp();
-                if (lane == 0) mbarrier_arrive(full + (t - LAG) % STAGES);
-            }
+            // Each lane's arrival on the tile's barrier fires once its copies have landed.
+            cp_async_mbarrier_arrive(full + stage);
             if (++stage == STAGES) stage = 0, phase ^= 1;
             if (++load_tile == load_tiles) {
                 load_tile = 0;
@@ -332,12 +326,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
                 }
             }
         }
-        // Publish the last LAG tiles (fewer when the block has fewer): t tiles were issued.
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncwarp();
-        if (lane == 0)
-            for (int k = max(0, t - LAG); k < t; ++k) mbarrier_arrive(full + k % STAGES);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
 
@@ -398,7 +387,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // What the fold of a tile needs to know, recorded when its MMAs are issued.
     struct TileInfo {
         i64 doc;
-        int stage, first_column;
+        int stage, first_column, columns;  // columns: real-or-masked tokens of the tile (<= 64)
         bool biased, last;
     };
     TileInfo in_flight;
@@ -412,8 +401,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // padding column skip the bias (called with a constant: each call inlines into its own
     // specialised copy, with no per-element branch).
     auto fold_tile = [&](const Acc (&acc)[32], const TileInfo& info, const bool BIASED) {
-        const float* bias = sBias + info.stage * TILE_N;
         const float* scale = sScale + info.stage * TILE_N;
+        const unsigned char* mask = args.d_mask == nullptr ? nullptr
+            : args.d_mask + info.doc * args.d_mask_doc_stride + info.first_column * args.d_mask_row_stride;
         if (!BIASED) has_row = true;
         float m[2][8];
         int c[2][8];
@@ -421,9 +411,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         for (int j = 0; j < 8; ++j) {
             const int col = 8 * j + 2 * quad;
             float2 b = make_float2(0.f, 0.f), sc = make_float2(1.f, 1.f);
-            if (BIASED) {
-                b = *(const float2*)(bias + col);
-                has_row |= (b.x == 0.f) | (b.y == 0.f);
+            if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
+                const bool real0 = col < info.columns && (mask == nullptr || mask[col * args.d_mask_row_stride]);
+                const bool real1 = col + 1 < info.columns && (mask == nullptr || mask[(col + 1) * args.d_mask_row_stride]);
+                b = make_float2(real0 ? 0.f : -MAXSIM_FLT_MAX, real1 ? 0.f : -MAXSIM_FLT_MAX);
+                has_row |= real0 | real1;
             }
             if constexpr (SCALED) sc = *(const float2*)(scale + col);
 #pragma unroll
@@ -505,6 +497,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // Hand the next tile to the tensor cores (asynchronously) and move the cursor on.
     auto issue_mma = [&](Acc (&acc)[32]) {
         mbarrier_wait(full + stage, phase);
+        fence_proxy_async();  // the tile came through the generic proxy; wgmma reads via the async one
         const unsigned long long desc = tile_descriptor(sD + stage * TILE_SLOTS * 8);
         wgmma_fence();
 #pragma unroll
@@ -513,6 +506,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         in_flight.doc = doc;
         in_flight.stage = stage;
         in_flight.first_column = tile * TILE_N;
+        in_flight.columns = (int)min(length - tile * TILE_N, (i64)TILE_N);
         in_flight.biased = args.d_mask != nullptr || (i64)(tile + 1) * TILE_N > length;
         in_flight.last = tile + 1 == tiles;
         if (++stage == STAGES) stage = 0, phase ^= 1;
