@@ -23,8 +23,7 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
     "colbert-256q-100k": (256, 32, 100_000, 128, False, False),
     "colpali-32q-10k-int8": (32, 32, 10_000, 1030, False, True),
 }
-VARIANTS = [None, dict(warpgroups=2, stages=6), dict(warpgroups=2, stages=8), dict(warpgroups=3, stages=4),
-            dict(warpgroups=3, stages=6)]
+VARIANTS = [None, dict(warpgroups=2, stages=6), dict(warpgroups=3, stages=4), dict(warpgroups=3, stages=6)]
 
 
 def main() -> int:
