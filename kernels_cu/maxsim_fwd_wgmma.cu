@@ -252,7 +252,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     cp_async_commit();
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + s, 32);  // the producer warp's lanes
+            mbarrier_init(full + s, 128);  // the producer warpgroup's threads
             mbarrier_init(empty + s, CONSUMER_WARPS);
         }
     }
@@ -274,9 +274,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     __syncthreads();  // the last block-wide barrier
 
     if (warp >= CONSUMER_WARPS) {
-        // ---- Producer warpgroup: its first warp loads, the others only give up registers --
+        // ---- Producer warpgroup ------------------------------------------------------------
+        // Its 4 warps (one per scheduler: a single warp cannot issue copies fast enough) each
+        // copy 2 of a tile's 8 row groups.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-        if (warp != CONSUMER_WARPS) return;
+        const int first_group = (warp - CONSUMER_WARPS) * (TILE_N / 32);
         // Lane l copies chunks 4c + l / 8 of rows 8g + l % 8: per row group and chunk quartet,
         // 32 lanes fill four core matrices (512 contiguous bytes).
         const int my_row = lane & 7, my_chunk = lane >> 3;
@@ -290,12 +292,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
             const int first_row = load_tile * TILE_N;
             const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
-            const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
-            u16* dst = sD + stage * TILE_SLOTS * 8 + (my_chunk * 8 + my_row) * 8;
+            const T* src = d + load_base + (first_row + first_group * 8 + my_row) * args.d_row_stride + my_chunk * ELEMS;
+            u16* dst = sD + stage * TILE_SLOTS * 8 + (first_group * CHUNKS + my_chunk) * 64 + my_row * 8;
             const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
                                                            : load_first_token * args.d_scale_row_stride;
-#pragma unroll 2
-            for (int group = 0; group < TILE_N / 8; ++group) {
+#pragma unroll
+            for (int group = first_group; group < first_group + TILE_N / 32; ++group) {
                 const int r = group * 8 + my_row;
                 bool real = r < rows_left;
                 if (real && args.d_mask != nullptr)
