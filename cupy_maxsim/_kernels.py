@@ -194,7 +194,7 @@ class WgmmaConfig:
     def shared_bytes(self) -> int:
         # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
         rows, kpad, warps = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4
-        return (self.stages * 64 * kpad * 2 + rows * (kpad + 8) * 2
+        return (1024 + self.stages * -(-self.ksteps // 4) * 64 * 128 + rows * (kpad + 8) * 2
                 + 4 * (self.stages * 64 + (5 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
 
     def defines(self) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 // maxsim_fwd_wgmma.cu: fused MaxSim forward for many stacked queries on Hopper (sm_90a):
 // warpgroup MMA (wgmma.mma_async), queries from registers, document tiles from shared memory,
-// a producer warp feeding the tensor cores through an mbarrier ring.
+// a producer warpgroup feeding the tensor cores through an mbarrier ring.
 //
 //   out[q, n] = sum over real query tokens i of  max over real doc tokens j of  <q_i, d_nj>
 //
@@ -13,7 +13,7 @@
 // asynchronously: while the tensor cores work on tile t, the warps fold tile t-1 (two
 // accumulator sets) into a running max along each accumulator row, two rows per thread.
 //
-// Roles. A block has WARPGROUPS consumer warpgroups and one producer warp. The producer
+// Roles. A block has WARPGROUPS consumer warpgroups and one producer warpgroup. The producer
 // streams the block's document tiles into a STAGES-deep ring with cp.async and publishes each
 // one on its "full" mbarrier; consumers release a slot on its "empty" mbarrier once their MMAs
 // on it are done. There is no block-wide barrier in the main loop: a consumer warpgroup never
@@ -25,12 +25,12 @@
 // WARPGROUPS * (64 / Lq) queries. Every document starts a new tile; its last tile is partial
 // and biased. A tile read from L2 serves every row of the block.
 //
-// Shared-memory tile layout (what the wgmma descriptor describes): K-major, no swizzle, made
-// of "core matrices" of 8 document rows x 16 bytes stored as 128 contiguous bytes; core
-// matrices adjacent in k are 128 bytes apart (leading byte offset), groups of 8 rows are
-// CHUNKS * 128 bytes apart (stride byte offset). The producer's lanes 8k..8k+7 copy 8 rows of
-// one chunk, i.e. one core matrix: no bank conflicts; a k-step of the MMA is the descriptor
-// advanced by 256 bytes.
+// Shared-memory tile layout (what the wgmma descriptor describes): K-major with the 128-byte
+// swizzle, as TMA would write it: the tile is split in k into atoms of 128 bytes per row, and
+// within a row the 16-byte chunk c sits at position c ^ (row % 8). The producer's lanes
+// 8k..8k+7 copy one row's 128-byte line of an atom: one full line of global memory, 8 distinct
+// bank groups of shared memory. A k-step of the MMA is the descriptor advanced 32 bytes within
+// an atom, or to the next atom.
 //
 // Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: masked
 // and padding document rows are zero-filled and get a -FLT_MAX bias (only in tiles that have
@@ -39,7 +39,7 @@
 // column, so the first warp of each warpgroup sums one row per thread as a witness; ties in
 // the argmax go to the lowest document-token index.
 //
-// Shared memory (dynamic, bytes; SHARED_BYTES): STAGES * 64 * KPAD * 2 for the tile ring, BLOCK_ROWS * LDS * 2
+// Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for the tile ring, BLOCK_ROWS * LDS * 2
 // for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
 // * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
@@ -82,20 +82,27 @@ constexpr int TILE_N = 64;                   // document rows per tile (the wgmm
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
 constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix without conflicts)
-constexpr int TILE_SLOTS = TILE_N * CHUNKS;  // 16-byte slots per tile
+// A tile is ATOMS swizzle atoms side by side in k, each TILE_N rows x 128 bytes (64 fp16 or
+// 128 int8 of k), the rows' 16-byte chunks permuted by (chunk ^ row % 8).
+constexpr int ATOMS = (KSTEPS + 3) / 4;
+constexpr int ATOM_BYTES = TILE_N * 128;
+constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
-constexpr int SHARED_BYTES = STAGES * TILE_SLOTS * 16 + BLOCK_ROWS * LDS * 2 +
+constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + BLOCK_ROWS * LDS * 2 +
                              4 * (STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) + 16 * STAGES;
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 }  // namespace wg
 
-// wgmma shared-memory descriptor of a K-major, unswizzled tile (see the layout note above).
+// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout: 8-row groups
+// 1024 bytes apart (stride byte offset), the leading byte offset unused (k never leaves an
+// atom within one MMA). Atoms must be 1024-byte aligned: the swizzle is a function of address bits.
 __device__ __forceinline__ unsigned long long tile_descriptor(const void* tile) {
-    const unsigned long long leading = 128, stride = wg::CHUNKS * 128;
-    return (unsigned long long)((smem_address(tile) & 0x3ffff) >> 4) | ((leading >> 4) << 16) |
-           ((stride >> 4) << 32);
+    return (unsigned long long)((smem_address(tile) & 0x3ffff) >> 4) | (1ull << 16) | ((1024ull >> 4) << 32) |
+           (1ull << 62);
 }
+// Descriptor offset (16-byte units) of k-step ks: 32 bytes into its atom.
+__device__ __forceinline__ unsigned kstep_offset(int ks) { return ((ks / 4) * wg::ATOM_BYTES + (ks % 4) * 32) >> 4; }
 
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -198,9 +205,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
 
-    extern __shared__ __align__(128) unsigned char smem[];
-    u16* sD = (u16*)smem;                               // [STAGES][TILE_SLOTS * 8]
-    u16* sQ = sD + STAGES * TILE_SLOTS * 8;             // [BLOCK_ROWS][LDS]
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The swizzle atoms need 1024-byte alignment in the shared window (1024 bytes are budgeted).
+    unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+    unsigned char* sD = smem;                           // [STAGES][TILE_BYTES]
+    u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [BLOCK_ROWS][LDS]
     float* sScale = (float*)(sQ + BLOCK_ROWS * LDS);    // int8: [STAGES][TILE_N] document scales
     float* sRowScale = sScale + STAGES * TILE_N;        // int8: per-row query scale
     float* sRowMax = sRowScale + BLOCK_ROWS;            // [2 parities][BLOCK_ROWS]
@@ -276,13 +285,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     if (warp >= CONSUMER_WARPS) {
         // ---- Producer warpgroup ------------------------------------------------------------
         // Its 4 warps (one per scheduler: a single warp cannot issue copies fast enough) each
-        // copy 2 of a tile's 8 row groups.
+        // copy a quarter of a tile's rows.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
-        const int first_group = (warp - CONSUMER_WARPS) * (TILE_N / 32);
-        // Lane l copies chunks 4c + l / 8 of rows 8g + l % 8: per row group and chunk quartet,
-        // 32 lanes fill four core matrices (512 contiguous bytes).
-        const int my_row = lane & 7, my_chunk = lane >> 3;
-        const i64 src_group_step = 8 * args.d_row_stride;
+        constexpr int ROWS_PER_WARP = TILE_N / 4;
+        // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
+        // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
+        const int my_chunk = lane & 7, my_row = (warp - CONSUMER_WARPS) * ROWS_PER_WARP + (lane >> 3);
         i64 load_doc = doc_begin, load_base, load_length, load_first_token;
         doc_extent(layout, load_doc, load_base, load_length, load_first_token);
         int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
@@ -292,20 +300,22 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
             const int first_row = load_tile * TILE_N;
             const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
-            const T* src = d + load_base + (first_row + first_group * 8 + my_row) * args.d_row_stride + my_chunk * ELEMS;
-            u16* dst = sD + stage * TILE_SLOTS * 8 + (first_group * CHUNKS + my_chunk) * 64 + my_row * 8;
+            const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
+            unsigned char* tile = sD + stage * TILE_BYTES;
             const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
                                                            : load_first_token * args.d_scale_row_stride;
 #pragma unroll
-            for (int group = first_group; group < first_group + TILE_N / 32; ++group) {
-                const int r = group * 8 + my_row;
+            for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
+                const int r = my_row + 4 * pass;
                 bool real = r < rows_left;
                 if (real && args.d_mask != nullptr)
                     real = args.d_mask[load_doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+                unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
 #pragma unroll
-                for (int c = 0; c < CHUNKS / 4; ++c) {
-                    const int bytes = real && (4 * c + my_chunk) * ELEMS < args.dim ? 16 : 0;
-                    cp_async_16(dst + c * 4 * 64, bytes ? (const void*)(src + c * 4 * ELEMS) : (const void*)d, bytes);
+                for (int atom = 0; atom < ATOMS; ++atom) {
+                    const int chunk = atom * 8 + my_chunk;
+                    const int bytes = real && chunk < CHUNKS && chunk * ELEMS < args.dim ? 16 : 0;
+                    cp_async_16(line + atom * ATOM_BYTES, bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d, bytes);
                 }
                 if (SCALED && my_chunk == 0) {
                     if constexpr (SCALED)
@@ -314,8 +324,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
                                         : (const void*)args.d_scale,
                                    real ? 4 : 0);
                 }
-                src += src_group_step;
-                dst += CHUNKS * 64;
+                src += 4 * args.d_row_stride;
             }
             // Each lane's arrival on the tile's barrier fires once its copies have landed.
             cp_async_mbarrier_arrive(full + stage);
@@ -500,10 +509,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     auto issue_mma = [&](Acc (&acc)[32]) {
         mbarrier_wait(full + stage, phase);
         fence_proxy_async();  // the tile came through the generic proxy; wgmma reads via the async one
-        const unsigned long long desc = tile_descriptor(sD + stage * TILE_SLOTS * 8);
+        const unsigned long long desc = tile_descriptor(sD + stage * TILE_BYTES);
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) Wgmma64<T>::run(acc, a_regs[ks], desc + ks * (256 >> 4), ks);
+        for (int ks = 0; ks < KSTEPS; ++ks) Wgmma64<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
         wgmma_commit();
         in_flight.doc = doc;
         in_flight.stage = stage;
