@@ -428,11 +428,10 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
     with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
         sm_count, smem_limit, _, _ = _kernels.device_properties(like.device)
         count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
-        csr_counts, csr_counts_ptr, csr_counts_stride = None, 0, 0
+        csr_counts_stride = 0
         if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
             count_warps = 1
             csr_counts_stride = _kernels.bwd_csr_shared_bytes(1, longest) // 4
-            csr_counts, csr_counts_ptr = output.empty((num_docs * csr_counts_stride,), "int32")
         q, d = _unit_dim_stride(q), _unit_dim_stride(d)
         grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
             grad.cupy().astype(np.float32), "grad_scores", grad)
@@ -448,21 +447,27 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
         chunks = -(-num_docs // docs_per_chunk)
         num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
-        sources, sources_ptr = output.empty((num_docs * sources_per_doc,), "int32")
-        row_ranges, row_ranges_ptr = output.empty((2 * (num_rows + num_docs),), "int32")
         # dD: rows per warp for about 64 sources per warp on average (sparse ColPali rows get
         # up to 64 rows per warp; dense ColBERT rows a handful).
         rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
-        partial, partial_ptr = (None, 0)
-        if chunks > 1:
-            partial, partial_ptr = output.empty((chunks * num_queries * query_length * dim,), "float32")
+        # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
+        # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
+        parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
+                 chunks * num_queries * query_length * dim if chunks > 1 else 0]
+        starts, total = [], 0
+        for n in parts:
+            starts.append(total)
+            total += -(-n // 4) * 4
+        scratch, scratch_ptr = output.empty((total,), "int32")
+        sources_ptr, row_ranges_ptr, csr_counts_ptr, partial_ptr = (
+            scratch_ptr + 4 * start if n else 0 for start, n in zip(starts, parts))
         if offsets is not None and not cover:
             output.fill(grad_d, 0)  # tokens outside every document get no gradient
         grad_strides = (grad_f32.strides[0], 0) if pairs else (
             (0, grad_f32.strides[0]) if grad_f32.ndim == 1 else tuple(grad_f32.strides))
         argmax_strides = (argmax.strides[0], 0) if pairs else (
             (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
-        args = (_kernels.backward_args(
+        args = _kernels.backward_args(
             q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
             d=d.ptr, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
             doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
@@ -475,7 +480,7 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
             argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
             vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
-        ),)
+        )
         threads = _kernels.BWD_THREADS
         dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
         dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}", _kernels.BWD_DEFINES)
@@ -485,13 +490,13 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
             reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}", _kernels.BWD_DEFINES)
             total = num_queries * query_length * dim
             _kernels.launch(reduce, (min(-(-total // 256), sm_count * 16),), (256,), args, 0, stream)
-        shared = 0 if csr_counts is not None else _kernels.bwd_csr_shared_bytes(count_warps, longest)
+        shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
         csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", _kernels.BWD_DEFINES, shared)
         _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), args, shared, stream)
         dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", _kernels.BWD_DEFINES)
         groups = -(-longest // (threads // 32 * rows_per_warp))
         _kernels.launch(dd, (num_docs, groups), (threads,), args, 0, stream)
-        del sources, row_ranges, partial, csr_counts  # stream-ordered frees: the kernels above are queued first
+        del scratch  # a stream-ordered free: the kernels above are queued first
     return wrap()
 
 
@@ -820,7 +825,7 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                 if argmax is not None:
                     values["argmax"] = argmax[0] + first_query * argmax[1][0] * (4 if argmax[2] else 2)
                 _kernels.launch(kernel, (grid_x, min(65535, groups - first)), (threads,),
-                                (_kernels.forward_args(**values),), shared, stream)
+                                _kernels.forward_args(**values), shared, stream)
             return
         sm_count, smem_limit, _, _ = _kernels.device_properties(q.device)
         accumulator = 8 if q.dtype == "float64" else 4
@@ -832,4 +837,4 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
         values.update(rows_per_chunk=rows)
         total = num_docs if pairs else num_queries * num_docs
         _kernels.launch(kernel, (min(total, sm_count * 64),), (_kernels.SIMT_THREADS,),
-                        (_kernels.forward_args(**values),), shared, stream)
+                        _kernels.forward_args(**values), shared, stream)

@@ -23,6 +23,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -74,20 +75,19 @@ BACKWARD_ARGS = (
 
 
 class ArgStruct:
-    """Packs one of the argument structs into a one-element NumPy record, which CuPy passes
-    to the kernel by value: one struct.pack per launch instead of dozens of NumPy scalars."""
+    """Packs one of the argument structs into the bytes the kernel receives by value: one
+    struct.pack per launch instead of dozens of NumPy scalars."""
 
     def __init__(self, fields):
         self.fields = fields
         self._pack = struct.Struct("<" + "".join(code for _, code in fields))
-        self._record = np.dtype((np.void, self._pack.size))
 
     @property
     def size(self) -> int:
         return self._pack.size
 
-    def __call__(self, **values) -> np.ndarray:
-        return np.frombuffer(self._pack.pack(*[values[name] for name, _ in self.fields]), self._record)
+    def __call__(self, **values) -> bytes:
+        return self._pack.pack(*[values[name] for name, _ in self.fields])
 
 
 forward_args = ArgStruct(FORWARD_ARGS)
@@ -304,10 +304,14 @@ def _load_module(family: str, defines: tuple[str, ...]):
             cubin = nvrtc.getCUBIN(program)
         finally:
             nvrtc.destroyProgram(program)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(cubin)
-        os.replace(partial, path)  # atomic: a concurrent process sees all of it or none
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(cubin)
+            os.replace(partial, path)  # atomic: a concurrent process sees all of it or none
+        except OSError:  # no writable cache: this process compiles for itself
+            path = Path(tempfile.mkdtemp(prefix="cupy_maxsim-")) / path.name
+            path.write_bytes(cubin)
     return cupy.RawModule(path=str(path))
 
 
@@ -334,10 +338,28 @@ def on_stream(stream_ptr: int | None):
     return stream
 
 
-def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None) -> None:
-    """Launch on the caller's stream (``stream_ptr``), or CuPy's current stream when None."""
-    with on_stream(stream_ptr):
-        kernel(grid, block, args, shared_mem=shared_bytes)
+def launch(kernel, grid, block, args: bytes, shared_bytes: int, stream_ptr: int | None) -> None:
+    """Launch with one by-value struct argument (``args``, from :class:`ArgStruct`) on the
+    caller's stream (``stream_ptr``), or CuPy's current stream when None. Straight through the
+    driver (cuLaunchKernel): CuPy's generic argument handling cost several microseconds per
+    launch, and small calls are host-bound."""
+    from cupy_backends.cuda.api import driver
+
+    if stream_ptr is None:
+        import cupy
+
+        stream_ptr = cupy.cuda.get_current_stream().ptr
+    function = _function_pointers.get(id(kernel))
+    if function is None:
+        function = _function_pointers[id(kernel)] = kernel.kernel.ptr
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    block = tuple(block) + (1,) * (3 - len(block))
+    value = ctypes.create_string_buffer(args, len(args))
+    params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
+    driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
+
+
+_function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _kernel_cache for good
 
 
 def device_properties(device: int) -> tuple[int, int, int, int]:
