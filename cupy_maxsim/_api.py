@@ -122,8 +122,7 @@ def _as_query_batch(q: Operand, q_mask: Operand | None):
 
 def _batch_view(operand: Operand) -> Operand:
     host = None if operand.host is None else operand.host[None]
-    return dataclasses.replace(operand, shape=(1,) + tuple(operand.shape), strides=(0,) + tuple(operand.strides),
-                               host=host)
+    return operand.with_changes(shape=(1,) + tuple(operand.shape), strides=(0,) + tuple(operand.strides), host=host)
 
 
 def _check_offsets(offsets: Operand, num_tokens: int) -> tuple[int, int, int]:

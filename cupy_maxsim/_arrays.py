@@ -67,6 +67,14 @@ class Operand:
     keepalive: object = None
     torch_device: object = None
 
+    def with_changes(self, **changes) -> "Operand":
+        """A shallow copy with some fields replaced (dataclasses.replace re-runs __init__ and
+        costs microseconds on the per-call path)."""
+        copy = object.__new__(Operand)
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(changes)
+        return copy
+
     @property
     def stream(self) -> int | None:
         """The CUDA stream to launch on: torch's current stream for torch tensors (read only
@@ -117,7 +125,7 @@ def as_operand(x, name: str) -> Operand:
     """Wrap ``x`` (any supported array) without copying. Raises TypeError for anything else.
     An :class:`Operand` passes through (adapters build them for buffers no framework wraps)."""
     if isinstance(x, Operand):
-        return dataclasses.replace(x, name=name)
+        return x.with_changes(name=name)
     framework = _framework_of(x)
     if framework == "numpy":
         array = np.asarray(x)
