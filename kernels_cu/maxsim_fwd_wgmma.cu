@@ -274,10 +274,19 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     for (int row = tid; row < BLOCK_ROWS; row += THREADS) {
         bool bad = false;
         if constexpr (!SCALED) {
-            const u16 exponent = Mma16816<T>::is_bf16 ? 0x7f80 : 0x7c00;
-            for (int k = 0; k < KPAD; ++k) bad |= (sQ[row * LDS + k] & exponent) == exponent;
+            // 16 bytes at a time (the row pitch keeps rows 16-byte aligned): 8 elements, an
+            // exponent test on each half of each word.
+            const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;
+            uint4* chunks = (uint4*)(sQ + row * LDS);
+#pragma unroll 4
+            for (int k = 0; k < CHUNKS; ++k) {
+                const uint4 v = chunks[k];
+                const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
+            }
             if (bad)
-                for (int k = 0; k < KPAD; ++k) sQ[row * LDS + k] = 0;
+                for (int k = 0; k < CHUNKS; ++k) chunks[k] = make_uint4(0, 0, 0, 0);
         }
         sRowBad[row] = bad;
     }
