@@ -56,7 +56,7 @@ FORWARD_ARGS = (
     ("num_docs", "q"), ("docs_per_block", "q"), ("out", "Q"), ("out_query_stride", "q"),
     ("q_scale", "Q"), ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
     ("d_scale", "Q"), ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
-    ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"),
+    ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("doc_rotation", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("argmax_is_32bit", "i"),
 )
@@ -318,7 +318,7 @@ def _load_module(family: str, defines: tuple[str, ...]):
 def resident_blocks(kernel, threads: int, shared_bytes: int, device: int) -> int:
     """Blocks of ``kernel`` one SM holds at once, limited by registers, shared memory and
     threads (a persistent grid is sized from this)."""
-    _, _, smem_per_sm, _ = device_properties(device)
+    smem_per_sm = device_properties(device)[2]
     # Registers are allocated per warp in units of 256.
     per_warp = -(-kernel.num_regs * 32 // 256) * 256
     by_registers = 65536 // (per_warp * (threads // 32))
@@ -362,9 +362,9 @@ def launch(kernel, grid, block, args: bytes, shared_bytes: int, stream_ptr: int 
 _function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _kernel_cache for good
 
 
-def device_properties(device: int) -> tuple[int, int, int, int]:
+def device_properties(device: int) -> tuple[int, int, int, int, int]:
     """(multiprocessor count, opt-in shared memory per block, shared memory per SM, compute
-    capability as 10 * major + minor) of a CUDA device, cached."""
+    capability as 10 * major + minor, L2 cache bytes) of a CUDA device, cached."""
     props = _device_props.get(device)
     if props is None:
         import cupy
@@ -372,7 +372,8 @@ def device_properties(device: int) -> tuple[int, int, int, int]:
         handle = cupy.cuda.Device(device)
         attributes = handle.attributes
         props = (attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"],
-                 attributes["MaxSharedMemoryPerMultiprocessor"], int(handle.compute_capability))
+                 attributes["MaxSharedMemoryPerMultiprocessor"], int(handle.compute_capability),
+                 attributes["L2CacheSize"])
         _device_props[device] = props
     return props
 

@@ -237,6 +237,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     const int group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
     const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
                                              args.offsets, args.offsets_are_64bit);
+    // The block's documents, in an order rotated by query group (args.doc_rotation): groups
+    // sharing a document range do not all read the same document at the same time.
+    const i64 doc_count = doc_end - doc_begin;
+    const i64 rotation = ((i64)blockIdx.y * args.doc_rotation) % doc_count;
+    auto doc_at = [&](i64 position) {
+        const i64 p = position + rotation;
+        return doc_begin + (p >= doc_count ? p - doc_count : p);
+    };
 
     // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
     // w * (64 / Lq) + j at rows 64w + j * Lq + i.
@@ -301,12 +309,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
         const int my_chunk = lane & 7, my_row = (warp - CONSUMER_WARPS) * ROWS_PER_WARP + (lane >> 3);
-        i64 load_doc = doc_begin, load_base, load_length, load_first_token;
+        i64 load_position = 0, load_doc = doc_at(0), load_base, load_length, load_first_token;
         doc_extent(layout, load_doc, load_base, load_length, load_first_token);
         int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
         int stage = 0;
         u32 phase = 0;
-        for (int t = 0; load_doc < doc_end; ++t) {
+        for (int t = 0; load_position < doc_count; ++t) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
             const int first_row = load_tile * TILE_N;
             const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
@@ -341,7 +349,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
             if (++stage == STAGES) stage = 0, phase ^= 1;
             if (++load_tile == load_tiles) {
                 load_tile = 0;
-                if (++load_doc < doc_end) {
+                if (++load_position < doc_count) {
+                    load_doc = doc_at(load_position);
                     doc_extent(layout, load_doc, load_base, load_length, load_first_token);
                     load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
                 }
@@ -401,7 +410,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     };
 
     // Consumer cursor: the tile the tensor cores get next.
-    i64 doc = doc_begin, base_unused, length, first_unused;
+    i64 position = 0, doc = doc_at(0), base_unused, length, first_unused;
     doc_extent(layout, doc, base_unused, length, first_unused);
     int tiles = max(1, (int)((length + TILE_N - 1) / TILE_N)), tile = 0, stage = 0;
     u32 phase = 0;
@@ -530,7 +539,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         if (++stage == STAGES) stage = 0, phase ^= 1;
         if (++tile == tiles) {
             tile = 0;
-            if (++doc < doc_end) {
+            if (++position < doc_count) {
+                doc = doc_at(position);
                 doc_extent(layout, doc, base_unused, length, first_unused);
                 tiles = max(1, (int)((length + TILE_N - 1) / TILE_N));
             }
@@ -539,7 +549,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // One step: tile t goes to the tensor cores while tile t-1 is folded. The two accumulator
     // sets alternate, so the registers the running MMA writes are never the ones being read.
     auto step = [&](Acc (&acc_new)[32], Acc (&acc_old)[32]) -> bool {
-        if (doc >= doc_end) return false;
+        if (position >= doc_count) return false;
         const TileInfo folding = in_flight;
         issue_mma(acc_new);
         wgmma_wait<1>();

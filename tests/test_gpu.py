@@ -297,6 +297,23 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     real = q_mask.any(axis=1)  # a query with no real token scores 0, NaN documents or not
     assert np.isnan(to_numpy(hopper)[real][:, [4, 6]]).all() and (to_numpy(hopper)[:, 1] == -np.inf).all()
 
+    # Many short documents: each block walks a range of them, query groups starting at
+    # different documents (the rotation applies when the corpus fits in L2).
+    many64 = _round_to(unit_rows(rng, (600, 40, dim), np.float64), source_dtype)
+    many_mask = holey_mask(rng, (600, 40), 0.8)
+    many = _to_device(many64, source_dtype)
+    if dtype == "int8":
+        many, many_scale = cm.quantize_int8(many)
+        many64 = to_numpy(many) * to_numpy(many_scale)[..., None]
+        many_extra = dict(q_scale=extra["q_scale"], d_scale=many_scale)
+    else:
+        many_extra = {}
+    hopper, classic = both_kernels(lambda: cm.score(q, many, q_mask=masks["q_mask"], d_mask=_like(q, many_mask),
+                                                    **many_extra))
+    expected_many = reference.maxsim_reference(q64, many64, q_mask, many_mask)
+    assert_scores_match(hopper, expected_many, atol=tolerance)
+    assert_scores_match(hopper, classic, atol=tolerance)
+
     lengths = rng.integers(0, 300, nd)
     lengths[:3] = [0, 1, 64]
     offsets = np.concatenate([[0], np.cumsum(lengths)])
