@@ -69,14 +69,15 @@ constexpr int THREADS = 32 * WARPS;
 // Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
-constexpr int PRODUCER_REGISTERS = 56;
-__host__ __device__ constexpr int consumer_registers() {
+// int8 consumers also scale every column (more registers); their producer copies fewer bytes
+// per row and fits in fewer.
+template <typename T> __host__ __device__ constexpr int producer_registers() { return sizeof(T) == 1 ? 24 : 56; }
+template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
-    const int share = (pool - 128 * PRODUCER_REGISTERS) / (128 * WARPGROUPS) / 8 * 8;
+    const int share = (pool - 128 * producer_registers<T>()) / (128 * WARPGROUPS) / 8 * 8;
     return share > 240 ? 240 : share;
 }
-constexpr int CONSUMER_REGISTERS = consumer_registers();
-static_assert(WARPGROUPS <= 3 && CONSUMER_REGISTERS >= 152, "consumers need 152 registers");
+static_assert(WARPGROUPS <= 3, "consumers need 152 registers: at most 3 warpgroups");
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
 constexpr int TILE_N = 64;                   // document rows per tile (the wgmma N)
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
@@ -304,7 +305,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         // ---- Producer warpgroup ------------------------------------------------------------
         // Its 4 warps (one per scheduler: a single warp cannot issue copies fast enough) each
         // copy a quarter of a tile's rows.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_registers<T>()));
         constexpr int ROWS_PER_WARP = TILE_N / 4;
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
@@ -361,7 +362,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     }
 
     // ---- Consumer warpgroups ----------------------------------------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
     const int warpgroup = warp / 4, warp_in_group = warp % 4;
     const int row0 = warp * 16;  // this warp's first query row
     u32 a_regs[KSTEPS][4];
@@ -586,5 +587,4 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
 
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
-// int8 stays on maxsim_fwd.cu for now: its consumer (scales) does not fit 152 registers
-// without a spill; the scaled paths here are ready for it.
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)

@@ -249,7 +249,7 @@ def test_errors_come_before_any_launch():
         cm.score(q, np.zeros((3, 4, 64), np.float16))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])  # int8: both paths are mma.sync today
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
 def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     """The warpgroup-MMA kernel (sm_90, many stacked queries) against float64 and against the
     mma.sync kernel: queries straddling warpgroups (Lq 27), documents of 1..300 tokens with
