@@ -219,6 +219,25 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
                  "l"(gmem), "r"(src_bytes));
 }
+// Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
+// zero-filled when the token is not real (outside the block's group, masked, or past dim), and
+// returns whether it is real. Both forward kernels stage their query block this way.
+template <typename T>
+__device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
+                                                  int chunk, bool in_group) {
+    constexpr int ELEMS = 16 / sizeof(T);
+    bool real = in_group;
+    if (real && args.q_mask != nullptr)
+        real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+    const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
+    const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
+    cp_async_16(dst, bytes ? (const void*)src : args.q, bytes);
+    return real;
+}
+// int8: the per-token query scale.
+__device__ __forceinline__ float query_scale(const ForwardArgs& args, i64 query, int token) {
+    return args.q_scale[query * args.q_scale_query_stride + token * args.q_scale_row_stride];
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -98,12 +98,8 @@ __device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp
 
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
-    const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
-    const unsigned char* __restrict__ q_mask = args.q_mask;
     const unsigned char* __restrict__ d_mask = args.d_mask;
-    const i64 q_query_stride = args.q_query_stride, q_row_stride = args.q_row_stride;
-    const i64 q_mask_query_stride = args.q_mask_query_stride, q_mask_row_stride = args.q_mask_row_stride;
     const i64 d_row_stride = args.d_row_stride;
     const i64 d_mask_doc_stride = args.d_mask_doc_stride, d_mask_row_stride = args.d_mask_row_stride;
     const i64 num_docs = args.num_docs, docs_per_block = args.docs_per_block;
@@ -147,18 +143,10 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
         const int col = c / CHUNKS, chunk = c % CHUNKS;
         const int g = col / query_length, token = col % query_length;
         const i64 query = first_query + g;
-        bool real = g < group_size;
-        if (real && q_mask != nullptr)
-            real = q_mask[query * q_mask_query_stride + token * q_mask_row_stride] != 0;
-        const int bytes = (real && chunk * ELEMS < dim) ? 16 : 0;
-        const T* src = q + query * q_query_stride + token * q_row_stride + chunk * ELEMS;
-        cp_async_16(sQ + col * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
+        const bool real = stage_query_chunk<T>(args, sQ + col * LDS + chunk * 8, query, token, chunk, g < group_size);
         if (chunk == 0) {
             sColQuery[col] = real ? g : -1;
-            if constexpr (SCALED)
-                sColScale[col] = real ? args.q_scale[query * args.q_scale_query_stride +
-                                                     token * args.q_scale_row_stride]
-                                      : 0.f;
+            if constexpr (SCALED) sColScale[col] = real ? query_scale(args, query, token) : 0.f;
         }
     }
     cp_async_commit();

@@ -118,10 +118,6 @@ __device__ __forceinline__ void pin(float (&acc)[32]) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
-__device__ __forceinline__ void pin(int (&acc)[32]) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) asm volatile("" : "+r"(acc[i])::"memory");
-}
 
 #define MAXSIM_WGMMA_D32(C)                                                                       \
     C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),    \
@@ -134,37 +130,21 @@ __device__ __forceinline__ void pin(int (&acc)[32]) {
 
 // D (64 x 64) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
 // the immediates after the predicate: scale A by 1, scale B by 1, B not transposed (K-major).
+// (int8 would be m64n64k32.s32.s8.s8 with int accumulators and no immediates.)
 template <typename T> struct Wgmma64;
-template <> struct Wgmma64<fp16_t> {
-    typedef float acc_t;
-    static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"
-                     : MAXSIM_WGMMA_D32("+f")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
-template <> struct Wgmma64<bf16_t> {
-    typedef float acc_t;
-    static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"
-                     : MAXSIM_WGMMA_D32("+f")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
-template <> struct Wgmma64<i8> {
-    typedef int acc_t;
-    static __device__ __forceinline__ void run(int (&d)[32], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " MAXSIM_WGMMA_REGS ";\n}\n"
-                     : MAXSIM_WGMMA_D32("+r")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
+#define MAXSIM_WGMMA_F32(T, TYPES)                                                                          \
+    template <> struct Wgmma64<T> {                                                                         \
+        typedef float acc_t;                                                                                \
+        static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc, \
+                                                   int accumulate) {                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                       \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n" \
+                         : MAXSIM_WGMMA_D32("+f")                                                           \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));         \
+        }                                                                                                   \
+    };
+MAXSIM_WGMMA_F32(fp16_t, "f16.f16")
+MAXSIM_WGMMA_F32(bf16_t, "bf16.bf16")
 
 // Running max (and argmax) of one accumulator row over the document's columns so far.
 struct RowBest {
@@ -204,7 +184,6 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     typedef typename Wgmma64<T>::acc_t Acc;
     constexpr bool SCALED = sizeof(T) == 1;
     constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
-    const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -254,18 +233,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         const int local = row % 64, j = local / query_length, token = local % query_length;
         const int g = (row / 64) * queries_per_warpgroup + j;
         const i64 query = first_query + g;
-        bool real = j < queries_per_warpgroup && g < group_size;
-        if (real && args.q_mask != nullptr)
-            real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
-        const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
-        const T* src = q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
-        cp_async_16(sQ + row * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
+        const bool real = stage_query_chunk<T>(args, sQ + row * LDS + chunk * 8, query, token, chunk,
+                                               j < queries_per_warpgroup && g < group_size);
         if (chunk == 0) {
             sRowQuery[row] = real ? g : -1;
-            if constexpr (SCALED)
-                sRowScale[row] = real ? args.q_scale[query * args.q_scale_query_stride +
-                                                     token * args.q_scale_row_stride]
-                                      : 0.f;
+            if constexpr (SCALED) sRowScale[row] = real ? query_scale(args, query, token) : 0.f;
         }
     }
     cp_async_commit();
