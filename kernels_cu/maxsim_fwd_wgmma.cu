@@ -118,6 +118,10 @@ __device__ __forceinline__ void pin(float (&acc)[32]) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
+__device__ __forceinline__ void pin(int (&acc)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) asm volatile("" : "+r"(acc[i])::"memory");
+}
 
 #define MAXSIM_WGMMA_D32(C)                                                                       \
     C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),    \
@@ -130,7 +134,6 @@ __device__ __forceinline__ void pin(float (&acc)[32]) {
 
 // D (64 x 64) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
 // the immediates after the predicate: scale A by 1, scale B by 1, B not transposed (K-major).
-// (int8 would be m64n64k32.s32.s8.s8 with int accumulators and no immediates.)
 template <typename T> struct Wgmma64;
 #define MAXSIM_WGMMA_F32(T, TYPES)                                                                          \
     template <> struct Wgmma64<T> {                                                                         \
@@ -145,6 +148,17 @@ template <typename T> struct Wgmma64;
     };
 MAXSIM_WGMMA_F32(fp16_t, "f16.f16")
 MAXSIM_WGMMA_F32(bf16_t, "bf16.bf16")
+// int8: k-steps of 32 bytes, exact int32 accumulation, no scale or transpose immediates.
+template <> struct Wgmma64<i8> {
+    typedef int acc_t;
+    static __device__ __forceinline__ void run(int (&d)[32], const u32 (&a)[4], unsigned long long desc,
+                                               int accumulate) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " MAXSIM_WGMMA_REGS ";\n}\n"
+                     : MAXSIM_WGMMA_D32("+r")
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    }
+};
 
 // Running max (and argmax) of one accumulator row over the document's columns so far.
 struct RowBest {
