@@ -33,14 +33,14 @@
 // an atom, or to the next atom.
 //
 // Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: masked
-// and padding document rows are zero-filled and get a -FLT_MAX bias (only in tiles that have
-// one); a document with no real token scores -inf; a non-finite query token is flagged and
+// and padding document rows are zero-filled, and the consumers give their columns a -FLT_MAX
+// bias (from the tile's length and the mask, only in tiles that have one); a document with no real token scores -inf; a non-finite query token is flagged and
 // zeroed once; a non-finite document element shows up in every row's similarities with its
 // column, so the first warp of each warpgroup sums one row per thread as a witness; ties in
 // the argmax go to the lowest document-token index.
 //
-// Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for the tile ring, BLOCK_ROWS * LDS * 2
-// for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
+// Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
+// the tile ring, BLOCK_ROWS * LDS * 2 for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
 // * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
