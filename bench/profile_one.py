@@ -1,13 +1,16 @@
-"""One forward call of a shape, after warm-up, for ncu / compute-sanitizer:
-    python bench/profile_one.py NQ LQ ND LD [argmax]"""
+"""One forward call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
+compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
+
+    python bench/profile_one.py NQ LQ ND LD [argmax]
+
+CUPY_MAXSIM_WGMMA=0 profiles the mma.sync kernel on Hopper.
+"""
+
 import sys
 
 import cupy
 
 import cupy_maxsim as cm
-import os
-from cupy_maxsim import _kernels
-if os.environ.get("WGS"): _kernels.WGMMA_SHAPE = dict(warpgroups=int(os.environ["WGS"]), stages=4)
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
 rng = cupy.random.default_rng(0)
