@@ -758,9 +758,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
             return None
         kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(),
                                      config.shared_bytes)
-    per_block = config.queries_per_block(query_length) if isinstance(config, _kernels.WgmmaConfig) \
-        else config.block_cols // query_length
-    group = 1 if pairs else max(1, min(num_queries, per_block))
+    group = 1 if pairs else max(1, min(num_queries, config.queries_per_block(query_length)))
     groups = 1 if pairs else -(-num_queries // group)
     if pairs:
         docs_per_block = 1

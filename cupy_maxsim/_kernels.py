@@ -2,7 +2,9 @@
 
 No validation happens here: ``_api.py`` checks every argument before a launch reaches this
 module. Kernels compile through ``cupy.RawModule`` on first use, one module per (device, source
-family, tile configuration), and CuPy's disk cache keeps them across processes. Because that
+family, tile configuration), and CuPy's disk cache keeps them across processes; the sm_90a
+family (wgmma), which CuPy's own -arch choice cannot build, is compiled here to a cubin kept
+under :func:`cache_dir`. Because that
 cache hashes the source string only, ``common.cuh`` is concatenated into each source rather
 than ``#include``-d, so an edited header can never serve a stale binary.
 
@@ -144,6 +146,10 @@ class MmaConfig:
     def block_cols(self) -> int:
         """BN: stacked query tokens a block holds."""
         return self.warps_n * 8 * self.nt
+
+    def queries_per_block(self, query_length: int) -> int:
+        """Whole queries stacked on a block's columns."""
+        return self.block_cols // query_length
 
     @property
     def shared_bytes(self) -> int:

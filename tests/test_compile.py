@@ -36,3 +36,18 @@ def test_compiles_without_spills(arch, family, defines):
     for report in reports:
         assert report.registers > 0, report
         assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report
+
+
+@pytest.mark.parametrize("query_length", [1, 5, 27, 31, 32, 33, 64, 100, 256])
+def test_query_groups_fit_their_block(query_length):
+    """The dispatcher stacks config.queries_per_block(Lq) whole queries on a block: never more
+    rows than the block holds, and in the Hopper kernel never a query split over warpgroups."""
+    for width in _kernels.MMA_CONFIGS:
+        config = _kernels.mma_config(width, 8)
+        if width >= query_length:
+            assert 1 <= config.queries_per_block(query_length) * query_length <= config.block_cols
+    config = _kernels.wgmma_config(8)
+    if query_length <= 64:
+        per_group = 64 // query_length
+        assert config.queries_per_block(query_length) == config.warpgroups * per_group
+        assert 1 <= per_group * query_length <= 64
