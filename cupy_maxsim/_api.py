@@ -742,11 +742,11 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
     config = None
-    if _kernels.USE_WGMMA and capability == 90 and not pairs:
-        # Hopper, more stacked query rows than one warpgroup's 64: warpgroup MMA.
-        config = _kernels.wgmma_config(ksteps, argmax)
-        if config is not None and (num_queries * query_length <= 64 or query_length > 64
-                                   or config.shared_bytes > smem_limit):
+    if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
+        # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
+        # 64 // Lq whole queries).
+        config = _kernels.wgmma_config(ksteps, argmax, -(-num_queries // (64 // query_length)))
+        if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None
     if wgmma:

@@ -212,18 +212,29 @@ class WgmmaConfig:
         )
 
 
-#: The Hopper kernel's shape, chosen by bench/tune_wgmma.py on the H200; at most 8 k-steps
-#: (dim 128 in 16-bit, 256 in int8; an even number), since the query fragments live in registers.
+#: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/tune_wgmma.py on
+#: the H200; at most 8 k-steps (dim 128 in 16-bit, 256 in int8; an even number), since the
+#: query fragments live in registers.
 WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 WGMMA_MAX_KSTEPS = 8
+#: With fewer query rows than that, a block has only the warpgroups it can fill; with one (a
+#: single query group: memory-bound, streaming documents) its ring holds this many bytes of
+#: tiles, since bytes in flight are what bound it (one such block per SM).
+WGMMA_STREAM_RING_BYTES = 192 * 1024
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
-def wgmma_config(ksteps: int, argmax: bool = False) -> WgmmaConfig | None:
+def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3) -> WgmmaConfig | None:
+    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2:
         return None
-    return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **WGMMA_SHAPE)
+    shape = dict(WGMMA_SHAPE)
+    shape["warpgroups"] = max(1, min(shape["warpgroups"], warpgroups_wanted))
+    if shape["warpgroups"] == 1:
+        tile_bytes = -(-ksteps // 4) * 64 * 128
+        shape["stages"] = max(shape["stages"], WGMMA_STREAM_RING_BYTES // tile_bytes)
+    return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
 
 
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
@@ -517,7 +528,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
-            variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax).defines()))
+            for warpgroups in (1, 2, 3):
+                variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups).defines()))
     return variants
 
 

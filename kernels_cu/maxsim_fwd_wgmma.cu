@@ -69,9 +69,12 @@ constexpr int THREADS = 32 * WARPS;
 // Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
-// int8 consumers also scale every column (more registers); their producer copies fewer bytes
-// per row and fits in fewer.
-template <typename T> __host__ __device__ constexpr int producer_registers() { return sizeof(T) == 1 ? 24 : 56; }
+// int8 consumers also scale every column (more registers); with three of them their producer
+// must fit in fewer (it copies fewer bytes per row). A one-warpgroup block (one query group,
+// streaming documents) has registers to spare: its producer gets 96 (at 56 it spilled).
+template <typename T> __host__ __device__ constexpr int producer_registers() {
+    return WARPGROUPS == 1 ? 96 : sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
+}
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
     const int share = (pool - 128 * producer_registers<T>()) / (128 * WARPGROUPS) / 8 * 8;

@@ -251,9 +251,9 @@ def test_errors_come_before_any_launch():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
 def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
-    """The warpgroup-MMA kernel (sm_90, many stacked queries) against float64 and against the
-    mma.sync kernel: queries straddling warpgroups (Lq 27), documents of 1..300 tokens with
-    holes, packed documents, non-finite document elements, and the saved argmax."""
+    """The warpgroup-MMA kernel (sm_90) against float64 and against the mma.sync kernel: one,
+    three and thirteen queries (one to three warpgroups), queries straddling warpgroups (Lq 27),
+    documents of 1..300 tokens with holes, packed documents, non-finite document elements, and the saved argmax."""
     import cupy
 
     from cupy_maxsim import _api, _kernels
@@ -296,6 +296,15 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     assert_scores_match(hopper, classic, atol=tolerance)
     real = q_mask.any(axis=1)  # a query with no real token scores 0, NaN documents or not
     assert np.isnan(to_numpy(hopper)[real][:, [4, 6]]).all() and (to_numpy(hopper)[:, 1] == -np.inf).all()
+    # Fewer queries than three warpgroups hold: one query (one warpgroup, the deep streaming
+    # ring) and three (two warpgroups of two queries each).
+    for count in (1, 3):
+        few = dict(q_mask=masks["q_mask"][:count], d_mask=masks["d_mask"])
+        if dtype == "int8":
+            few.update(q_scale=extra["q_scale"][:count], d_scale=extra["d_scale"])
+        hopper, classic = both_kernels(lambda: cm.score(q[:count], d, **few))
+        assert_scores_match(hopper, expected[:count], atol=tolerance)
+        assert_scores_match(hopper, classic, atol=tolerance)
 
     # Many short documents: each block walks a range of them, query groups starting at
     # different documents (the rotation applies when the corpus fits in L2).
