@@ -3,7 +3,7 @@
 # 10-minute limit allows. Usage (device machine, repo root, peers' wheels installed):
 #   CUPY_MAXSIM_COMMIT=<sha> bash bench/closeout_suite.sh forward   # fp16 + bf16, all shapes
 #   CUPY_MAXSIM_COMMIT=<sha> bash bench/closeout_suite.sh more      # sweep, int8, fidelity, training
-#   CUPY_MAXSIM_COMMIT=<sha> bash bench/closeout_suite.sh check     # GPU suite, memcheck, Hopper kernel A/B
+#   CUPY_MAXSIM_COMMIT=<sha> bash bench/closeout_suite.sh check     # GPU suite, memcheck, tune_wgmma
 set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,8 +17,7 @@ case "${1:-forward}" in
     timeout 90 python3 bench/fidelity_int8.py --out "$OUT/fidelity-int8.json" 2>&1 | tail -6
     timeout 120 python3 bench/bench_train.py --out "$OUT/train.json" 2>&1 | grep "^|" ;;
   check)
-    timeout 150 python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_backward.py -q -p no:warnings 2>&1 | tail -3
-    timeout 100 compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tail -2
-    timeout 150 python3 bench/tune_wgmma.py 2>&1 | tail -24
-    timeout 60 python3 bench/ablate_wgmma.py 2>&1 | tail -8 ;;
+    timeout 150 python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_backward.py -q -p no:warnings 2>&1 | tee "$OUT/gpu-suite.log" | tail -3
+    timeout 100 compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tee "$OUT/memcheck.log" | tail -2
+    timeout 280 python3 bench/tune_wgmma.py 2>&1 | tee "$OUT/tune-wgmma.log" | tail -40 ;;
 esac
