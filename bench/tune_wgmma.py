@@ -1,6 +1,7 @@
 """The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates, on
 H200, dim 128: compute-bound shapes (three consumer warpgroups), memory-bound ones (one query:
-one warpgroup and a deep ring, its size varied) and in-batch (the document rotation on and off).
+one warpgroup and a deep ring, its size varied) and in-batch (the document rotation on and off),
+tiles copied by TMA or by cp.async.
 Every result is checked against the mma.sync kernel's before it is timed. Prints one line per
 (shape, variant) with the median, the floor measured in this run (max of bytes / copy bandwidth
 and FLOPs / bf16 matmul rate; int8 at half the bytes and twice the rate) and the fraction of it.
@@ -30,11 +31,13 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
     "colpali-1q-10k-int8": (1, 32, 10_000, 1030, False, True),
     "colbert-1q-1M-int8": (1, 32, 1_000_000, 128, False, True),
 }
-# (label, use the Hopper kernel, its shape, streaming ring bytes, rotate documents)
-COMPUTE = [("mma.sync", False, None, None, True), ("wgmma 3wg 6st", True, dict(warpgroups=3, stages=6), None, True)]
-INBATCH = COMPUTE + [("wgmma no rotation", True, dict(warpgroups=3, stages=6), None, False)]
-STREAM = [("mma.sync", False, None, None, True)] + [
-    (f"wgmma 1wg ring {kb}K", True, dict(warpgroups=3, stages=6), kb * 1024, True) for kb in (96, 144, 192)]
+# (label, use the Hopper kernel, its shape, streaming ring bytes, rotate documents, TMA copies)
+THREE = dict(warpgroups=3, stages=6)
+COMPUTE = [("mma.sync", False, None, None, True, True), ("wgmma cp.async", True, THREE, None, True, False),
+           ("wgmma TMA", True, THREE, None, True, True)]
+INBATCH = COMPUTE + [("wgmma TMA no rotation", True, THREE, None, False, True)]
+STREAM = [("mma.sync", False, None, None, True, True), ("wgmma 1wg cp.async 192K", True, THREE, 192 * 1024, True, False)] + [
+    (f"wgmma 1wg TMA {kb}K", True, THREE, kb * 1024, True, True) for kb in (64, 128, 192)]
 
 
 def variants_for(nq):
@@ -72,8 +75,8 @@ def main() -> int:
         floor_ms = max(flops / rate / (2 if int8 else 1), moved / bandwidth) * 1e3
         reps = 10 if flops > 1e12 or moved > 4e9 else 50
         base = scores = got = None
-        for label, use_wgmma, shape, ring, rotate in variants_for(nq):
-            _kernels.USE_WGMMA = use_wgmma
+        for label, use_wgmma, shape, ring, rotate, tma in variants_for(nq):
+            _kernels.USE_WGMMA, _kernels.USE_TMA = use_wgmma, tma
             _kernels.WGMMA_SHAPE = dict(shape or original[0])
             _kernels.WGMMA_STREAM_RING_BYTES = ring or original[1]
             # No rotation: the planner is told the L2 holds nothing.
@@ -92,14 +95,14 @@ def main() -> int:
                     if argmax:
                         check += f" argmax-agree {float((got[1] == base[1]).mean()):.4f}"
                 ms = bench_forward._median_ms(torch, score, reps=reps)
-                print(f"{name:<22} {label:<18} {ms:9.3f} ms  floor {floor_ms:8.3f}  frac {floor_ms / ms:5.2f}  {check}",
+                print(f"{name:<22} {label:<24} {ms:9.3f} ms  floor {floor_ms:8.3f}  frac {floor_ms / ms:5.2f}  {check}",
                       flush=True)
             except Exception as error:  # noqa: BLE001
-                print(f"{name:<22} {label:<18} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                print(f"{name:<22} {label:<24} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
         del q, d, base, scores, got
         cupy.get_default_memory_pool().free_all_blocks()
     _kernels.WGMMA_SHAPE, _kernels.WGMMA_STREAM_RING_BYTES, _kernels.device_properties = original
-    _kernels.USE_WGMMA = True
+    _kernels.USE_WGMMA = _kernels.USE_TMA = True
     _api._mma_plan.cache_clear()
     return 0
 

@@ -773,7 +773,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     # L2 cache, so that a later group still finds what an earlier one read.
     corpus_fits = num_docs * doc_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
-    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation
+    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, wgmma
 
 
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
@@ -817,8 +817,15 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                          doc_bytes) \
             if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
-            kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation = plan
+            kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, wgmma = plan
             values.update(docs_per_block=docs_per_block, queries_per_group=group, doc_rotation=doc_rotation)
+            tile_map = None
+            if wgmma:  # the Hopper kernel's TMA descriptor of the documents (packed: one long document)
+                item = ITEMSIZE[d.dtype]
+                tile_map = _kernels.doc_tile_map(
+                    d.ptr, item, dim, d.shape[0] if offsets is not None else doc_length,
+                    1 if offsets is not None else num_docs, d.strides[-2] * item,
+                    0 if offsets is not None else doc_stride * item, offsets is not None)
             out_item = 8 if q.dtype == "float64" else 4
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
                 first_query = first * group
@@ -831,8 +838,9 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                 )
                 if argmax is not None:
                     values["argmax"] = argmax[0] + first_query * argmax[1][0] * (4 if argmax[2] else 2)
+                args = _kernels.forward_args(**values)
                 _kernels.launch(kernel, (grid_x, min(65535, groups - first)), (threads,),
-                                _kernels.forward_args(**values), shared, stream)
+                                args if tile_map is None else (args, tile_map), shared, stream)
             return
         sm_count, smem_limit = _kernels.device_properties(q.device)[:2]
         accumulator = 8 if q.dtype == "float64" else 4

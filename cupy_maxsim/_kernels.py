@@ -355,11 +355,11 @@ def on_stream(stream_ptr: int | None):
     return stream
 
 
-def launch(kernel, grid, block, args: bytes, shared_bytes: int, stream_ptr: int | None) -> None:
-    """Launch with one by-value struct argument (``args``, from :class:`ArgStruct`) on the
-    caller's stream (``stream_ptr``), or CuPy's current stream when None. Straight through the
-    driver (cuLaunchKernel): CuPy's generic argument handling cost several microseconds per
-    launch, and small calls are host-bound."""
+def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: int, stream_ptr: int | None) -> None:
+    """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, or a tuple
+    of such bytes) on the caller's stream (``stream_ptr``), or CuPy's current stream when None.
+    Straight through the driver (cuLaunchKernel): CuPy's generic argument handling cost several
+    microseconds per launch, and small calls are host-bound."""
     from cupy_backends.cuda.api import driver
 
     if stream_ptr is None:
@@ -371,12 +371,63 @@ def launch(kernel, grid, block, args: bytes, shared_bytes: int, stream_ptr: int 
         function = _function_pointers[id(kernel)] = kernel.kernel.ptr
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = tuple(block) + (1,) * (3 - len(block))
-    value = ctypes.create_string_buffer(args, len(args))
-    params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
+    values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
 
 
 _function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _kernel_cache for good
+
+#: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): a
+#: CUtensorMap (128), use_tma, packed, padding to the struct's 64-byte alignment.
+DOC_TILE_MAP_BYTES = 192
+NO_DOC_TILE_MAP = bytes(DOC_TILE_MAP_BYTES)
+_doc_tile_maps: dict = {}
+_libcuda = []
+#: Set CUPY_MAXSIM_TMA=0 to have the Hopper kernel copy tiles with cp.async (for A/B measurements).
+USE_TMA = os.environ.get("CUPY_MAXSIM_TMA", "1") != "0"
+
+
+def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
+                 doc_stride: int, packed: bool) -> bytes:
+    """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
+    elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
+    of 128 bytes of k x 64 rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
+    encodes. :data:`NO_DOC_TILE_MAP` (cp.async copies) where TMA's rules are not met: 16-byte
+    strides and address, 32-bit coordinates, a CUDA driver at hand."""
+    if not USE_TMA:
+        return NO_DOC_TILE_MAP
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed)
+    found = _doc_tile_maps.get(key)
+    if found is not None:
+        return found
+    result = NO_DOC_TILE_MAP
+    if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
+            and (doc_stride > 0 or docs == 1) and rows + 64 < 2**31 and docs < 2**31
+            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in (1, 2)):
+        if not _libcuda:
+            try:
+                _libcuda.append(ctypes.CDLL("libcuda.so.1"))
+            except OSError:
+                _libcuda.append(None)
+        if _libcuda[0] is not None:
+            encoded = (ctypes.c_uint64 * 16)()
+            u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
+            status = _libcuda[0].cuTensorMapEncodeTiled(
+                encoded, ctypes.c_int(0 if itemsize == 1 else 1),  # CU_TENSOR_MAP_DATA_TYPE_UINT8 / UINT16
+                ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
+                (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, 64, 1),
+                u32s(1, 1, 1),
+                ctypes.c_int(0),  # no interleave
+                ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
+                ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                ctypes.c_int(0))  # out-of-range elements read as zeros
+            if status == 0:
+                result = bytes(encoded) + struct.pack("<ii", 1, int(packed)) + bytes(DOC_TILE_MAP_BYTES - 136)
+    if len(_doc_tile_maps) >= 256:
+        _doc_tile_maps.clear()
+    _doc_tile_maps[key] = result
+    return result
 
 
 def device_properties(device: int) -> tuple[int, int, int, int, int]:

@@ -271,6 +271,7 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     q_mask, d_mask = holey_mask(rng, (nq, lq), 0.9), holey_mask(rng, (nd, ld), 0.7)
     d_mask[7, 1:] = False  # a one-token document
     d_mask[8, 64:] = False  # exactly one full tile
+    d64[9, 20, 3], d_mask[9, 20] = np.nan, False  # NaN in a masked token: no effect (TMA loads it)
     d = _to_device(d64, source_dtype)
     masks = dict(q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
     extra = {}
@@ -281,13 +282,19 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
         q, d, extra = q8, d8, dict(q_scale=q_scale, d_scale=d_scale)
 
     def both_kernels(call):
+        """(Hopper kernel with TMA copies, mma.sync kernel); the Hopper kernel with cp.async
+        copies is checked here to give the same scores (and argmax) as with TMA."""
         results = []
-        for use_wgmma in (True, False):
+        for use_wgmma, use_tma in ((True, True), (True, False), (False, True)):
             monkeypatch.setattr(_kernels, "USE_WGMMA", use_wgmma)
+            monkeypatch.setattr(_kernels, "USE_TMA", use_tma)
             _api._mma_plan.cache_clear()
             results.append(call())
         _api._mma_plan.cache_clear()
-        return results
+        tma, copies, classic = results
+        for a, b in zip(tma if isinstance(tma, tuple) else (tma,), copies if isinstance(copies, tuple) else (copies,)):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        return tma, classic
 
     expected = reference.maxsim_reference(q64, d64, q_mask, d_mask)
     tolerance = 2 * naive_error(q64, d64, q_mask, d_mask, source_dtype, expected) + NOISE[source_dtype] * lq
@@ -296,6 +303,7 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     assert_scores_match(hopper, classic, atol=tolerance)
     real = q_mask.any(axis=1)  # a query with no real token scores 0, NaN documents or not
     assert np.isnan(to_numpy(hopper)[real][:, [4, 6]]).all() and (to_numpy(hopper)[:, 1] == -np.inf).all()
+    assert np.isfinite(to_numpy(hopper)[:, 9]).all()
     # Fewer queries than three warpgroups hold: one query (one warpgroup, the deep streaming
     # ring) and three (two warpgroups of two queries each).
     for count in (1, 3):
