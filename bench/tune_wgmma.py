@@ -37,7 +37,7 @@ COMPUTE = [("mma.sync", False, None, None, True, True), ("wgmma cp.async", True,
            ("wgmma TMA", True, THREE, None, True, True)]
 INBATCH = COMPUTE + [("wgmma TMA no rotation", True, THREE, None, False, True)]
 STREAM = [("mma.sync", False, None, None, True, True), ("wgmma 1wg cp.async 192K", True, THREE, 192 * 1024, True, False)] + [
-    (f"wgmma 1wg TMA {kb}K", True, THREE, kb * 1024, True, True) for kb in (64, 128, 192)]
+    (f"wgmma 1wg TMA {kb}K", True, THREE, kb * 1024, True, True) for kb in (192,)]
 
 
 def variants_for(nq):

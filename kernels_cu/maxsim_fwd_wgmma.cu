@@ -32,18 +32,20 @@
 // bank groups of shared memory. A k-step of the MMA is the descriptor advanced 32 bytes within
 // an atom, or to the next atom.
 //
-// Copies. Where the operands meet TMA's rules (_kernels.doc_tile_map), one producer lane
-// issues each tile as TMA boxes (the tensor memory accelerator swizzles them, and fills rows
-// past the tensor with zeros); otherwise the producer warpgroup copies with cp.async and
-// zero-fills padding and masked rows itself.
+// Copies. Where the operands meet TMA's rules (_kernels.doc_tile_map) and there is no
+// document mask, one producer lane issues each tile as TMA boxes (the tensor memory
+// accelerator swizzles them, and fills rows past the tensor with zeros; a packed document's
+// last tile holds the next document's first tokens); otherwise the producer warpgroup copies
+// with cp.async and zero-fills padding and masked rows itself.
 //
 // Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: the
 // consumers replace the similarities of padding, masked and past-the-document columns by
-// -FLT_MAX (from the tile's length and the mask, only in tiles that have such columns); a
-// document with no real token scores -inf; a non-finite query token is flagged and zeroed
-// once; a non-finite document element shows up in every row's similarities with its column,
-// so the first warp of each warpgroup sums one row per thread over the real columns as a
-// witness; ties in the argmax go to the lowest document-token index.
+// -FLT_MAX (from the tile's length and the mask, only in tiles that have such columns), so that
+// whatever those rows hold cannot leak; a document with no real token scores -inf; a
+// non-finite query token is flagged and zeroed once; a non-finite document element shows up in
+// every row's similarities with its column, so the first warp of each warpgroup sums one row
+// per thread over the document's columns as a witness; ties in the argmax go to the lowest
+// document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
 // the tile ring, BLOCK_ROWS * LDS * 2 for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
@@ -197,8 +199,8 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parit
 }
 // The document tiles' TMA descriptor (a CUtensorMap, built by _kernels.doc_tile_map with
 // cuTensorMapEncodeTiled): 3-d (dim, rows, documents), box (128 bytes of k, 64 rows, 1), the
-// 128-byte swizzle; packed corpora are (dim, tokens, 1). use_tma = 0: no map (the operands did
-// not meet TMA's rules); the producer copies with cp.async instead.
+// 128-byte swizzle; packed corpora are (dim, tokens, 1). use_tma = 0: no map (a document mask,
+// or operands outside TMA's rules); the producer copies with cp.async instead.
 struct alignas(64) DocTileMap {
     unsigned long long map[16];
     int use_tma, packed, reserved[14];
@@ -529,14 +531,16 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
     // maxima to the warpgroup and sum its queries' scores.
     auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
-        if (warp_in_group == 0) {  // the witness: row lane/4 against every real column, scaled
+        // The witness: row lane/4 against every column in the document, scaled (masked rows are
+        // zeros: masked inputs are copied with cp.async, which zero-fills them).
+        if (warp_in_group == 0) {
             const float* scale = sScale + info.stage * TILE_N;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int col = 8 * j + 2 * quad;
                 float v0 = (float)acc[4 * j], v1 = (float)acc[4 * j + 1];
                 if constexpr (SCALED) v0 *= scale[col], v1 *= scale[col + 1];
-                if (info.biased) v0 = column_real(info, col) ? v0 : 0.f, v1 = column_real(info, col + 1) ? v1 : 0.f;
+                if (info.biased) v0 = col < info.columns ? v0 : 0.f, v1 = col + 1 < info.columns ? v1 : 0.f;
                 witness += v0 + v1;
             }
         }
@@ -582,7 +586,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // Hand the next tile to the tensor cores (asynchronously) and move the cursor on.
     auto issue_mma = [&](Acc (&acc)[32]) {
         mbarrier_wait(full + stage, phase);
-        fence_proxy_async();  // the tile came through the generic proxy; wgmma reads via the async one
+        // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
+        // writes through the async proxy: no fence).
+        if (!tile_map.use_tma) fence_proxy_async();
         const unsigned long long desc = tile_descriptor(sD + stage * TILE_BYTES);
         wgmma_fence();
 #pragma unroll
@@ -611,10 +617,16 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         const TileInfo folding = in_flight;
         issue_mma(acc_new);
         wgmma_wait<1>();
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty + folding.stage);  // this warp is done reading it
+        // This warp is done with the tile's slot: at once, or (int8) after the fold has read
+        // the slot's document scales.
+        auto release = [&]() {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty + folding.stage);
+        };
+        if constexpr (!SCALED) release();
         pin(acc_old);
         fold(acc_old, folding);
+        if constexpr (SCALED) release();
         return true;
     };
 

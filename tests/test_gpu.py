@@ -271,7 +271,7 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     q_mask, d_mask = holey_mask(rng, (nq, lq), 0.9), holey_mask(rng, (nd, ld), 0.7)
     d_mask[7, 1:] = False  # a one-token document
     d_mask[8, 64:] = False  # exactly one full tile
-    d64[9, 20, 3], d_mask[9, 20] = np.nan, False  # NaN in a masked token: no effect (TMA loads it)
+    d64[9, 20, 3], d_mask[9, 20] = np.nan, False  # NaN in a masked token: no effect
     d = _to_device(d64, source_dtype)
     masks = dict(q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
     extra = {}
