@@ -217,17 +217,20 @@ class WgmmaConfig:
 #: query fragments live in registers.
 WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 WGMMA_MAX_KSTEPS = 8
-#: With fewer query rows than that, a block has only the warpgroups it can fill; with one (a
-#: single query group: memory-bound, streaming documents) its ring holds this many bytes of
-#: tiles, since bytes in flight are what bound it (one such block per SM).
+#: With fewer query rows than that, a block has only the warpgroups it can fill. One query
+#: group (64 rows or fewer) stays on the mma.sync kernel: a one-warpgroup block (with a ring of
+#: this many bytes, one block per SM) measured slower there on every memory-bound shape, with
+#: TMA or cp.async (bench/results/tune-wgmma-2026-11-30-a23dc04.log).
+WGMMA_MIN_WARPGROUPS = 2
 WGMMA_STREAM_RING_BYTES = 192 * 1024
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
 def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3) -> WgmmaConfig | None:
-    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows."""
-    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2:
+    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows, or
+    None (the mma.sync kernel)."""
+    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or warpgroups_wanted < WGMMA_MIN_WARPGROUPS:
         return None
     shape = dict(WGMMA_SHAPE)
     shape["warpgroups"] = max(1, min(shape["warpgroups"], warpgroups_wanted))
@@ -579,7 +582,7 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
-            for warpgroups in (1, 2, 3):
+            for warpgroups in (2, 3):
                 variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups).defines()))
     return variants
 
