@@ -40,6 +40,16 @@ template <> __device__ __forceinline__ float convert<float, float>(float x) { re
 template <> __device__ __forceinline__ float convert<float, signed char>(signed char x) { return (float)x; }
 template <> __device__ __forceinline__ double convert<double, double>(double x) { return x; }
 
+// An MMA accumulator as float. int8: exact while |x| <= 2^22, which holds for products of
+// int8 summed over K <= 256 (128 * 128 * 256 = 2^22): x is added into the mantissa of 1.5 * 2^23
+// and that float subtracted back, an integer add and a float add instead of I2F, which issues at
+// an eighth of the float rate and was the int8 fold's bottleneck. Longer K converts with I2F.
+template <int K> __device__ __forceinline__ float accumulator_to_float(int x) {
+    if constexpr (K <= 256) return __int_as_float(x + 0x4B400000) - 12582912.f;
+    else return (float)x;
+}
+template <int K> __device__ __forceinline__ float accumulator_to_float(float x) { return x; }
+
 // Max that propagates NaN (NumPy semantics). IEEE fmaxf would drop a NaN silently.
 __device__ __forceinline__ float max_nan(float a, float b) {
     float r;

@@ -374,14 +374,15 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                 const float scale_lo = SCALED ? sScale[stage * BM + r] : 1.f;
                 const float scale_hi = SCALED ? sScale[stage * BM + r + 8] : 1.f;
                 // Masked rows are zero-filled (scale 0): they add 0.
-                row_sum += (float)acc[mt][0][0] * scale_lo + (float)acc[mt][0][2] * scale_hi;
+                auto value = [](Acc x) { return accumulator_to_float<KSTEPS * 32>(x); };
+                row_sum += value(acc[mt][0][0]) * scale_lo + value(acc[mt][0][2]) * scale_hi;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
-                    const float v0 = BIASED ? fmaf((float)acc[mt][nt][0], scale_lo, bias_lo) : (float)acc[mt][nt][0] * scale_lo;
-                    const float v1 = BIASED ? fmaf((float)acc[mt][nt][1], scale_lo, bias_lo) : (float)acc[mt][nt][1] * scale_lo;
-                    const float v2 = BIASED ? fmaf((float)acc[mt][nt][2], scale_hi, bias_hi) : (float)acc[mt][nt][2] * scale_hi;
-                    const float v3 = BIASED ? fmaf((float)acc[mt][nt][3], scale_hi, bias_hi) : (float)acc[mt][nt][3] * scale_hi;
+                    const float v0 = BIASED ? fmaf(value(acc[mt][nt][0]), scale_lo, bias_lo) : value(acc[mt][nt][0]) * scale_lo;
+                    const float v1 = BIASED ? fmaf(value(acc[mt][nt][1]), scale_lo, bias_lo) : value(acc[mt][nt][1]) * scale_lo;
+                    const float v2 = BIASED ? fmaf(value(acc[mt][nt][2]), scale_hi, bias_hi) : value(acc[mt][nt][2]) * scale_hi;
+                    const float v3 = BIASED ? fmaf(value(acc[mt][nt][3]), scale_hi, bias_hi) : value(acc[mt][nt][3]) * scale_hi;
                     const float best0 = max_nan(v0, v2), best1 = max_nan(v1, v3);
                     if constexpr (ARGMAX) {
                         // Rows meet this thread in increasing order: strict > keeps the first.

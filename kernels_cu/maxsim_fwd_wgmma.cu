@@ -507,7 +507,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             if constexpr (SCALED) sc = *(const float2*)(scale + col);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
-                float v0 = (float)acc[4 * j + 2 * h], v1 = (float)acc[4 * j + 2 * h + 1];
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h + 1]);
                 if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
                 if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
                 m[h][j] = max_nan(v0, v1);
@@ -538,7 +539,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const int col = 8 * j + 2 * quad;
-                float v0 = (float)acc[4 * j], v1 = (float)acc[4 * j + 1];
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 1]);
                 if constexpr (SCALED) v0 *= scale[col], v1 *= scale[col + 1];
                 if (info.biased) v0 = col < info.columns ? v0 : 0.f, v1 = col + 1 < info.columns ? v1 : 0.f;
                 witness += v0 + v1;
