@@ -26,7 +26,8 @@ case "${1:-forward}" in
   land2)  # bf16 table, training, int8 fidelity
     timeout 250 python3 bench/bench_forward.py --out "$OUT" --dtype bfloat16 --tag all 2>&1 | tail -12
     timeout 150 python3 bench/bench_train.py --out "$OUT/train.json" 2>&1 | tee "$OUT/train.txt" | grep "^|"
-    timeout 90 python3 bench/fidelity_int8.py --out "$OUT/fidelity-int8.json" 2>&1 | tail -6 ;;
+    timeout 90 python3 bench/fidelity_int8.py --out "$OUT/fidelity-int8.json" 2>&1 | tail -6
+    timeout 90 python3 bench/profile_train.py > "$OUT/profile-train.txt" 2>&1; tail -4 "$OUT/profile-train.txt" ;;
   check)
     timeout 150 python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_backward.py -q -p no:warnings 2>&1 | tee "$OUT/gpu-suite.log" | tail -3
     timeout 100 compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tee "$OUT/memcheck.log" | tail -2
