@@ -6,6 +6,7 @@ time per call, for cupy_maxsim's forward-with-argmax and backward on the trainin
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from collections import defaultdict
@@ -61,7 +62,9 @@ def main() -> int:
             profiler.disable()
             torch.cuda.synchronize()
             print("-- host path of score_backward, 200 calls (cProfile, by own time)")
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(16)
+            print(text.getvalue(), flush=True)
     return 0
 
 

@@ -1,10 +1,12 @@
-"""The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates
-(warpgroups per block, ring stages) on the compute-bound shapes, fp16, dim 128. Every result is
-checked against the mma.sync kernel's before it is timed. Prints one line per (shape, variant)
-with the median, the compute floor (FLOPs / the bf16 matmul rate measured in this run) and the
-fraction of it.
+"""The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates, on
+H200, dim 128: compute-bound shapes (three consumer warpgroups), memory-bound ones (one query:
+one warpgroup and a deep ring, its size varied) and in-batch (the document rotation on and off),
+tiles copied by TMA or by cp.async.
+Every result is checked against the mma.sync kernel's before it is timed. Prints one line per
+(shape, variant) with the median, the floor measured in this run (max of bytes / copy bandwidth
+and FLOPs / bf16 matmul rate; int8 at half the bytes and twice the rate) and the fraction of it.
 
-    python bench/tune_wgmma.py > bench/results/tune-wgmma-<date>.log
+    python bench/tune_wgmma.py [shape,...] > bench/results/tune-wgmma-<date>.log
 """
 
 from __future__ import annotations
@@ -22,8 +24,24 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
     "colpali-32q-10k": (32, 32, 10_000, 1030, False, False),
     "colbert-256q-100k": (256, 32, 100_000, 128, False, False),
     "colpali-32q-10k-int8": (32, 32, 10_000, 1030, False, True),
+    "corpus-10k": (1, 32, 10_000, 300, False, False),
+    "colpali-1q-10k": (1, 32, 10_000, 1030, False, False),
+    "colbert-1q-1M": (1, 32, 1_000_000, 128, False, False),
+    "corpus-10k-int8": (1, 32, 10_000, 300, False, True),
+    "colpali-1q-10k-int8": (1, 32, 10_000, 1030, False, True),
+    "colbert-1q-1M-int8": (1, 32, 1_000_000, 128, False, True),
 }
-VARIANTS = [None, dict(warpgroups=2, stages=6), dict(warpgroups=3, stages=4), dict(warpgroups=3, stages=6)]
+# (label, use the Hopper kernel, its shape, streaming ring bytes, rotate documents, TMA copies)
+THREE = dict(warpgroups=3, stages=6)
+COMPUTE = [("mma.sync", False, None, None, True, True), ("wgmma cp.async", True, THREE, None, True, False),
+           ("wgmma TMA", True, THREE, None, True, True)]
+INBATCH = COMPUTE + [("wgmma TMA no rotation", True, THREE, None, False, True)]
+STREAM = [("mma.sync", False, None, None, True, True), ("wgmma 1wg cp.async 192K", True, THREE, 192 * 1024, True, False)] + [
+    (f"wgmma 1wg TMA {kb}K", True, THREE, kb * 1024, True, True) for kb in (192,)]
+
+
+def variants_for(nq):
+    return STREAM if nq == 1 else INBATCH if nq == 128 else COMPUTE
 
 
 def main() -> int:
@@ -33,12 +51,20 @@ def main() -> int:
     import cupy_maxsim as cm
     from cupy_maxsim import _api, _kernels
 
-    rate = bench_forward.measure_ceilings(torch)["bf16_tflops"] * 1e12
-    print(f"# {torch.cuda.get_device_name()}  bf16 matmul rate {rate / 1e12:.0f} TFLOP/s", flush=True)
-    original = dict(_kernels.WGMMA_SHAPE)
-    for name, (nq, lq, nd, ld, argmax, int8) in SHAPES.items():
+    ceilings = bench_forward.measure_ceilings(torch)
+    rate, bandwidth = ceilings["bf16_tflops"] * 1e12, ceilings["copy_tbps"] * 1e12
+    print(f"# {torch.cuda.get_device_name()}  bf16 matmul rate {rate / 1e12:.0f} TFLOP/s  "
+          f"copy {bandwidth / 1e12:.2f} TB/s", flush=True)
+    original = (dict(_kernels.WGMMA_SHAPE), _kernels.WGMMA_STREAM_RING_BYTES, _kernels.device_properties)
+    _kernels.WGMMA_MIN_WARPGROUPS = 1  # the one-warpgroup streaming variant too
+    wanted = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SHAPES)
+    for name in wanted:
+        nq, lq, nd, ld, argmax, int8 = SHAPES[name]
         rng = cupy.random.default_rng(0)
-        d = (rng.standard_normal((nd, ld, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
+        d = cupy.empty((nd, ld, 128), dtype=cupy.float16)
+        for first in range(0, nd, 100_000):  # in slices: the float32 draw of 1M x 128 x 128 is 65 GB
+            last = min(nd, first + 100_000)
+            d[first:last] = rng.standard_normal((last - first, ld, 128), dtype=cupy.float32) / 11
         q = (rng.standard_normal((nq, lq, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
         if int8:
             (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
@@ -46,14 +72,18 @@ def main() -> int:
         else:
             score = lambda: cm.score(q, d, return_argmax=argmax)  # noqa: E731
         flops = 2 * nq * lq * nd * ld * 128
-        floor_ms = flops / rate * 1e3 / (2 if int8 else 1)
-        reps = 10 if flops > 1e12 else 50
-        base = None
-        for variant in VARIANTS:
-            _kernels.USE_WGMMA = variant is not None
-            _kernels.WGMMA_SHAPE = dict(variant or original)
+        moved = d.nbytes + q.nbytes + nq * nd * 4 + (d_scale.nbytes if int8 else 0)
+        floor_ms = max(flops / rate / (2 if int8 else 1), moved / bandwidth) * 1e3
+        reps = 10 if flops > 1e12 or moved > 4e9 else 50
+        base = scores = got = None
+        for label, use_wgmma, shape, ring, rotate, tma in variants_for(nq):
+            _kernels.USE_WGMMA, _kernels.USE_TMA = use_wgmma, tma
+            _kernels.WGMMA_SHAPE = dict(shape or original[0])
+            _kernels.WGMMA_STREAM_RING_BYTES = ring or original[1]
+            # No rotation: the planner is told the L2 holds nothing.
+            _kernels.device_properties = original[2] if rotate else (
+                lambda device: original[2](device)[:4] + (0,))
             _api._mma_plan.cache_clear()
-            label = "mma.sync" if variant is None else f"wgmma {variant['warpgroups']}wg {variant['stages']}st"
             try:
                 got = score()
                 scores = got[0] if argmax else got
@@ -66,13 +96,15 @@ def main() -> int:
                     if argmax:
                         check += f" argmax-agree {float((got[1] == base[1]).mean()):.4f}"
                 ms = bench_forward._median_ms(torch, score, reps=reps)
-                print(f"{name:<22} {label:<18} {ms:9.3f} ms  floor {floor_ms:8.3f}  frac {floor_ms / ms:5.2f}  {check}",
+                print(f"{name:<22} {label:<24} {ms:9.3f} ms  floor {floor_ms:8.3f}  frac {floor_ms / ms:5.2f}  {check}",
                       flush=True)
             except Exception as error:  # noqa: BLE001
-                print(f"{name:<22} {label:<18} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
-        del q, d
+                print(f"{name:<22} {label:<24} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+        del q, d, base, scores, got
         cupy.get_default_memory_pool().free_all_blocks()
-    _kernels.WGMMA_SHAPE, _kernels.USE_WGMMA = original, True
+    _kernels.WGMMA_SHAPE, _kernels.WGMMA_STREAM_RING_BYTES, _kernels.device_properties = original
+    _kernels.USE_WGMMA = _kernels.USE_TMA = True
+    _api._mma_plan.cache_clear()
     return 0
 
 

@@ -425,7 +425,7 @@ def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: 
     suffix = _DTYPE_SUFFIX[like.dtype]
     switch = cupy.cuda.runtime.getDevice() != like.device
     with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
-        sm_count, smem_limit, _, _ = _kernels.device_properties(like.device)
+        sm_count, smem_limit = _kernels.device_properties(like.device)[:2]
         count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
         csr_counts_stride = 0
         if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
@@ -736,19 +736,20 @@ def _persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False):
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, doc_bytes=0):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
-    sm_count, smem_limit, smem_per_sm, capability = _kernels.device_properties(device)
+    sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
     config = None
-    if _kernels.USE_WGMMA and capability == 90 and not pairs and suffix in ("fp16", "bf16"):
-        # Hopper, more stacked query rows than one warpgroup's 64: warpgroup MMA.
-        config = _kernels.wgmma_config(ksteps, argmax)
-        if config is not None and (num_queries * query_length <= 64 or query_length > 64
-                                   or config.shared_bytes > smem_limit):
+    if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
+        # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
+        # 64 // Lq whole queries).
+        config = _kernels.wgmma_config(ksteps, argmax, -(-num_queries // (64 // query_length)))
+        if config is not None and config.shared_bytes > smem_limit:
             config = None
-    if config is not None:
+    wgmma = config is not None
+    if wgmma:
         kernel = _kernels.get_kernel(device, "maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config.defines(),
                                      config.shared_bytes)
     else:
@@ -767,7 +768,12 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
         resident = sm_count * _kernels.resident_blocks(kernel, config.threads, config.shared_bytes, device)
         docs_per_block = -(-num_docs // _persistent_chunks(num_docs, groups, resident))
     grid_x = -(-num_docs // docs_per_block)
-    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x
+    # Query groups of one document range start at different documents (the Hopper kernel), so
+    # that they do not all ask the same L2 lines at once; only when the corpus fits in half the
+    # L2 cache, so that a later group still finds what an earlier one read.
+    corpus_fits = num_docs * doc_bytes <= l2_bytes // 2
+    doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
+    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, wgmma
 
 
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
@@ -793,7 +799,7 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
         queries_per_group=1, pairs=int(pairs), rows_per_chunk=0,
         argmax=0 if argmax is None else argmax[0],
         argmax_query_stride=0 if argmax is None else argmax[1][0],
-        argmax_doc_stride=0 if argmax is None else argmax[1][1],
+        argmax_doc_stride=0 if argmax is None else argmax[1][1], doc_rotation=0,
         argmax_is_32bit=int(argmax is not None and argmax[2]),
         q_scale=0 if q_scale is None else q_scale.ptr,
         q_scale_query_stride=0 if q_scale is None else q_scale.strides[0],
@@ -804,11 +810,25 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
     )
     switch = cupy.cuda.runtime.getDevice() != q.device
     with cupy.cuda.Device(q.device) if switch else contextlib.nullcontext():
-        plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None) \
+        # Bytes of one (average) document, for the L2 working-set estimate.
+        doc_bytes = (d.shape[0] * d.shape[-1] // max(1, num_docs) if offsets is not None
+                     else doc_length * d.shape[-1]) * ITEMSIZE[d.dtype]
+        plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None,
+                         doc_bytes) \
             if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
-            kernel, threads, shared, group, groups, docs_per_block, grid_x = plan
-            values.update(docs_per_block=docs_per_block, queries_per_group=group)
+            kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, wgmma = plan
+            values.update(docs_per_block=docs_per_block, queries_per_group=group, doc_rotation=doc_rotation)
+            tile_map = None
+            if wgmma:
+                # The Hopper kernel's TMA descriptor of the documents (packed: one long document);
+                # none with a mask: cp.async copies zero-fill masked rows (the kernel's witness of
+                # non-finite elements sums whole rows).
+                item = ITEMSIZE[d.dtype]
+                tile_map = _kernels.NO_DOC_TILE_MAP if d_mask is not None else _kernels.doc_tile_map(
+                    d.ptr, item, dim, d.shape[0] if offsets is not None else doc_length,
+                    1 if offsets is not None else num_docs, d.strides[-2] * item,
+                    0 if offsets is not None else doc_stride * item, offsets is not None)
             out_item = 8 if q.dtype == "float64" else 4
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
                 first_query = first * group
@@ -821,10 +841,11 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                 )
                 if argmax is not None:
                     values["argmax"] = argmax[0] + first_query * argmax[1][0] * (4 if argmax[2] else 2)
+                args = _kernels.forward_args(**values)
                 _kernels.launch(kernel, (grid_x, min(65535, groups - first)), (threads,),
-                                _kernels.forward_args(**values), shared, stream)
+                                args if tile_map is None else (args, tile_map), shared, stream)
             return
-        sm_count, smem_limit, _, _ = _kernels.device_properties(q.device)
+        sm_count, smem_limit = _kernels.device_properties(q.device)[:2]
         accumulator = 8 if q.dtype == "float64" else 4
         rows = max(1, _kernels.SIMT_CHUNK_BYTES // (dim * accumulator))
         shared = _kernels.simt_shared_bytes(rows, dim, accumulator)

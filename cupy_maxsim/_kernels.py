@@ -34,7 +34,7 @@ import numpy as np
 FAMILIES = {
     "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_int8")),
     "maxsim_fwd_wgmma": (
-        "maxsim_fwd_wgmma.cu", ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16"),
+        "maxsim_fwd_wgmma.cu", ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8"),
     ),
     "maxsim_fwd_simt": (
         "maxsim_fwd_simt.cu",
@@ -58,7 +58,7 @@ FORWARD_ARGS = (
     ("num_docs", "q"), ("docs_per_block", "q"), ("out", "Q"), ("out_query_stride", "q"),
     ("q_scale", "Q"), ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
     ("d_scale", "Q"), ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
-    ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"),
+    ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("doc_rotation", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("argmax_is_32bit", "i"),
 )
@@ -212,18 +212,32 @@ class WgmmaConfig:
         )
 
 
-#: The Hopper kernel's shape, chosen by bench/tune_wgmma.py on the H200; at most 8 k-steps
-#: (dim 128 in 16-bit, 256 in int8; an even number), since the query fragments live in registers.
+#: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/tune_wgmma.py on
+#: the H200; at most 8 k-steps (dim 128 in 16-bit, 256 in int8; an even number), since the
+#: query fragments live in registers.
 WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 WGMMA_MAX_KSTEPS = 8
+#: With fewer query rows than that, a block has only the warpgroups it can fill. One query
+#: group (64 rows or fewer) stays on the mma.sync kernel: a one-warpgroup block (with a ring of
+#: this many bytes, one block per SM) measured slower there on every memory-bound shape, with
+#: TMA or cp.async (bench/results/tune-wgmma-2026-11-30-a23dc04.log).
+WGMMA_MIN_WARPGROUPS = 2
+WGMMA_STREAM_RING_BYTES = 192 * 1024
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
-def wgmma_config(ksteps: int, argmax: bool = False) -> WgmmaConfig | None:
-    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2:
+def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3) -> WgmmaConfig | None:
+    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows, or
+    None (the mma.sync kernel)."""
+    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or warpgroups_wanted < WGMMA_MIN_WARPGROUPS:
         return None
-    return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **WGMMA_SHAPE)
+    shape = dict(WGMMA_SHAPE)
+    shape["warpgroups"] = max(1, min(shape["warpgroups"], warpgroups_wanted))
+    if shape["warpgroups"] == 1:
+        tile_bytes = -(-ksteps // 4) * 64 * 128
+        shape["stages"] = max(shape["stages"], WGMMA_STREAM_RING_BYTES // tile_bytes)
+    return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
 
 
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
@@ -324,7 +338,7 @@ def _load_module(family: str, defines: tuple[str, ...]):
 def resident_blocks(kernel, threads: int, shared_bytes: int, device: int) -> int:
     """Blocks of ``kernel`` one SM holds at once, limited by registers, shared memory and
     threads (a persistent grid is sized from this)."""
-    _, _, smem_per_sm, _ = device_properties(device)
+    smem_per_sm = device_properties(device)[2]
     # Registers are allocated per warp in units of 256.
     per_warp = -(-kernel.num_regs * 32 // 256) * 256
     by_registers = 65536 // (per_warp * (threads // 32))
@@ -344,11 +358,11 @@ def on_stream(stream_ptr: int | None):
     return stream
 
 
-def launch(kernel, grid, block, args: bytes, shared_bytes: int, stream_ptr: int | None) -> None:
-    """Launch with one by-value struct argument (``args``, from :class:`ArgStruct`) on the
-    caller's stream (``stream_ptr``), or CuPy's current stream when None. Straight through the
-    driver (cuLaunchKernel): CuPy's generic argument handling cost several microseconds per
-    launch, and small calls are host-bound."""
+def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: int, stream_ptr: int | None) -> None:
+    """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, or a tuple
+    of such bytes) on the caller's stream (``stream_ptr``), or CuPy's current stream when None.
+    Straight through the driver (cuLaunchKernel): CuPy's generic argument handling cost several
+    microseconds per launch, and small calls are host-bound."""
     from cupy_backends.cuda.api import driver
 
     if stream_ptr is None:
@@ -360,17 +374,68 @@ def launch(kernel, grid, block, args: bytes, shared_bytes: int, stream_ptr: int 
         function = _function_pointers[id(kernel)] = kernel.kernel.ptr
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = tuple(block) + (1,) * (3 - len(block))
-    value = ctypes.create_string_buffer(args, len(args))
-    params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
+    values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
 
 
 _function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _kernel_cache for good
 
+#: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): a
+#: CUtensorMap (128), use_tma, packed, padding to the struct's 64-byte alignment.
+DOC_TILE_MAP_BYTES = 192
+NO_DOC_TILE_MAP = bytes(DOC_TILE_MAP_BYTES)
+_doc_tile_maps: dict = {}
+_libcuda = []
+#: Set CUPY_MAXSIM_TMA=0 to have the Hopper kernel copy tiles with cp.async (for A/B measurements).
+USE_TMA = os.environ.get("CUPY_MAXSIM_TMA", "1") != "0"
 
-def device_properties(device: int) -> tuple[int, int, int, int]:
+
+def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
+                 doc_stride: int, packed: bool) -> bytes:
+    """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
+    elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
+    of 128 bytes of k x 64 rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
+    encodes. :data:`NO_DOC_TILE_MAP` (cp.async copies) where TMA's rules are not met: 16-byte
+    strides and address, 32-bit coordinates, a CUDA driver at hand."""
+    if not USE_TMA:
+        return NO_DOC_TILE_MAP
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed)
+    found = _doc_tile_maps.get(key)
+    if found is not None:
+        return found
+    result = NO_DOC_TILE_MAP
+    if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
+            and (doc_stride > 0 or docs == 1) and rows + 64 < 2**31 and docs < 2**31
+            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in (1, 2)):
+        if not _libcuda:
+            try:
+                _libcuda.append(ctypes.CDLL("libcuda.so.1"))
+            except OSError:
+                _libcuda.append(None)
+        if _libcuda[0] is not None:
+            encoded = (ctypes.c_uint64 * 16)()
+            u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
+            status = _libcuda[0].cuTensorMapEncodeTiled(
+                encoded, ctypes.c_int(0 if itemsize == 1 else 1),  # CU_TENSOR_MAP_DATA_TYPE_UINT8 / UINT16
+                ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
+                (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, 64, 1),
+                u32s(1, 1, 1),
+                ctypes.c_int(0),  # no interleave
+                ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
+                ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                ctypes.c_int(0))  # out-of-range elements read as zeros
+            if status == 0:
+                result = bytes(encoded) + struct.pack("<ii", 1, int(packed)) + bytes(DOC_TILE_MAP_BYTES - 136)
+    if len(_doc_tile_maps) >= 256:
+        _doc_tile_maps.clear()
+    _doc_tile_maps[key] = result
+    return result
+
+
+def device_properties(device: int) -> tuple[int, int, int, int, int]:
     """(multiprocessor count, opt-in shared memory per block, shared memory per SM, compute
-    capability as 10 * major + minor) of a CUDA device, cached."""
+    capability as 10 * major + minor, L2 cache bytes) of a CUDA device, cached."""
     props = _device_props.get(device)
     if props is None:
         import cupy
@@ -378,7 +443,8 @@ def device_properties(device: int) -> tuple[int, int, int, int]:
         handle = cupy.cuda.Device(device)
         attributes = handle.attributes
         props = (attributes["MultiProcessorCount"], attributes["MaxSharedMemoryPerBlockOptin"],
-                 attributes["MaxSharedMemoryPerMultiprocessor"], int(handle.compute_capability))
+                 attributes["MaxSharedMemoryPerMultiprocessor"], int(handle.compute_capability),
+                 attributes["L2CacheSize"])
         _device_props[device] = props
     return props
 
@@ -516,7 +582,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
-            variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax).defines()))
+            for warpgroups in (2, 3):
+                variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups).defines()))
     return variants
 
 

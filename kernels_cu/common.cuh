@@ -40,6 +40,16 @@ template <> __device__ __forceinline__ float convert<float, float>(float x) { re
 template <> __device__ __forceinline__ float convert<float, signed char>(signed char x) { return (float)x; }
 template <> __device__ __forceinline__ double convert<double, double>(double x) { return x; }
 
+// An MMA accumulator as float. int8: exact while |x| <= 2^22, which holds for products of
+// int8 summed over K <= 256 (128 * 128 * 256 = 2^22): x is added into the mantissa of 1.5 * 2^23
+// and that float subtracted back, an integer add and a float add instead of I2F, which issues at
+// an eighth of the float rate and was the int8 fold's bottleneck. Longer K converts with I2F.
+template <int K> __device__ __forceinline__ float accumulator_to_float(int x) {
+    if constexpr (K <= 256) return __int_as_float(x + 0x4B400000) - 12582912.f;
+    else return (float)x;
+}
+template <int K> __device__ __forceinline__ float accumulator_to_float(float x) { return x; }
+
 // Max that propagates NaN (NumPy semantics). IEEE fmaxf would drop a NaN silently.
 __device__ __forceinline__ float max_nan(float a, float b) {
     float r;
@@ -73,10 +83,11 @@ struct ForwardArgs {
     i64 d_scale_doc_stride, d_scale_row_stride;
     void* argmax;  // training: winning document token per (query, doc, query token), or null
     i64 argmax_query_stride, argmax_doc_stride;  // token stride 1; int16 or int32 elements
+    i64 doc_rotation;  // wgmma kernel: query group y starts its document range y * this later
     int num_queries, query_length, dim, offsets_are_64bit;
     int queries_per_group, pairs, rows_per_chunk, argmax_is_32bit;
 };
-static_assert(sizeof(ForwardArgs) == 29 * 8 + 8 * 4, "ForwardArgs must have no padding");
+static_assert(sizeof(ForwardArgs) == 30 * 8 + 8 * 4, "ForwardArgs must have no padding");
 
 // Saved argmax: the winning token's index within its document, -1 for a masked query token
 // or a document with no real token. int16 when every document is shorter than 32768 tokens.
@@ -217,6 +228,25 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
                  "l"(gmem), "r"(src_bytes));
+}
+// Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
+// zero-filled when the token is not real (outside the block's group, masked, or past dim), and
+// returns whether it is real. Both forward kernels stage their query block this way.
+template <typename T>
+__device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
+                                                  int chunk, bool in_group) {
+    constexpr int ELEMS = 16 / sizeof(T);
+    bool real = in_group;
+    if (real && args.q_mask != nullptr)
+        real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+    const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
+    const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
+    cp_async_16(dst, bytes ? (const void*)src : args.q, bytes);
+    return real;
+}
+// int8: the per-token query scale.
+__device__ __forceinline__ float query_scale(const ForwardArgs& args, i64 query, int token) {
+    return args.q_scale[query * args.q_scale_query_stride + token * args.q_scale_row_stride];
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -98,12 +98,8 @@ __device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp
 
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
-    const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
-    const unsigned char* __restrict__ q_mask = args.q_mask;
     const unsigned char* __restrict__ d_mask = args.d_mask;
-    const i64 q_query_stride = args.q_query_stride, q_row_stride = args.q_row_stride;
-    const i64 q_mask_query_stride = args.q_mask_query_stride, q_mask_row_stride = args.q_mask_row_stride;
     const i64 d_row_stride = args.d_row_stride;
     const i64 d_mask_doc_stride = args.d_mask_doc_stride, d_mask_row_stride = args.d_mask_row_stride;
     const i64 num_docs = args.num_docs, docs_per_block = args.docs_per_block;
@@ -147,18 +143,10 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
         const int col = c / CHUNKS, chunk = c % CHUNKS;
         const int g = col / query_length, token = col % query_length;
         const i64 query = first_query + g;
-        bool real = g < group_size;
-        if (real && q_mask != nullptr)
-            real = q_mask[query * q_mask_query_stride + token * q_mask_row_stride] != 0;
-        const int bytes = (real && chunk * ELEMS < dim) ? 16 : 0;
-        const T* src = q + query * q_query_stride + token * q_row_stride + chunk * ELEMS;
-        cp_async_16(sQ + col * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
+        const bool real = stage_query_chunk<T>(args, sQ + col * LDS + chunk * 8, query, token, chunk, g < group_size);
         if (chunk == 0) {
             sColQuery[col] = real ? g : -1;
-            if constexpr (SCALED)
-                sColScale[col] = real ? args.q_scale[query * args.q_scale_query_stride +
-                                                     token * args.q_scale_row_stride]
-                                      : 0.f;
+            if constexpr (SCALED) sColScale[col] = real ? query_scale(args, query, token) : 0.f;
         }
     }
     cp_async_commit();
@@ -386,14 +374,15 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
                 const float scale_lo = SCALED ? sScale[stage * BM + r] : 1.f;
                 const float scale_hi = SCALED ? sScale[stage * BM + r + 8] : 1.f;
                 // Masked rows are zero-filled (scale 0): they add 0.
-                row_sum += (float)acc[mt][0][0] * scale_lo + (float)acc[mt][0][2] * scale_hi;
+                auto value = [](Acc x) { return accumulator_to_float<KSTEPS * 32>(x); };
+                row_sum += value(acc[mt][0][0]) * scale_lo + value(acc[mt][0][2]) * scale_hi;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
-                    const float v0 = BIASED ? fmaf((float)acc[mt][nt][0], scale_lo, bias_lo) : (float)acc[mt][nt][0] * scale_lo;
-                    const float v1 = BIASED ? fmaf((float)acc[mt][nt][1], scale_lo, bias_lo) : (float)acc[mt][nt][1] * scale_lo;
-                    const float v2 = BIASED ? fmaf((float)acc[mt][nt][2], scale_hi, bias_hi) : (float)acc[mt][nt][2] * scale_hi;
-                    const float v3 = BIASED ? fmaf((float)acc[mt][nt][3], scale_hi, bias_hi) : (float)acc[mt][nt][3] * scale_hi;
+                    const float v0 = BIASED ? fmaf(value(acc[mt][nt][0]), scale_lo, bias_lo) : value(acc[mt][nt][0]) * scale_lo;
+                    const float v1 = BIASED ? fmaf(value(acc[mt][nt][1]), scale_lo, bias_lo) : value(acc[mt][nt][1]) * scale_lo;
+                    const float v2 = BIASED ? fmaf(value(acc[mt][nt][2]), scale_hi, bias_hi) : value(acc[mt][nt][2]) * scale_hi;
+                    const float v3 = BIASED ? fmaf(value(acc[mt][nt][3]), scale_hi, bias_hi) : value(acc[mt][nt][3]) * scale_hi;
                     const float best0 = max_nan(v0, v2), best1 = max_nan(v1, v3);
                     if constexpr (ARGMAX) {
                         // Rows meet this thread in increasing order: strict > keeps the first.

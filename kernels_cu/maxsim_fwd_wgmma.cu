@@ -32,12 +32,20 @@
 // bank groups of shared memory. A k-step of the MMA is the descriptor advanced 32 bytes within
 // an atom, or to the next atom.
 //
-// Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: masked
-// and padding document rows are zero-filled, and the consumers give their columns a -FLT_MAX
-// bias (from the tile's length and the mask, only in tiles that have one); a document with no real token scores -inf; a non-finite query token is flagged and
-// zeroed once; a non-finite document element shows up in every row's similarities with its
-// column, so the first warp of each warpgroup sums one row per thread as a witness; ties in
-// the argmax go to the lowest document-token index.
+// Copies. Where the operands meet TMA's rules (_kernels.doc_tile_map) and there is no
+// document mask, one producer lane issues each tile as TMA boxes (the tensor memory
+// accelerator swizzles them, and fills rows past the tensor with zeros; a packed document's
+// last tile holds the next document's first tokens); otherwise the producer warpgroup copies
+// with cp.async and zero-fills padding and masked rows itself.
+//
+// Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: the
+// consumers replace the similarities of padding, masked and past-the-document columns by
+// -FLT_MAX (from the tile's length and the mask, only in tiles that have such columns), so that
+// whatever those rows hold cannot leak; a document with no real token scores -inf; a
+// non-finite query token is flagged and zeroed once; a non-finite document element shows up in
+// every row's similarities with its column, so the first warp of each warpgroup sums one row
+// per thread over the document's columns as a witness; ties in the argmax go to the lowest
+// document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
 // the tile ring, BLOCK_ROWS * LDS * 2 for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
@@ -69,14 +77,18 @@ constexpr int THREADS = 32 * WARPS;
 // Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
-constexpr int PRODUCER_REGISTERS = 56;
-__host__ __device__ constexpr int consumer_registers() {
+// int8 consumers also scale every column (more registers); with three of them their producer
+// must fit in fewer (it copies fewer bytes per row). A one-warpgroup block (one query group,
+// streaming documents) has registers to spare: its producer gets 96 (at 56 it spilled).
+template <typename T> __host__ __device__ constexpr int producer_registers() {
+    return WARPGROUPS == 1 ? 96 : sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
+}
+template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
-    const int share = (pool - 128 * PRODUCER_REGISTERS) / (128 * WARPGROUPS) / 8 * 8;
+    const int share = (pool - 128 * producer_registers<T>()) / (128 * WARPGROUPS) / 8 * 8;
     return share > 240 ? 240 : share;
 }
-constexpr int CONSUMER_REGISTERS = consumer_registers();
-static_assert(WARPGROUPS <= 3 && CONSUMER_REGISTERS >= 152, "consumers need 152 registers");
+static_assert(WARPGROUPS <= 3, "consumers need 152 registers: at most 3 warpgroups");
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
 constexpr int TILE_N = 64;                   // document rows per tile (the wgmma N)
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
@@ -134,26 +146,20 @@ __device__ __forceinline__ void pin(int (&acc)[32]) {
 // D (64 x 64) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
 // the immediates after the predicate: scale A by 1, scale B by 1, B not transposed (K-major).
 template <typename T> struct Wgmma64;
-template <> struct Wgmma64<fp16_t> {
-    typedef float acc_t;
-    static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"
-                     : MAXSIM_WGMMA_D32("+f")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
-template <> struct Wgmma64<bf16_t> {
-    typedef float acc_t;
-    static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"
-                     : MAXSIM_WGMMA_D32("+f")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
+#define MAXSIM_WGMMA_F32(T, TYPES)                                                                          \
+    template <> struct Wgmma64<T> {                                                                         \
+        typedef float acc_t;                                                                                \
+        static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc, \
+                                                   int accumulate) {                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                       \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n" \
+                         : MAXSIM_WGMMA_D32("+f")                                                           \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));         \
+        }                                                                                                   \
+    };
+MAXSIM_WGMMA_F32(fp16_t, "f16.f16")
+MAXSIM_WGMMA_F32(bf16_t, "bf16.bf16")
+// int8: k-steps of 32 bytes, exact int32 accumulation, no scale or transpose immediates.
 template <> struct Wgmma64<i8> {
     typedef int acc_t;
     static __device__ __forceinline__ void run(int (&d)[32], const u32 (&a)[4], unsigned long long desc,
@@ -191,6 +197,31 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parit
         "r"(parity)
         : "memory");
 }
+// The document tiles' TMA descriptor (a CUtensorMap, built by _kernels.doc_tile_map with
+// cuTensorMapEncodeTiled): 3-d (dim, rows, documents), box (128 bytes of k, 64 rows, 1), the
+// 128-byte swizzle; packed corpora are (dim, tokens, 1). use_tma = 0: no map (a document mask,
+// or operands outside TMA's rules); the producer copies with cp.async instead.
+struct alignas(64) DocTileMap {
+    unsigned long long map[16];
+    int use_tma, packed, reserved[14];
+};
+static_assert(sizeof(DocTileMap) == 192, "DocTileMap mirrors _kernels.DOC_TILE_MAP_BYTES");
+
+// The producer's arrival on `bar`, announcing `bytes` of TMA writes that complete the phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+                 : "memory");
+}
+// One box of the tensor map into shared memory (swizzled as the map says); its bytes count
+// towards `bar`'s transaction. Out-of-range elements arrive as zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const DocTileMap& tile_map, int x, int y, int z,
+                                            unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(smem_address(dst)), "l"((const void*)tile_map.map), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
+        : "memory");
+}
+
 // Named barrier for the 128 threads of the calling warpgroup (id 0 is __syncthreads). The id
 // is derived here from the thread index: cheaper to recompute than to keep in a register.
 __device__ __forceinline__ void warpgroup_sync() {
@@ -198,12 +229,11 @@ __device__ __forceinline__ void warpgroup_sync() {
 }
 
 template <typename T>
-__device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
+__device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const DocTileMap& tile_map) {
     using namespace wg;
     typedef typename Wgmma64<T>::acc_t Acc;
     constexpr bool SCALED = sizeof(T) == 1;
     constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
-    const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -237,6 +267,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     const int group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
     const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
                                              args.offsets, args.offsets_are_64bit);
+    // The block's documents, in an order rotated by query group (args.doc_rotation): groups
+    // sharing a document range do not all read the same document at the same time.
+    const i64 doc_count = doc_end - doc_begin;
+    const i64 rotation = ((i64)blockIdx.y * args.doc_rotation) % doc_count;
+    auto doc_at = [&](i64 position) {
+        const i64 p = position + rotation;
+        return doc_begin + (p >= doc_count ? p - doc_count : p);
+    };
 
     // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
     // w * (64 / Lq) + j at rows 64w + j * Lq + i.
@@ -245,24 +283,19 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         const int local = row % 64, j = local / query_length, token = local % query_length;
         const int g = (row / 64) * queries_per_warpgroup + j;
         const i64 query = first_query + g;
-        bool real = j < queries_per_warpgroup && g < group_size;
-        if (real && args.q_mask != nullptr)
-            real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
-        const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
-        const T* src = q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
-        cp_async_16(sQ + row * LDS + chunk * 8, bytes ? (const void*)src : (const void*)q, bytes);
+        const bool real = stage_query_chunk<T>(args, sQ + row * LDS + chunk * 8, query, token, chunk,
+                                               j < queries_per_warpgroup && g < group_size);
         if (chunk == 0) {
             sRowQuery[row] = real ? g : -1;
-            if constexpr (SCALED)
-                sRowScale[row] = real ? args.q_scale[query * args.q_scale_query_stride +
-                                                     token * args.q_scale_row_stride]
-                                      : 0.f;
+            if constexpr (SCALED) sRowScale[row] = real ? query_scale(args, query, token) : 0.f;
         }
     }
     cp_async_commit();
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full + s, 128);  // the producer warpgroup's threads
+            // cp.async: every producer thread; TMA: the issuing lane, and the first producer
+            // warp's lanes that copy int8 scales.
+            mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 128);
             mbarrier_init(empty + s, CONSUMER_WARPS);
         }
     }
@@ -294,65 +327,94 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
 
     if (warp >= CONSUMER_WARPS) {
         // ---- Producer warpgroup ------------------------------------------------------------
-        // Its 4 warps (one per scheduler: a single warp cannot issue copies fast enough) each
-        // copy a quarter of a tile's rows.
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGISTERS));
+        // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 that
+        // warp's lanes copy the tile's document scales beside it with cp.async). Without, its 4
+        // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
+        // of each tile's rows.
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_registers<T>()));
+        if (tile_map.use_tma && warp != CONSUMER_WARPS) return;
         constexpr int ROWS_PER_WARP = TILE_N / 4;
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
         const int my_chunk = lane & 7, my_row = (warp - CONSUMER_WARPS) * ROWS_PER_WARP + (lane >> 3);
-        i64 load_doc = doc_begin, load_base, load_length, load_first_token;
+        i64 load_position = 0, load_doc = doc_at(0), load_base, load_length, load_first_token;
         doc_extent(layout, load_doc, load_base, load_length, load_first_token);
         int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
         int stage = 0;
         u32 phase = 0;
-        for (int t = 0; load_doc < doc_end; ++t) {
+        // The loop, specialised for each way of copying (called with a constant).
+        auto produce = [&](const bool tma) {
+        for (int t = 0; load_position < doc_count; ++t) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
             const int first_row = load_tile * TILE_N;
             const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
-            const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
             unsigned char* tile = sD + stage * TILE_BYTES;
             const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
                                                            : load_first_token * args.d_scale_row_stride;
+            // int8: the document scale of tile row r (0 past the document's end).
+            auto copy_scale = [&](int r, bool real) {
+                if constexpr (SCALED)
+                    cp_async_4(sScale + stage * TILE_N + r,
+                               real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
+                                    : (const void*)args.d_scale,
+                               real ? 4 : 0);
+            };
+            if (tma) {
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(full + stage, TILE_BYTES);
+                    const int y = (int)(tile_map.packed ? load_first_token + first_row : first_row);
+                    const int z = tile_map.packed ? 0 : (int)load_doc;
 #pragma unroll
-            for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
-                const int r = my_row + 4 * pass;
-                bool real = r < rows_left;
-                if (real && args.d_mask != nullptr)
-                    real = args.d_mask[load_doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
-                unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
+                    for (int atom = 0; atom < ATOMS; ++atom)
+                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * (128 / (int)sizeof(T)), y, z, full + stage);
+                }
+                if constexpr (SCALED) {
+                    for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
+                    cp_async_mbarrier_arrive(full + stage);
+                }
+            } else {
+                const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
 #pragma unroll
-                for (int atom = 0; atom < ATOMS; ++atom) {
-                    const int chunk = atom * 8 + my_chunk;
-                    const int bytes = real && chunk < CHUNKS && chunk * ELEMS < args.dim ? 16 : 0;
-                    cp_async_16(line + atom * ATOM_BYTES, bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d, bytes);
+                for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
+                    const int r = my_row + 4 * pass;
+                    bool real = r < rows_left;
+                    if (real && args.d_mask != nullptr)
+                        real = args.d_mask[load_doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+                    unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
+#pragma unroll
+                    for (int atom = 0; atom < ATOMS; ++atom) {
+                        const int chunk = atom * 8 + my_chunk;
+                        const int bytes = real && chunk < CHUNKS && chunk * ELEMS < args.dim ? 16 : 0;
+                        cp_async_16(line + atom * ATOM_BYTES, bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d,
+                                    bytes);
+                    }
+                    if (my_chunk == 0) copy_scale(r, real);
+                    src += 4 * args.d_row_stride;
                 }
-                if (SCALED && my_chunk == 0) {
-                    if constexpr (SCALED)
-                        cp_async_4(sScale + stage * TILE_N + r,
-                                   real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
-                                        : (const void*)args.d_scale,
-                                   real ? 4 : 0);
-                }
-                src += 4 * args.d_row_stride;
+                // Each lane's arrival on the tile's barrier fires once its copies have landed.
+                cp_async_mbarrier_arrive(full + stage);
             }
-            // Each lane's arrival on the tile's barrier fires once its copies have landed.
-            cp_async_mbarrier_arrive(full + stage);
             if (++stage == STAGES) stage = 0, phase ^= 1;
             if (++load_tile == load_tiles) {
                 load_tile = 0;
-                if (++load_doc < doc_end) {
+                if (++load_position < doc_count) {
+                    load_doc = doc_at(load_position);
                     doc_extent(layout, load_doc, load_base, load_length, load_first_token);
                     load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
                 }
             }
         }
+        };
+        if (tile_map.use_tma)
+            produce(true);
+        else
+            produce(false);
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
 
     // ---- Consumer warpgroups ----------------------------------------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGISTERS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
     const int warpgroup = warp / 4, warp_in_group = warp % 4;
     const int row0 = warp * 16;  // this warp's first query row
     u32 a_regs[KSTEPS][4];
@@ -401,7 +463,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     };
 
     // Consumer cursor: the tile the tensor cores get next.
-    i64 doc = doc_begin, base_unused, length, first_unused;
+    i64 position = 0, doc = doc_at(0), base_unused, length, first_unused;
     doc_extent(layout, doc, base_unused, length, first_unused);
     int tiles = max(1, (int)((length + TILE_N - 1) / TILE_N)), tile = 0, stage = 0;
     u32 phase = 0;
@@ -418,31 +480,37 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     bool has_row = false;
     float witness = 0.f;  // first warp of the group: one row against every column, summed
 
-    // Fold a finished tile's accumulators into the running row maxima. Tiles with no masked or
-    // padding column skip the bias (called with a constant: each call inlines into its own
+    // Fold a finished tile's accumulators into the running row maxima. Columns that are not
+    // real (padding, masked, past the document: a TMA tile holds whatever memory is there) are
+    // replaced by -FLT_MAX, never added to, so that their contents cannot leak. Tiles with no
+    // such column skip the test (called with a constant: each call inlines into its own
     // specialised copy, with no per-element branch).
+    // Whether column `col` of a tile is a real token (in the document, not masked).
+    auto column_real = [&](const TileInfo& info, int col) {
+        return col < info.columns &&
+               (args.d_mask == nullptr || args.d_mask[info.doc * args.d_mask_doc_stride +
+                                                      (info.first_column + col) * args.d_mask_row_stride]);
+    };
     auto fold_tile = [&](const Acc (&acc)[32], const TileInfo& info, const bool BIASED) {
         const float* scale = sScale + info.stage * TILE_N;
-        const unsigned char* mask = args.d_mask == nullptr ? nullptr
-            : args.d_mask + info.doc * args.d_mask_doc_stride + info.first_column * args.d_mask_row_stride;
         if (!BIASED) has_row = true;
         float m[2][8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = 8 * j + 2 * quad;
-            float2 b = make_float2(0.f, 0.f), sc = make_float2(1.f, 1.f);
+            bool real0 = true, real1 = true;
+            float2 sc = make_float2(1.f, 1.f);
             if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
-                const bool real0 = col < info.columns && (mask == nullptr || mask[col * args.d_mask_row_stride]);
-                const bool real1 = col + 1 < info.columns && (mask == nullptr || mask[(col + 1) * args.d_mask_row_stride]);
-                b = make_float2(real0 ? 0.f : -MAXSIM_FLT_MAX, real1 ? 0.f : -MAXSIM_FLT_MAX);
+                real0 = column_real(info, col), real1 = column_real(info, col + 1);
                 has_row |= real0 | real1;
             }
             if constexpr (SCALED) sc = *(const float2*)(scale + col);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
-                float v0 = (float)acc[4 * j + 2 * h], v1 = (float)acc[4 * j + 2 * h + 1];
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h + 1]);
                 if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
-                if (BIASED) v0 += b.x, v1 += b.y;
+                if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
                 m[h][j] = max_nan(v0, v1);
                 if constexpr (ARGMAX) {
                     // Columns in increasing order with strict >: the first maximum wins (ties
@@ -464,12 +532,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
     // maxima to the warpgroup and sum its queries' scores.
     auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
-        if (warp_in_group == 0) {  // the witness: row lane/4 against every column (scaled, unbiased)
+        // The witness: row lane/4 against every column in the document, scaled (masked rows are
+        // zeros: masked inputs are copied with cp.async, which zero-fills them).
+        if (warp_in_group == 0) {
             const float* scale = sScale + info.stage * TILE_N;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                float v0 = (float)acc[4 * j], v1 = (float)acc[4 * j + 1];
-                if constexpr (SCALED) v0 *= scale[8 * j + 2 * quad], v1 *= scale[8 * j + 2 * quad + 1];
+                const int col = 8 * j + 2 * quad;
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 1]);
+                if constexpr (SCALED) v0 *= scale[col], v1 *= scale[col + 1];
+                if (info.biased) v0 = col < info.columns ? v0 : 0.f, v1 = col + 1 < info.columns ? v1 : 0.f;
                 witness += v0 + v1;
             }
         }
@@ -515,7 +588,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // Hand the next tile to the tensor cores (asynchronously) and move the cursor on.
     auto issue_mma = [&](Acc (&acc)[32]) {
         mbarrier_wait(full + stage, phase);
-        fence_proxy_async();  // the tile came through the generic proxy; wgmma reads via the async one
+        // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
+        // writes through the async proxy: no fence).
+        if (!tile_map.use_tma) fence_proxy_async();
         const unsigned long long desc = tile_descriptor(sD + stage * TILE_BYTES);
         wgmma_fence();
 #pragma unroll
@@ -530,7 +605,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
         if (++stage == STAGES) stage = 0, phase ^= 1;
         if (++tile == tiles) {
             tile = 0;
-            if (++doc < doc_end) {
+            if (++position < doc_count) {
+                doc = doc_at(position);
                 doc_extent(layout, doc, base_unused, length, first_unused);
                 tiles = max(1, (int)((length + TILE_N - 1) / TILE_N));
             }
@@ -539,14 +615,20 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
     // One step: tile t goes to the tensor cores while tile t-1 is folded. The two accumulator
     // sets alternate, so the registers the running MMA writes are never the ones being read.
     auto step = [&](Acc (&acc_new)[32], Acc (&acc_old)[32]) -> bool {
-        if (doc >= doc_end) return false;
+        if (position >= doc_count) return false;
         const TileInfo folding = in_flight;
         issue_mma(acc_new);
         wgmma_wait<1>();
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty + folding.stage);  // this warp is done reading it
+        // This warp is done with the tile's slot: at once, or (int8) after the fold has read
+        // the slot's document scales.
+        auto release = [&]() {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty + folding.stage);
+        };
+        if constexpr (!SCALED) release();
         pin(acc_old);
         fold(acc_old, folding);
+        if constexpr (SCALED) release();
         return true;
     };
 
@@ -570,11 +652,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args) {
 }
 
 #define MAXSIM_FWD_WGMMA_ENTRY(NAME, T)                                                                     \
-    extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) NAME(const __grid_constant__ ForwardArgs args) { \
-        maxsim_fwd_wgmma<T>(args);                                                                         \
+    extern "C" __global__ void __launch_bounds__(wg::THREADS, 1) NAME(const __grid_constant__ ForwardArgs args, \
+                                                                      const __grid_constant__ DocTileMap tile_map) { \
+        maxsim_fwd_wgmma<T>(args, tile_map);                                                                  \
     }
 
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
-// int8 stays on maxsim_fwd.cu for now: its consumer (scales) does not fit 152 registers
-// without a spill; the scaled paths here are ready for it.
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)

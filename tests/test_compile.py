@@ -46,8 +46,22 @@ def test_query_groups_fit_their_block(query_length):
         config = _kernels.mma_config(width, 8)
         if width >= query_length:
             assert 1 <= config.queries_per_block(query_length) * query_length <= config.block_cols
-    config = _kernels.wgmma_config(8)
     if query_length <= 64:
         per_group = 64 // query_length
-        assert config.queries_per_block(query_length) == config.warpgroups * per_group
         assert 1 <= per_group * query_length <= 64
+        assert _kernels.wgmma_config(8, warpgroups_wanted=1) is None  # one query group: mma.sync
+        for wanted in (2, 3, 50):
+            config = _kernels.wgmma_config(8, warpgroups_wanted=wanted)
+            assert config.warpgroups == min(wanted, 3)
+            assert config.queries_per_block(query_length) == config.warpgroups * per_group
+
+
+@pytest.mark.parametrize("ksteps", [4, 6, 8])
+def test_streaming_hopper_config_fits_one_block_per_sm(ksteps, monkeypatch):
+    """One warpgroup (bench/tune_wgmma.py's streaming variant): a deep ring, within the H200's
+    227 KB of shared memory, and more than half of it, so that the kernel's register shares (one
+    block per SM) hold."""
+    monkeypatch.setattr(_kernels, "WGMMA_MIN_WARPGROUPS", 1)
+    config = _kernels.wgmma_config(ksteps, warpgroups_wanted=1)
+    assert config.warpgroups == 1 and config.threads == 256
+    assert 227 * 1024 // 2 < config.shared_bytes <= 227 * 1024

@@ -249,17 +249,18 @@ def test_errors_come_before_any_launch():
         cm.score(q, np.zeros((3, 4, 64), np.float16))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])  # int8: both paths are mma.sync today
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
 def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
-    """The warpgroup-MMA kernel (sm_90, many stacked queries) against float64 and against the
-    mma.sync kernel: queries straddling warpgroups (Lq 27), documents of 1..300 tokens with
-    holes, packed documents, non-finite document elements, and the saved argmax."""
+    """The warpgroup-MMA kernel (sm_90) against float64 and against the mma.sync kernel: one,
+    three and thirteen queries (one to three warpgroups), queries straddling warpgroups (Lq 27),
+    documents of 1..300 tokens with holes, packed documents, non-finite document elements, and the saved argmax."""
     import cupy
 
     from cupy_maxsim import _api, _kernels
 
     if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] != 90:
         pytest.skip("the warpgroup-MMA kernel runs on sm_90 only")
+    monkeypatch.setattr(_kernels, "WGMMA_MIN_WARPGROUPS", 1)  # one query too (the streaming variant)
     if dtype == "bfloat16":
         pytest.importorskip("torch")
     rng = np.random.default_rng(11)
@@ -271,6 +272,7 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     q_mask, d_mask = holey_mask(rng, (nq, lq), 0.9), holey_mask(rng, (nd, ld), 0.7)
     d_mask[7, 1:] = False  # a one-token document
     d_mask[8, 64:] = False  # exactly one full tile
+    d64[9, 20, 3], d_mask[9, 20] = np.nan, False  # NaN in a masked token: no effect
     d = _to_device(d64, source_dtype)
     masks = dict(q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
     extra = {}
@@ -281,13 +283,19 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
         q, d, extra = q8, d8, dict(q_scale=q_scale, d_scale=d_scale)
 
     def both_kernels(call):
+        """(Hopper kernel with TMA copies, mma.sync kernel); the Hopper kernel with cp.async
+        copies is checked here to give the same scores (and argmax) as with TMA."""
         results = []
-        for use_wgmma in (True, False):
+        for use_wgmma, use_tma in ((True, True), (True, False), (False, True)):
             monkeypatch.setattr(_kernels, "USE_WGMMA", use_wgmma)
+            monkeypatch.setattr(_kernels, "USE_TMA", use_tma)
             _api._mma_plan.cache_clear()
             results.append(call())
         _api._mma_plan.cache_clear()
-        return results
+        tma, copies, classic = results
+        for a, b in zip(tma if isinstance(tma, tuple) else (tma,), copies if isinstance(copies, tuple) else (copies,)):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        return tma, classic
 
     expected = reference.maxsim_reference(q64, d64, q_mask, d_mask)
     tolerance = 2 * naive_error(q64, d64, q_mask, d_mask, source_dtype, expected) + NOISE[source_dtype] * lq
@@ -296,6 +304,33 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     assert_scores_match(hopper, classic, atol=tolerance)
     real = q_mask.any(axis=1)  # a query with no real token scores 0, NaN documents or not
     assert np.isnan(to_numpy(hopper)[real][:, [4, 6]]).all() and (to_numpy(hopper)[:, 1] == -np.inf).all()
+    assert np.isfinite(to_numpy(hopper)[:, 9]).all()
+    # Fewer queries than three warpgroups hold: one query (one warpgroup, the deep streaming
+    # ring) and three (two warpgroups of two queries each).
+    for count in (1, 3):
+        few = dict(q_mask=masks["q_mask"][:count], d_mask=masks["d_mask"])
+        if dtype == "int8":
+            few.update(q_scale=extra["q_scale"][:count], d_scale=extra["d_scale"])
+        hopper, classic = both_kernels(lambda: cm.score(q[:count], d, **few))
+        assert_scores_match(hopper, expected[:count], atol=tolerance)
+        assert_scores_match(hopper, classic, atol=tolerance)
+
+    # Many short documents: each block walks a range of them, query groups starting at
+    # different documents (the rotation applies when the corpus fits in L2).
+    many64 = _round_to(unit_rows(rng, (600, 40, dim), np.float64), source_dtype)
+    many_mask = holey_mask(rng, (600, 40), 0.8)
+    many = _to_device(many64, source_dtype)
+    if dtype == "int8":
+        many, many_scale = cm.quantize_int8(many)
+        many64 = to_numpy(many) * to_numpy(many_scale)[..., None]
+        many_extra = dict(q_scale=extra["q_scale"], d_scale=many_scale)
+    else:
+        many_extra = {}
+    hopper, classic = both_kernels(lambda: cm.score(q, many, q_mask=masks["q_mask"], d_mask=_like(q, many_mask),
+                                                    **many_extra))
+    expected_many = reference.maxsim_reference(q64, many64, q_mask, many_mask)
+    assert_scores_match(hopper, expected_many, atol=tolerance)
+    assert_scores_match(hopper, classic, atol=tolerance)
 
     lengths = rng.integers(0, 300, nd)
     lengths[:3] = [0, 1, 64]

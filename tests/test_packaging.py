@@ -68,7 +68,7 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
 
 
 @pytest.mark.parametrize("struct_name,fields,size", [
-    ("ForwardArgs", _kernels.FORWARD_ARGS, 29 * 8 + 8 * 4),
+    ("ForwardArgs", _kernels.FORWARD_ARGS, 30 * 8 + 8 * 4),
     ("BackwardArgs", _kernels.BACKWARD_ARGS, 24 * 8 + 10 * 4),
 ])
 def test_argument_structs_match_the_header(struct_name, fields, size):
