@@ -1,7 +1,7 @@
 """The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates, on
 H200, dim 128: compute-bound shapes (three consumer warpgroups), memory-bound ones (one query:
 one warpgroup and a deep ring, its size varied) and in-batch (the document rotation on and off),
-tiles copied by TMA or by cp.async.
+tiles copied by TMA or by cp.async, 64- or 128-row document tiles.
 Every result is checked against the mma.sync kernel's before it is timed. Prints one line per
 (shape, variant) with the median, the floor measured in this run (max of bytes / copy bandwidth
 and FLOPs / bf16 matmul rate; int8 at half the bytes and twice the rate) and the fraction of it.
@@ -32,9 +32,12 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
     "colbert-1q-1M-int8": (1, 32, 1_000_000, 128, False, True),
 }
 # (label, use the Hopper kernel, its shape, streaming ring bytes, rotate documents, TMA copies)
-THREE = dict(warpgroups=3, stages=6)
+THREE = dict(warpgroups=3, stages=6, tile_n=64)
+N128 = dict(warpgroups=3, stages=6, tile_n=128)  # stages cut to what fits
+N128_TWO = dict(warpgroups=2, stages=6, tile_n=128)
 COMPUTE = [("mma.sync", False, None, None, True, True), ("wgmma cp.async", True, THREE, None, True, False),
-           ("wgmma TMA", True, THREE, None, True, True)]
+           ("wgmma TMA", True, THREE, None, True, True), ("wgmma TMA N128", True, N128, None, True, True),
+           ("wgmma TMA N128 2wg", True, N128_TWO, None, True, True)]
 INBATCH = COMPUTE + [("wgmma TMA no rotation", True, THREE, None, False, True)]
 STREAM = [("mma.sync", False, None, None, True, True), ("wgmma 1wg cp.async 192K", True, THREE, 192 * 1024, True, False)] + [
     (f"wgmma 1wg TMA {kb}K", True, THREE, kb * 1024, True, True) for kb in (192,)]

@@ -773,7 +773,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     # L2 cache, so that a later group still finds what an earlier one read.
     corpus_fits = num_docs * doc_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
-    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, wgmma
+    tile_rows = config.tile_n if wgmma else 0
+    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows
 
 
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
@@ -817,10 +818,10 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                          doc_bytes) \
             if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
-            kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, wgmma = plan
+            kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows = plan
             values.update(docs_per_block=docs_per_block, queries_per_group=group, doc_rotation=doc_rotation)
             tile_map = None
-            if wgmma:
+            if tile_rows:
                 # The Hopper kernel's TMA descriptor of the documents (packed: one long document);
                 # none with a mask: cp.async copies zero-fill masked rows (the kernel's witness of
                 # non-finite elements sums whole rows).
@@ -828,7 +829,7 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                 tile_map = _kernels.NO_DOC_TILE_MAP if d_mask is not None else _kernels.doc_tile_map(
                     d.ptr, item, dim, d.shape[0] if offsets is not None else doc_length,
                     1 if offsets is not None else num_docs, d.strides[-2] * item,
-                    0 if offsets is not None else doc_stride * item, offsets is not None)
+                    0 if offsets is not None else doc_stride * item, offsets is not None, tile_rows)
             out_item = 8 if q.dtype == "float64" else 4
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
                 first_query = first * group

@@ -182,6 +182,7 @@ class WgmmaConfig:
     ksteps: int
     stages: int = 6
     argmax: int = 0
+    tile_n: int = 64  # document rows per tile (the wgmma N): 64 or 128
 
     @property
     def threads(self) -> int:
@@ -199,9 +200,9 @@ class WgmmaConfig:
     @property
     def shared_bytes(self) -> int:
         # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
-        rows, kpad, warps = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4
-        return (1024 + self.stages * -(-self.ksteps // 4) * 64 * 128 + rows * (kpad + 8) * 2
-                + 4 * (self.stages * 64 + (5 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
+        rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
+        return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + rows * (kpad + 8) * 2
+                + 4 * (self.stages * n + (5 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -209,13 +210,17 @@ class WgmmaConfig:
             f"-DMAXSIM_STAGES={self.stages}",
             f"-DMAXSIM_KSTEPS={self.ksteps}",
             f"-DMAXSIM_ARGMAX={self.argmax}",
+            f"-DMAXSIM_TILE_N={self.tile_n}",
         )
 
 
 #: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/tune_wgmma.py on
 #: the H200; at most 8 k-steps (dim 128 in 16-bit, 256 in int8; an even number), since the
 #: query fragments live in registers.
-WGMMA_SHAPE = dict(warpgroups=3, stages=6)
+WGMMA_SHAPE = dict(warpgroups=3, stages=6, tile_n=64)
+#: Shared memory a Hopper block may use (H100 and H200: 227 KB); a ring that would not fit
+#: gets fewer stages.
+WGMMA_SHARED_LIMIT = 227 * 1024
 WGMMA_MAX_KSTEPS = 8
 #: With fewer query rows than that, a block has only the warpgroups it can fill. One query
 #: group (64 rows or fewer) stays on the mma.sync kernel: a one-warpgroup block (with a ring of
@@ -235,9 +240,12 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3) 
     shape = dict(WGMMA_SHAPE)
     shape["warpgroups"] = max(1, min(shape["warpgroups"], warpgroups_wanted))
     if shape["warpgroups"] == 1:
-        tile_bytes = -(-ksteps // 4) * 64 * 128
+        tile_bytes = -(-ksteps // 4) * shape.get("tile_n", 64) * 128
         shape["stages"] = max(shape["stages"], WGMMA_STREAM_RING_BYTES // tile_bytes)
-    return WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+    config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+    while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 3:
+        config = dataclasses.replace(config, stages=config.stages - 1)
+    return config
 
 
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
@@ -392,21 +400,21 @@ USE_TMA = os.environ.get("CUPY_MAXSIM_TMA", "1") != "0"
 
 
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
-                 doc_stride: int, packed: bool) -> bytes:
+                 doc_stride: int, packed: bool, tile_rows: int = 64) -> bytes:
     """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
     elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
-    of 128 bytes of k x 64 rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
+    of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
     encodes. :data:`NO_DOC_TILE_MAP` (cp.async copies) where TMA's rules are not met: 16-byte
     strides and address, 32-bit coordinates, a CUDA driver at hand."""
     if not USE_TMA:
         return NO_DOC_TILE_MAP
-    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed)
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows)
     found = _doc_tile_maps.get(key)
     if found is not None:
         return found
     result = NO_DOC_TILE_MAP
     if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
-            and (doc_stride > 0 or docs == 1) and rows + 64 < 2**31 and docs < 2**31
+            and (doc_stride > 0 or docs == 1) and rows + tile_rows < 2**31 and docs < 2**31
             and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in (1, 2)):
         if not _libcuda:
             try:
@@ -419,7 +427,7 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
             status = _libcuda[0].cuTensorMapEncodeTiled(
                 encoded, ctypes.c_int(0 if itemsize == 1 else 1),  # CU_TENSOR_MAP_DATA_TYPE_UINT8 / UINT16
                 ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
-                (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, 64, 1),
+                (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, tile_rows, 1),
                 u32s(1, 1, 1),
                 ctypes.c_int(0),  # no interleave
                 ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
@@ -583,7 +591,13 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (2, 3):
-                variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups).defines()))
+                config = wgmma_config(ksteps, argmax, warpgroups)
+                variants.append(("maxsim_fwd_wgmma", config.defines()))
+                if config.tile_n == 64:  # the 128-row tiles (bench/tune_wgmma.py's candidate)
+                    config = dataclasses.replace(config, tile_n=128)
+                    while config.shared_bytes > WGMMA_SHARED_LIMIT:
+                        config = dataclasses.replace(config, stages=config.stages - 1)
+                    variants.append(("maxsim_fwd_wgmma", config.defines()))
     return variants
 
 

@@ -68,6 +68,9 @@
 #ifndef MAXSIM_ARGMAX
 #define MAXSIM_ARGMAX 0
 #endif
+#ifndef MAXSIM_TILE_N
+#define MAXSIM_TILE_N 64
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -90,7 +93,12 @@ template <typename T> __host__ __device__ constexpr int consumer_registers() {
 }
 static_assert(WARPGROUPS <= 3, "consumers need 152 registers: at most 3 warpgroups");
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
-constexpr int TILE_N = 64;                   // document rows per tile (the wgmma N)
+constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmma N)
+constexpr int ACC = TILE_N / 2;              // accumulator registers per thread (64 x N / 128)
+// N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
+// registers of two), and the other warpgroups' MMAs run while one folds.
+constexpr bool DOUBLE_BUFFERED = TILE_N == 64;
+static_assert(TILE_N == 64 || TILE_N == 128, "wgmma tiles of 64 or 128 document rows");
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
 constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix without conflicts)
@@ -125,48 +133,63 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accesses to accumulators across the asynchronous MMA.
-__device__ __forceinline__ void pin(float (&acc)[32]) {
+__device__ __forceinline__ void pin(float (&acc)[wg::ACC]) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+    for (int i = 0; i < wg::ACC; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
-__device__ __forceinline__ void pin(int (&acc)[32]) {
+__device__ __forceinline__ void pin(int (&acc)[wg::ACC]) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) asm volatile("" : "+r"(acc[i])::"memory");
+    for (int i = 0; i < wg::ACC; ++i) asm volatile("" : "+r"(acc[i])::"memory");
 }
 
-#define MAXSIM_WGMMA_D32(C)                                                                       \
-    C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),    \
-        C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), \
-        C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), \
-        C(d[28]), C(d[29]), C(d[30]), C(d[31])
-#define MAXSIM_WGMMA_REGS                                                                         \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p"
+// The asm operands of one wgmma: the ACC accumulators, four A registers, the B descriptor and
+// the accumulate flag (a predicate: 0 on a tile's first k-step).
+#if MAXSIM_TILE_N == 64
+#define MAXSIM_WGMMA_D(C) C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),  \
+        C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]),  \
+        C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]),  \
+        C(d[30]), C(d[31])
+#define MAXSIM_WGMMA_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p"
+#define MAXSIM_WGMMA_PRED "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+#define MAXSIM_WGMMA_N "n64"
+#endif
+#if MAXSIM_TILE_N == 128
+#define MAXSIM_WGMMA_D(C) C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),  \
+        C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]),  \
+        C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]),  \
+        C(d[30]), C(d[31]), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]),  \
+        C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), C(d[48]), C(d[49]),  \
+        C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), C(d[56]), C(d[57]), C(d[58]), C(d[59]),  \
+        C(d[60]), C(d[61]), C(d[62]), C(d[63])
+#define MAXSIM_WGMMA_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p"
+#define MAXSIM_WGMMA_PRED "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+#define MAXSIM_WGMMA_N "n128"
+#endif
 
-// D (64 x 64) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
+// D (64 x N) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
 // the immediates after the predicate: scale A by 1, scale B by 1, B not transposed (K-major).
-template <typename T> struct Wgmma64;
-#define MAXSIM_WGMMA_F32(T, TYPES)                                                                          \
-    template <> struct Wgmma64<T> {                                                                         \
-        typedef float acc_t;                                                                                \
-        static __device__ __forceinline__ void run(float (&d)[32], const u32 (&a)[4], unsigned long long desc, \
-                                                   int accumulate) {                                        \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                       \
-                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPES " " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n" \
-                         : MAXSIM_WGMMA_D32("+f")                                                           \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));         \
-        }                                                                                                   \
+template <typename T> struct WgmmaTile;
+#define MAXSIM_WGMMA_F32(T, TYPES)                                                                   \
+    template <> struct WgmmaTile<T> {                                                                \
+        typedef float acc_t;                                                                         \
+        static __device__ __forceinline__ void run(float (&d)[wg::ACC], const u32 (&a)[4],           \
+                                                   unsigned long long desc, int accumulate) {        \
+            asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N "k16.f32." TYPES \
+                         " " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"                                     \
+                         : MAXSIM_WGMMA_D("+f")                                                      \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));  \
+        }                                                                                            \
     };
 MAXSIM_WGMMA_F32(fp16_t, "f16.f16")
 MAXSIM_WGMMA_F32(bf16_t, "bf16.bf16")
 // int8: k-steps of 32 bytes, exact int32 accumulation, no scale or transpose immediates.
-template <> struct Wgmma64<i8> {
+template <> struct WgmmaTile<i8> {
     typedef int acc_t;
-    static __device__ __forceinline__ void run(int (&d)[32], const u32 (&a)[4], unsigned long long desc,
+    static __device__ __forceinline__ void run(int (&d)[wg::ACC], const u32 (&a)[4], unsigned long long desc,
                                                int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " MAXSIM_WGMMA_REGS ";\n}\n"
-                     : MAXSIM_WGMMA_D32("+r")
+        asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N "k32.s32.s8.s8 "
+                     MAXSIM_WGMMA_REGS ";\n}\n"
+                     : MAXSIM_WGMMA_D("+r")
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
     }
 };
@@ -231,7 +254,7 @@ __device__ __forceinline__ void warpgroup_sync() {
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const DocTileMap& tile_map) {
     using namespace wg;
-    typedef typename Wgmma64<T>::acc_t Acc;
+    typedef typename WgmmaTile<T>::acc_t Acc;
     constexpr bool SCALED = sizeof(T) == 1;
     constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
     const T* __restrict__ d = (const T*)args.d;
@@ -491,53 +514,56 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                (args.d_mask == nullptr || args.d_mask[info.doc * args.d_mask_doc_stride +
                                                       (info.first_column + col) * args.d_mask_row_stride]);
     };
-    auto fold_tile = [&](const Acc (&acc)[32], const TileInfo& info, const bool BIASED) {
+    auto fold_tile = [&](const Acc (&acc)[ACC], const TileInfo& info, const bool BIASED) {
         const float* scale = sScale + info.stage * TILE_N;
         if (!BIASED) has_row = true;
-        float m[2][8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int col = 8 * j + 2 * quad;
-            bool real0 = true, real1 = true;
-            float2 sc = make_float2(1.f, 1.f);
-            if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
-                real0 = column_real(info, col), real1 = column_real(info, col + 1);
-                has_row |= real0 | real1;
-            }
-            if constexpr (SCALED) sc = *(const float2*)(scale + col);
+        for (int chunk = 0; chunk < TILE_N / 64; ++chunk) {  // 64 columns at a time: 16 temporaries
+            float m[2][8];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
-                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h]);
-                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h + 1]);
-                if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
-                if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
-                m[h][j] = max_nan(v0, v1);
-                if constexpr (ARGMAX) {
-                    // Columns in increasing order with strict >: the first maximum wins (ties
-                    // within the pair keep the lower column).
-                    if (m[h][j] > best[h].value) best[h].index = info.first_column + (v1 > v0 ? col + 1 : col);
-                    best[h].value = max_nan(best[h].value, m[h][j]);
+            for (int jj = 0; jj < 8; ++jj) {
+                const int j = 8 * chunk + jj, col = 8 * j + 2 * quad;
+                bool real0 = true, real1 = true;
+                float2 sc = make_float2(1.f, 1.f);
+                if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
+                    real0 = column_real(info, col), real1 = column_real(info, col + 1);
+                    has_row |= real0 | real1;
+                }
+                if constexpr (SCALED) sc = *(const float2*)(scale + col);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+                    float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h]);
+                    float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h + 1]);
+                    if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
+                    if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
+                    m[h][jj] = max_nan(v0, v1);
+                    if constexpr (ARGMAX) {
+                        // Columns in increasing order with strict >: the first maximum wins (ties
+                        // within the pair keep the lower column).
+                        if (m[h][jj] > best[h].value) best[h].index = info.first_column + (v1 > v0 ? col + 1 : col);
+                        best[h].value = max_nan(best[h].value, m[h][jj]);
+                    }
                 }
             }
-        }
-        if constexpr (!ARGMAX) {
+            if constexpr (!ARGMAX) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m01 = max_nan(m[h][0], m[h][1]), m23 = max_nan(m[h][2], m[h][3]);
-                const float m45 = max_nan(m[h][4], m[h][5]), m67 = max_nan(m[h][6], m[h][7]);
-                best[h].value = max_nan(best[h].value, max_nan(max_nan(m01, m23), max_nan(m45, m67)));
+                for (int h = 0; h < 2; ++h) {
+                    const float m01 = max_nan(m[h][0], m[h][1]), m23 = max_nan(m[h][2], m[h][3]);
+                    const float m45 = max_nan(m[h][4], m[h][5]), m67 = max_nan(m[h][6], m[h][7]);
+                    best[h].value = max_nan(best[h].value, max_nan(max_nan(m01, m23), max_nan(m45, m67)));
+                }
             }
         }
     };
     // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
     // maxima to the warpgroup and sum its queries' scores.
-    auto fold = [&](const Acc (&acc)[32], const TileInfo& info) {
+    auto fold = [&](const Acc (&acc)[ACC], const TileInfo& info) {
         // The witness: row lane/4 against every column in the document, scaled (masked rows are
         // zeros: masked inputs are copied with cp.async, which zero-fills them).
         if (warp_in_group == 0) {
             const float* scale = sScale + info.stage * TILE_N;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < TILE_N / 8; ++j) {
                 const int col = 8 * j + 2 * quad;
                 float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j]);
                 float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 1]);
@@ -586,7 +612,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     };
 
     // Hand the next tile to the tensor cores (asynchronously) and move the cursor on.
-    auto issue_mma = [&](Acc (&acc)[32]) {
+    auto issue_mma = [&](Acc (&acc)[ACC]) {
         mbarrier_wait(full + stage, phase);
         // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
         // writes through the async proxy: no fence).
@@ -594,7 +620,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         const unsigned long long desc = tile_descriptor(sD + stage * TILE_BYTES);
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) Wgmma64<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
+        for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
         wgmma_commit();
         in_flight.doc = doc;
         in_flight.stage = stage;
@@ -612,41 +638,57 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             }
         }
     };
-    // One step: tile t goes to the tensor cores while tile t-1 is folded. The two accumulator
-    // sets alternate, so the registers the running MMA writes are never the ones being read.
-    auto step = [&](Acc (&acc_new)[32], Acc (&acc_old)[32]) -> bool {
-        if (position >= doc_count) return false;
-        const TileInfo folding = in_flight;
-        issue_mma(acc_new);
-        wgmma_wait<1>();
-        // This warp is done with the tile's slot: at once, or (int8) after the fold has read
-        // the slot's document scales.
-        auto release = [&]() {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(empty + folding.stage);
-        };
-        if constexpr (!SCALED) release();
-        pin(acc_old);
-        fold(acc_old, folding);
-        if constexpr (SCALED) release();
-        return true;
+    // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
+    // slot's document scales.
+    auto release = [&](int slot) {
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty + slot);
     };
-
-    Acc acc0[32], acc1[32];
-    issue_mma(acc0);  // every block has at least one tile
+    if constexpr (DOUBLE_BUFFERED) {
+        // One step: tile t goes to the tensor cores while tile t-1 is folded. The two
+        // accumulator sets alternate, so the registers the running MMA writes are never the
+        // ones being read.
+        auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
+            if (position >= doc_count) return false;
+            const TileInfo folding = in_flight;
+            issue_mma(acc_new);
+            wgmma_wait<1>();
+            if constexpr (!SCALED) release(folding.stage);
+            pin(acc_old);
+            fold(acc_old, folding);
+            if constexpr (SCALED) release(folding.stage);
+            return true;
+        };
+        Acc acc0[ACC], acc1[ACC];
+        issue_mma(acc0);  // every block has at least one tile
 #pragma unroll 1
-    for (;;) {
-        if (!step(acc1, acc0)) {
-            wgmma_wait<0>();
-            pin(acc0);
-            fold(acc0, in_flight);
-            break;
+        for (;;) {
+            if (!step(acc1, acc0)) {
+                wgmma_wait<0>();
+                pin(acc0);
+                fold(acc0, in_flight);
+                break;
+            }
+            if (!step(acc0, acc1)) {
+                wgmma_wait<0>();
+                pin(acc1);
+                fold(acc1, in_flight);
+                break;
+            }
         }
-        if (!step(acc0, acc1)) {
+    } else {
+        // One accumulator set: each tile multiplies, then folds; the tensor cores meanwhile
+        // work for the block's other warpgroups.
+        Acc acc[ACC];
+#pragma unroll 1
+        while (position < doc_count) {
+            issue_mma(acc);
+            const TileInfo folding = in_flight;
             wgmma_wait<0>();
-            pin(acc1);
-            fold(acc1, in_flight);
-            break;
+            pin(acc);
+            if constexpr (!SCALED) release(folding.stage);
+            fold(acc, folding);
+            if constexpr (SCALED) release(folding.stage);
         }
     }
 }

@@ -249,8 +249,9 @@ def test_errors_come_before_any_launch():
         cm.score(q, np.zeros((3, 4, 64), np.float16))
 
 
+@pytest.mark.parametrize("tile_n", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
-def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
+def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch):
     """The warpgroup-MMA kernel (sm_90) against float64 and against the mma.sync kernel: one,
     three and thirteen queries (one to three warpgroups), queries straddling warpgroups (Lq 27),
     documents of 1..300 tokens with holes, packed documents, non-finite document elements, and the saved argmax."""
@@ -261,6 +262,7 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, monkeypatch):
     if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] != 90:
         pytest.skip("the warpgroup-MMA kernel runs on sm_90 only")
     monkeypatch.setattr(_kernels, "WGMMA_MIN_WARPGROUPS", 1)  # one query too (the streaming variant)
+    monkeypatch.setattr(_kernels, "WGMMA_SHAPE", dict(_kernels.WGMMA_SHAPE, tile_n=tile_n))
     if dtype == "bfloat16":
         pytest.importorskip("torch")
     rng = np.random.default_rng(11)
