@@ -23,6 +23,12 @@ case "${1:-forward}" in
     timeout 120 python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_backward.py -q -p no:warnings 2>&1 | tee "$OUT/gpu-suite.log" | tail -3
     timeout 250 python3 bench/bench_forward.py --out "$OUT" --tag all 2>&1 | tail -12
     timeout 120 python3 bench/bench_forward.py --out "$OUT" --int8 --shapes corpus-10k,colpali-1q-10k,colbert-1q-1M,colpali-32q-10k --tag int8 2>&1 | tail -8 ;;
+  final)  # GPU suite, fp16 table, int8 table, bf16 compute-bound shapes, training
+    timeout 120 python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_backward.py -q -p no:warnings 2>&1 | tee "$OUT/gpu-suite.log" | tail -2
+    timeout 200 python3 bench/bench_forward.py --out "$OUT" --tag all 2>&1 | tail -10
+    timeout 90 python3 bench/bench_forward.py --out "$OUT" --int8 --shapes corpus-10k,colpali-1q-10k,colbert-1q-1M,colpali-32q-10k --tag int8 2>&1 | tail -6
+    timeout 90 python3 bench/bench_forward.py --out "$OUT" --dtype bfloat16 --shapes colpali-32q-10k,colbert-256q-100k,inbatch-128 --tag compute 2>&1 | tail -5
+    timeout 120 python3 bench/bench_train.py --out "$OUT/train.json" 2>&1 | tee "$OUT/train.txt" | grep "^|" ;;
   land2)  # bf16 table, training, int8 fidelity
     timeout 250 python3 bench/bench_forward.py --out "$OUT" --dtype bfloat16 --tag all 2>&1 | tail -12
     timeout 150 python3 bench/bench_train.py --out "$OUT/train.json" 2>&1 | tee "$OUT/train.txt" | grep "^|"

@@ -745,7 +745,9 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
         # 64 // Lq whole queries).
-        config = _kernels.wgmma_config(ksteps, argmax, -(-num_queries // (64 // query_length)))
+        mean_length = doc_bytes / (dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]])
+        config = _kernels.wgmma_config(ksteps, argmax, -(-num_queries // (64 // query_length)),
+                                       _kernels.wgmma_tile_rows(mean_length, suffix == "int8"))
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None

@@ -217,7 +217,13 @@ class WgmmaConfig:
 #: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/tune_wgmma.py on
 #: the H200; at most 8 k-steps (dim 128 in 16-bit, 256 in int8; an even number), since the
 #: query fragments live in registers.
-WGMMA_SHAPE = dict(warpgroups=3, stages=6, tile_n=64)
+WGMMA_SHAPE = dict(warpgroups=3, stages=6)  # a "tile_n" here overrides the per-problem choice
+#: 128-row document tiles halve the Hopper kernel's per-tile cost (colpali-32q 7.48 -> 6.75 ms,
+#: colbert-256q 72.3 -> 61.2 ms) but compute up to 127 padding rows per document (inbatch-128's
+#: 300-token documents: 0.235 -> 0.250 ms), and int8 measured no gain
+#: (tune-wgmma-2026-11-30-462151b.log): taken for 16-bit inputs whose documents they pad by at
+#: most this much more than 64-row tiles do.
+WGMMA_LONG_TILE_PADDING = 1.1
 #: Shared memory a Hopper block may use (H100 and H200: 227 KB); a ring that would not fit
 #: gets fewer stages.
 WGMMA_SHARED_LIMIT = 227 * 1024
@@ -232,12 +238,13 @@ WGMMA_STREAM_RING_BYTES = 192 * 1024
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
-def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3) -> WgmmaConfig | None:
-    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows, or
-    None (the mma.sync kernel)."""
+def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64) -> WgmmaConfig | None:
+    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows and
+    ``tile_n``-row document tiles, or None (the mma.sync kernel)."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or warpgroups_wanted < WGMMA_MIN_WARPGROUPS:
         return None
     shape = dict(WGMMA_SHAPE)
+    shape.setdefault("tile_n", tile_n)
     shape["warpgroups"] = max(1, min(shape["warpgroups"], warpgroups_wanted))
     if shape["warpgroups"] == 1:
         tile_bytes = -(-ksteps // 4) * shape.get("tile_n", 64) * 128
@@ -246,6 +253,14 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3) 
     while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 3:
         config = dataclasses.replace(config, stages=config.stages - 1)
     return config
+
+
+def wgmma_tile_rows(mean_doc_length: float, int8: bool) -> int:
+    """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens."""
+    if int8 or mean_doc_length <= 0:
+        return 64
+    padded = lambda n: -(-mean_doc_length // n) * n  # noqa: E731
+    return 128 if padded(128) <= WGMMA_LONG_TILE_PADDING * padded(64) else 64
 
 
 def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
@@ -591,13 +606,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (2, 3):
-                config = wgmma_config(ksteps, argmax, warpgroups)
-                variants.append(("maxsim_fwd_wgmma", config.defines()))
-                if config.tile_n == 64:  # the 128-row tiles (bench/tune_wgmma.py's candidate)
-                    config = dataclasses.replace(config, tile_n=128)
-                    while config.shared_bytes > WGMMA_SHARED_LIMIT:
-                        config = dataclasses.replace(config, stages=config.stages - 1)
-                    variants.append(("maxsim_fwd_wgmma", config.defines()))
+                for tile_n in (64, 128):
+                    variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, tile_n).defines()))
     return variants
 
 

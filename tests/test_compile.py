@@ -65,3 +65,10 @@ def test_streaming_hopper_config_fits_one_block_per_sm(ksteps, monkeypatch):
     config = _kernels.wgmma_config(ksteps, warpgroups_wanted=1)
     assert config.warpgroups == 1 and config.threads == 256
     assert 227 * 1024 // 2 < config.shared_bytes <= 227 * 1024
+
+
+@pytest.mark.parametrize("length, int8, rows", [(128, False, 128), (1030, False, 128), (300, False, 64),
+                                                (64, False, 64), (1030, True, 64), (2000, False, 128)])
+def test_hopper_tile_rows(length, int8, rows):
+    """128-row tiles where they add little padding over 64-row ones (and never for int8)."""
+    assert _kernels.wgmma_tile_rows(length, int8) == rows
