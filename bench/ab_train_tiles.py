@@ -1,9 +1,10 @@
+"""Training step (cupy_maxsim.torch.maxsim forward + backward) with the Hopper kernel's tile rows chosen per
+problem, forced to 64 and forced to 128, in one process, twice: python bench/ab_train_tiles.py"""
 import sys, torch
 sys.path.insert(0, "bench")
 from bench_train import _unit, measure_step
 import cupy_maxsim.torch as cmt
 from cupy_maxsim import _kernels, _api
-import flash_maxsim
 for name, (nq, lq, nd, ld) in {"colpali": (32, 32, 128, 1030), "colbert": (128, 32, 128, 300)}.items():
     q0, d0 = _unit(torch, (nq, lq, 128), 1), _unit(torch, (nd, ld, 128), 2)
     grad = torch.randn(nq, nd, device="cuda")
