@@ -217,23 +217,24 @@ class WgmmaConfig:
 #: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/tune_wgmma.py on
 #: the H200; at most 8 k-steps (dim 128 in 16-bit, 256 in int8; an even number), since the
 #: query fragments live in registers.
-WGMMA_SHAPE = dict(warpgroups=3, stages=6)  # a "tile_n" here overrides the per-problem choice
+WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 #: 128-row document tiles halve the Hopper kernel's per-tile cost (colpali-32q 7.48 -> 6.75 ms,
 #: colbert-256q 72.3 -> 61.2 ms) but compute up to 127 padding rows per document (inbatch-128's
 #: 300-token documents: 0.235 -> 0.250 ms), and int8 measured no gain
 #: (tune-wgmma-2026-11-30-462151b.log): taken for 16-bit inputs whose documents they pad by at
 #: most this much more than 64-row tiles do.
 WGMMA_LONG_TILE_PADDING = 1.1
+#: 64 or 128 forces the tile rows for 16-bit inputs (tests, bench/tune_wgmma.py); None: per problem.
+WGMMA_TILE_ROWS = None
 #: Shared memory a Hopper block may use (H100 and H200: 227 KB); a ring that would not fit
 #: gets fewer stages.
 WGMMA_SHARED_LIMIT = 227 * 1024
 WGMMA_MAX_KSTEPS = 8
 #: With fewer query rows than that, a block has only the warpgroups it can fill. One query
 #: group (64 rows or fewer) stays on the mma.sync kernel: a one-warpgroup block (with a ring of
-#: this many bytes, one block per SM) measured slower there on every memory-bound shape, with
-#: TMA or cp.async (bench/results/tune-wgmma-2026-11-30-a23dc04.log).
+#: 96-192 KB, one block per SM) measured slower there on every memory-bound shape, with TMA or
+#: cp.async (bench/results/tune-wgmma-2026-11-30-a23dc04.log).
 WGMMA_MIN_WARPGROUPS = 2
-WGMMA_STREAM_RING_BYTES = 192 * 1024
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
@@ -244,12 +245,8 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or warpgroups_wanted < WGMMA_MIN_WARPGROUPS:
         return None
     shape = dict(WGMMA_SHAPE)
-    shape.setdefault("tile_n", tile_n)
-    shape["warpgroups"] = max(1, min(shape["warpgroups"], warpgroups_wanted))
-    if shape["warpgroups"] == 1:
-        tile_bytes = -(-ksteps // 4) * shape.get("tile_n", 64) * 128
-        shape["stages"] = max(shape["stages"], WGMMA_STREAM_RING_BYTES // tile_bytes)
-    config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+    shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
+    config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
     while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 3:
         config = dataclasses.replace(config, stages=config.stages - 1)
     return config
@@ -257,7 +254,11 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
 
 def wgmma_tile_rows(mean_doc_length: float, int8: bool) -> int:
     """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens."""
-    if int8 or mean_doc_length <= 0:
+    if int8:
+        return 64  # the int8 kernel exists with 64-row tiles only
+    if WGMMA_TILE_ROWS is not None:
+        return WGMMA_TILE_ROWS
+    if mean_doc_length <= 0:
         return 64
     padded = lambda n: -(-mean_doc_length // n) * n  # noqa: E731
     return 128 if padded(128) <= WGMMA_LONG_TILE_PADDING * padded(64) else 64
@@ -591,6 +592,15 @@ def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | Non
     if ksteps > shape.pop("max_ksteps"):
         return None
     return MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+
+
+def family_kernels(family: str, defines=()) -> tuple[str, ...]:
+    """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry
+    exists with 64-row tiles only: wgmma_tile_rows never picks 128 for int8)."""
+    names = FAMILIES[family][1]
+    if family == "maxsim_fwd_wgmma" and "-DMAXSIM_TILE_N=128" in defines:
+        names = tuple(name for name in names if not name.endswith("_int8"))
+    return names
 
 
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:

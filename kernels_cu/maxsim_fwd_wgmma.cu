@@ -81,17 +81,17 @@ constexpr int THREADS = 32 * WARPS;
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
 // int8 consumers also scale every column (more registers); with three of them their producer
-// must fit in fewer (it copies fewer bytes per row). A one-warpgroup block (one query group,
-// streaming documents) has registers to spare: its producer gets 96 (at 56 it spilled).
+// must fit in fewer (it copies fewer bytes per row).
 template <typename T> __host__ __device__ constexpr int producer_registers() {
-    return WARPGROUPS == 1 ? 96 : sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
+    return sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
     const int share = (pool - 128 * producer_registers<T>()) / (128 * WARPGROUPS) / 8 * 8;
     return share > 240 ? 240 : share;
 }
-static_assert(WARPGROUPS <= 3, "consumers need 152 registers: at most 3 warpgroups");
+static_assert(WARPGROUPS >= 2 && WARPGROUPS <= 3,
+              "consumers need 152 registers: at most 3 warpgroups; one query group runs on mma.sync");
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
 constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmma N)
 constexpr int ACC = TILE_N / 2;              // accumulator registers per thread (64 x N / 128)
@@ -701,4 +701,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
+// int8 takes 64-row tiles only: with 128 its three consumer warpgroups would need more than
+// their 160 registers (spills), and it measured no faster (tune-wgmma-2026-11-30-462151b.log).
+#if MAXSIM_TILE_N == 64
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
+#endif
