@@ -176,7 +176,7 @@ class MmaConfig:
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig:
     """Shape of the Hopper forward kernel (``maxsim_fwd_wgmma.cu``): consumer warpgroups of 64
-    stacked query rows each, one producer warpgroup, a ring of 64-row document tiles."""
+    stacked query rows each, one producer warpgroup, a ring of 64- or 128-row document tiles."""
 
     warpgroups: int
     ksteps: int

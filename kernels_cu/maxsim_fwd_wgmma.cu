@@ -9,13 +9,15 @@
 // many-query shapes are bound by shared-memory bandwidth and instruction issue. Here the roles
 // swap: query tokens are the wgmma M dimension (64 rows per warpgroup, their A fragments
 // loaded once into registers for the block's lifetime) and document tokens the N dimension
-// (a tile of 64 rows read by the tensor cores straight from shared memory). The MMA runs
-// asynchronously: while the tensor cores work on tile t, the warps fold tile t-1 (two
-// accumulator sets) into a running max along each accumulator row, two rows per thread.
+// (a tile of TILE_N = 64 or 128 rows read by the tensor cores straight from shared memory). The
+// MMA runs asynchronously. With 64-row tiles, while the tensor cores work on tile t the warps
+// fold tile t-1 (two accumulator sets) into a running max along each accumulator row, two rows
+// per thread; with 128-row tiles (one set: the registers of two) a warpgroup multiplies, then
+// folds, while the block's other warpgroups keep the tensor cores busy.
 //
-// Roles. A block has WARPGROUPS consumer warpgroups and one producer warpgroup. The producer
-// streams the block's document tiles into a STAGES-deep ring with cp.async and publishes each
-// one on its "full" mbarrier; consumers release a slot on its "empty" mbarrier once their MMAs
+// Roles. A block has WARPGROUPS (2 or 3) consumer warpgroups and one producer warpgroup. The
+// producer streams the block's document tiles into a STAGES-deep ring (TMA or cp.async, below)
+// and publishes each one on its "full" mbarrier; consumers release a slot on its "empty" mbarrier once their MMAs
 // on it are done. There is no block-wide barrier in the main loop: a consumer warpgroup never
 // waits for another, nor for the loads of tiles it does not need yet. Each warpgroup owns
 // whole queries (64 / Lq of them, rows 64w + j * Lq + i) and sums its own scores with a
@@ -48,13 +50,14 @@
 // document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
-// the tile ring, BLOCK_ROWS * LDS * 2 for the query block (read once into registers), then 4 * (STAGES * 64 + (5 + 2 * ARGMAX)
-// * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
+// the tile ring, BLOCK_ROWS * LDS * 2 for the query block (read once into registers), then
+// 4 * (STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
-// and <= 8; not pairs mode.
+// and <= 8, more than one warpgroup of query rows (one query group runs on mma.sync); not
+// pairs mode.
 
 #ifndef MAXSIM_WARPGROUPS
 #define MAXSIM_WARPGROUPS 3
