@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -410,9 +411,17 @@ _function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _k
 DOC_TILE_MAP_BYTES = 192
 NO_DOC_TILE_MAP = bytes(DOC_TILE_MAP_BYTES)
 _doc_tile_maps: dict = {}
-_libcuda = []
 #: Set CUPY_MAXSIM_TMA=0 to have the Hopper kernel copy tiles with cp.async (for A/B measurements).
 USE_TMA = os.environ.get("CUPY_MAXSIM_TMA", "1") != "0"
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_driver() -> ctypes.CDLL | None:
+    """The CUDA driver library (for cuTensorMapEncodeTiled, which CuPy does not wrap), or None."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
@@ -432,15 +441,11 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
             and (doc_stride > 0 or docs == 1) and rows + tile_rows < 2**31 and docs < 2**31
             and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in (1, 2)):
-        if not _libcuda:
-            try:
-                _libcuda.append(ctypes.CDLL("libcuda.so.1"))
-            except OSError:
-                _libcuda.append(None)
-        if _libcuda[0] is not None:
+        driver = _cuda_driver()
+        if driver is not None:
             encoded = (ctypes.c_uint64 * 16)()
             u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
-            status = _libcuda[0].cuTensorMapEncodeTiled(
+            status = driver.cuTensorMapEncodeTiled(
                 encoded, ctypes.c_int(0 if itemsize == 1 else 1),  # CU_TENSOR_MAP_DATA_TYPE_UINT8 / UINT16
                 ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
                 (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, tile_rows, 1),

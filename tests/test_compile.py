@@ -64,3 +64,18 @@ def test_hopper_tile_rows(length, int8, rows, monkeypatch):
     assert _kernels.wgmma_tile_rows(length, int8) == rows
     monkeypatch.setattr(_kernels, "WGMMA_TILE_ROWS", 128)
     assert _kernels.wgmma_tile_rows(length, int8) == (64 if int8 else 128)
+
+
+def test_doc_tile_map_falls_back_to_copies(monkeypatch):
+    """Where TMA's rules fail (16-byte alignment, an int16-sized item, 32-bit coordinates) or no
+    driver is at hand, the Hopper kernel gets no descriptor (it copies with cp.async)."""
+    none = _kernels.NO_DOC_TILE_MAP
+    assert len(none) == _kernels.DOC_TILE_MAP_BYTES
+    assert _kernels.doc_tile_map(8, 2, 128, 300, 10, 256, 76800, False) == none  # misaligned pointer
+    assert _kernels.doc_tile_map(256, 2, 100, 300, 10, 200, 60000, False) == none  # 200-byte rows
+    assert _kernels.doc_tile_map(256, 4, 128, 300, 10, 512, 153600, False) == none  # 4-byte items
+    assert _kernels.doc_tile_map(256, 2, 128, 2**31, 1, 256, 0, True) == none  # past 32-bit rows
+    monkeypatch.setattr(_kernels, "_cuda_driver", lambda: None)
+    monkeypatch.setattr(_kernels, "_doc_tile_maps", {})
+    assert _kernels.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
+
