@@ -327,6 +327,16 @@ def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
     grad_q, grad_d : arrays shaped and typed like ``q`` and ``d``
         In the framework and on the device of ``q``; contiguous.
     """
+    # Every input is checked before anything is launched.
+    return backward_plan(q, d, argmax, offsets=offsets, pairs=pairs, prepare=False).gradients(grad_scores)
+
+
+def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True) -> "BackwardPlan":
+    """The part of :func:`score_backward` that needs no gradient: validation and, on a GPU (with
+    ``prepare``), the inverse CSR of the winners queued on the stream now. Autograd adapters call
+    this in the forward, so that their backward only adds the gradient
+    (``plan.gradients(grad_scores)``): in a training step the backward's host path lies on the
+    critical path, the forward's overlaps the GPU."""
     like = as_operand(q, "q")
     if like.dtype == "int8":
         raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
@@ -356,27 +366,16 @@ def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
     num_queries, query_length, dim = q3.shape
     num_docs = d_op.shape[0] if offsets is None else o_op.shape[0] - 1
     scores_shape = (num_docs,) if pairs or single else (num_queries, num_docs)
-    grad_op = as_operand(grad_scores, "grad_scores")
-    if grad_op.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"grad_scores must be a float array, got dtype {grad_op.dtype}")
-    if tuple(grad_op.shape) != scores_shape:
-        raise ValueError(f"grad_scores must have the scores' shape {scores_shape}, got {tuple(grad_op.shape)}")
-    _check_device(like, grad_op)
     argmax_op = as_operand(argmax, "argmax")
     if argmax_op.dtype not in ("int16", "int32"):
         raise TypeError(f"argmax must be int16 or int32 (from return_argmax=True), got dtype {argmax_op.dtype}")
     if tuple(argmax_op.shape) != scores_shape + (query_length,):
         raise ValueError(f"argmax must have shape {scores_shape + (query_length,)}, got {tuple(argmax_op.shape)}")
     _check_device(like, argmax_op)
-    if not like.on_gpu:
-        grad_host = grad_op.host[None] if single else grad_op.host  # one query: a batch of one
-        argmax_host = argmax_op.host[None] if single else argmax_op.host
-        grad_q, grad_d = _cpu.score_backward(grad_host, q3.host, d_op.host, argmax_host,
-                                             None if o_op is None else o_op.host, pairs)
-        output = Output(like)
-        return (_host_gradient(output, grad_q.reshape(like.shape), like.dtype),
-                _host_gradient(output, grad_d, d_op.dtype))
-    return _gpu_backward(like, grad_op, q3, d_op, argmax_op, o_op, pairs, longest, cover)
+    plan = BackwardPlan(like, q3, d_op, argmax_op, o_op, pairs, single, scores_shape, longest, cover)
+    if prepare and like.on_gpu:
+        plan._prepare_gpu()
+    return plan
 
 
 def _host_gradient(output: Output, array: np.ndarray, dtype: str):
@@ -404,99 +403,149 @@ def _unit_dim_stride(operand: Operand) -> Operand:
     return _cupy_or_host_operand(copy, operand.name, operand)
 
 
-def _gpu_backward(like: Operand, grad: Operand, q: Operand, d: Operand, argmax: Operand, offsets, pairs: bool,
-                  longest: int, cover: bool):
-    import cupy
+class BackwardPlan:
+    """:func:`score_backward` for one forward's operands and winners (from
+    :func:`backward_plan`): on a GPU the inverse CSR is already queued on the forward's stream,
+    and :meth:`gradients` adds dQ and dD for a gradient of the scores. Holds the scratch (CSR,
+    row lists, dQ partial sums) until it is dropped."""
 
-    output = Output(like)
-    grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
-    grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
-    num_queries, query_length, dim = q.shape
-    num_docs = grad.shape[-1] if not pairs else grad.shape[0]
-    stream = like.stream
-    wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
-    if num_queries == 0 or query_length == 0 or dim == 0 or num_docs == 0 or longest == 0:
-        output.fill(grad_q, 0)
-        output.fill(grad_d, 0)
+    def __init__(self, like, q, d, argmax, offsets, pairs, single, scores_shape, longest, cover):
+        self.like, self.q, self.d, self.argmax, self.offsets = like, q, d, argmax, offsets
+        self.pairs, self.single, self.scores_shape, self.longest, self.cover = pairs, single, scores_shape, longest, cover
+        self._values = None  # GPU: the kernels' arguments, all but the gradient's and the outputs'
+        self._prepared = False
+
+    def gradients(self, grad_scores):
+        """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
+        like = self.like
+        grad = as_operand(grad_scores, "grad_scores")
+        if grad.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"grad_scores must be a float array, got dtype {grad.dtype}")
+        if tuple(grad.shape) != self.scores_shape:
+            raise ValueError(f"grad_scores must have the scores' shape {self.scores_shape}, got {tuple(grad.shape)}")
+        _check_device(like, grad)
+        output = Output(like)
+        if not like.on_gpu:
+            grad_host = grad.host[None] if self.single else grad.host  # one query: a batch of one
+            argmax_host = self.argmax.host[None] if self.single else self.argmax.host
+            grad_q, grad_d = _cpu.score_backward(grad_host, self.q.host, self.d.host, argmax_host,
+                                                 None if self.offsets is None else self.offsets.host, self.pairs)
+            return (_host_gradient(output, grad_q.reshape(like.shape), like.dtype),
+                    _host_gradient(output, grad_d, self.d.dtype))
+        if not self._prepared:
+            self._prepare_gpu()
+        return self._gpu_gradients(grad, output)
+
+    def _prepare_gpu(self) -> None:
+        """Scratch, launch geometry and the inverse CSR (it needs only the winners)."""
+        import cupy
+
+        like, q, d, argmax, offsets, pairs, longest = (self.like, self.q, self.d, self.argmax, self.offsets,
+                                                       self.pairs, self.longest)
+        num_queries, query_length, dim = q.shape
+        num_docs = self.scores_shape[-1] if not pairs else self.scores_shape[0]
+        self._stream, self._prepared = like.stream, True
+        if num_queries == 0 or query_length == 0 or dim == 0 or num_docs == 0 or longest == 0:
+            return  # gradients are zeros
+        sources_per_doc = query_length if pairs else num_queries * query_length
+        if sources_per_doc >= 2**31:
+            raise ValueError(f"at most 2^31 - 1 query tokens per backward, got {sources_per_doc}")
+        switch = cupy.cuda.runtime.getDevice() != like.device
+        with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(self._stream):
+            sm_count, smem_limit = _kernels.device_properties(like.device)[:2]
+            count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
+            csr_counts_stride = 0
+            if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
+                count_warps = 1
+                csr_counts_stride = _kernels.bwd_csr_shared_bytes(1, longest) // 4
+            self.q, self.d = q, d = _unit_dim_stride(q), _unit_dim_stride(d)
+            aligned = dim % 4 == 0 and all(
+                s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
+            # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
+            # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
+            num_tokens = num_queries * query_length
+            if like.dtype == "float64" or pairs:
+                docs_per_chunk = num_docs
+            else:
+                wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
+                docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
+            chunks = -(-num_docs // docs_per_chunk)
+            num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
+            # dD: rows per warp for about 64 sources per warp on average (sparse ColPali rows get
+            # up to 64 rows per warp; dense ColBERT rows a handful).
+            rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
+            # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
+            # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
+            parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
+                     chunks * num_queries * query_length * dim if chunks > 1 else 0]
+            starts, total = [], 0
+            for n in parts:
+                starts.append(total)
+                total += -(-n // 4) * 4
+            self._scratch, scratch_ptr = Output(like).empty((total,), "int32")
+            sources_ptr, row_ranges_ptr, csr_counts_ptr, partial_ptr = (
+                scratch_ptr + 4 * start if n else 0 for start, n in zip(starts, parts))
+            argmax_strides = (argmax.strides[0], 0) if pairs else (
+                (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
+            self._values = dict(
+                q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
+                d=d.ptr, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
+                doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
+                argmax=argmax.ptr, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
+                grad=0, grad_query_stride=0, grad_doc_stride=0, grad_q=0, grad_d=0,
+                sources=sources_ptr, row_ranges=row_ranges_ptr,
+                csr_counts=csr_counts_ptr, csr_counts_stride=csr_counts_stride,
+                partial=partial_ptr, num_docs=num_docs, sources_per_doc=sources_per_doc,
+                docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
+                offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
+                argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
+                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
+            )
+            self._chunks, self._sm_count = chunks, sm_count
+            shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
+            csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", _kernels.BWD_DEFINES, shared)
+            _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), _kernels.backward_args(**self._values),
+                            shared, self._stream)
+
+    def _gpu_gradients(self, grad: Operand, output: Output):
+        import cupy
+
+        like, d, pairs = self.like, self.d, self.pairs
+        grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
+        grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
+        wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
+        values = self._values
+        if values is None:  # an empty problem
+            output.fill(grad_q, 0)
+            output.fill(grad_d, 0)
+            return wrap()
+        num_queries, query_length, dim = self.q.shape
+        suffix = _DTYPE_SUFFIX[like.dtype]
+        stream = self._stream
+        switch = cupy.cuda.runtime.getDevice() != like.device
+        with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
+            grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
+                grad.cupy().astype(np.float32), "grad_scores", grad)
+            if self.offsets is not None and not self.cover:
+                output.fill(grad_d, 0)  # tokens outside every document get no gradient
+            grad_strides = (grad_f32.strides[0], 0) if pairs else (
+                (0, grad_f32.strides[0]) if grad_f32.ndim == 1 else tuple(grad_f32.strides))
+            args = _kernels.backward_args(**dict(values, grad=grad_f32.ptr, grad_query_stride=grad_strides[0],
+                                                 grad_doc_stride=grad_strides[1], grad_q=grad_q_ptr, grad_d=grad_d_ptr))
+            threads = _kernels.BWD_THREADS
+            dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
+            dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}", _kernels.BWD_DEFINES)
+            _kernels.launch(dq, (-(-num_queries * query_length // (threads // 32)), dim_chunks, self._chunks),
+                            (threads,), args, 0, stream)
+            if self._chunks > 1:
+                reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}",
+                                             _kernels.BWD_DEFINES)
+                total = num_queries * query_length * dim
+                _kernels.launch(reduce, (min(-(-total // 256), self._sm_count * 16),), (256,), args, 0, stream)
+            dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", _kernels.BWD_DEFINES)
+            groups = -(-self.longest // (threads // 32 * values["rows_per_warp"]))
+            _kernels.launch(dd, (values["num_docs"], groups), (threads,), args, 0, stream)
         return wrap()
-    sources_per_doc = query_length if pairs else num_queries * query_length
-    if sources_per_doc >= 2**31:
-        raise ValueError(f"at most 2^31 - 1 query tokens per backward, got {sources_per_doc}")
-    suffix = _DTYPE_SUFFIX[like.dtype]
-    switch = cupy.cuda.runtime.getDevice() != like.device
-    with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
-        sm_count, smem_limit = _kernels.device_properties(like.device)[:2]
-        count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
-        csr_counts_stride = 0
-        if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
-            count_warps = 1
-            csr_counts_stride = _kernels.bwd_csr_shared_bytes(1, longest) // 4
-        q, d = _unit_dim_stride(q), _unit_dim_stride(d)
-        grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
-            grad.cupy().astype(np.float32), "grad_scores", grad)
-        aligned = dim % 4 == 0 and all(
-            s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
-        # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
-        # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
-        num_tokens = num_queries * query_length
-        if like.dtype == "float64" or pairs:
-            docs_per_chunk = num_docs
-        else:
-            wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
-            docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
-        chunks = -(-num_docs // docs_per_chunk)
-        num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
-        # dD: rows per warp for about 64 sources per warp on average (sparse ColPali rows get
-        # up to 64 rows per warp; dense ColBERT rows a handful).
-        rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
-        # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
-        # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
-        parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
-                 chunks * num_queries * query_length * dim if chunks > 1 else 0]
-        starts, total = [], 0
-        for n in parts:
-            starts.append(total)
-            total += -(-n // 4) * 4
-        scratch, scratch_ptr = output.empty((total,), "int32")
-        sources_ptr, row_ranges_ptr, csr_counts_ptr, partial_ptr = (
-            scratch_ptr + 4 * start if n else 0 for start, n in zip(starts, parts))
-        if offsets is not None and not cover:
-            output.fill(grad_d, 0)  # tokens outside every document get no gradient
-        grad_strides = (grad_f32.strides[0], 0) if pairs else (
-            (0, grad_f32.strides[0]) if grad_f32.ndim == 1 else tuple(grad_f32.strides))
-        argmax_strides = (argmax.strides[0], 0) if pairs else (
-            (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
-        args = _kernels.backward_args(
-            q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
-            d=d.ptr, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
-            doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
-            argmax=argmax.ptr, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
-            grad=grad_f32.ptr, grad_query_stride=grad_strides[0], grad_doc_stride=grad_strides[1],
-            grad_q=grad_q_ptr, grad_d=grad_d_ptr, sources=sources_ptr, row_ranges=row_ranges_ptr,
-            csr_counts=csr_counts_ptr, csr_counts_stride=csr_counts_stride,
-            partial=partial_ptr, num_docs=num_docs, sources_per_doc=sources_per_doc,
-            docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
-            offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
-            argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
-            vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
-        )
-        threads = _kernels.BWD_THREADS
-        dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
-        dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}", _kernels.BWD_DEFINES)
-        _kernels.launch(dq, (-(-num_queries * query_length // (threads // 32)), dim_chunks, chunks), (threads,),
-                        args, 0, stream)
-        if chunks > 1:
-            reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}", _kernels.BWD_DEFINES)
-            total = num_queries * query_length * dim
-            _kernels.launch(reduce, (min(-(-total // 256), sm_count * 16),), (256,), args, 0, stream)
-        shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
-        csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", _kernels.BWD_DEFINES, shared)
-        _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), args, shared, stream)
-        dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", _kernels.BWD_DEFINES)
-        groups = -(-longest // (threads // 32 * rows_per_warp))
-        _kernels.launch(dd, (num_docs, groups), (threads,), args, 0, stream)
-        del scratch  # a stream-ordered free: the kernels above are queued first
-    return wrap()
 
 
 def quantize_int8(x, *, mask=None):

@@ -36,17 +36,18 @@ class _MaxSim(torch.autograd.Function):
         if not wants_grad:
             return result
         scores, argmax = result
-        ctx.save_for_backward(q, d, argmax, offsets)
-        ctx.mode = mode
+        # The backward's work that needs no gradient (checks, the inverse CSR of the winners)
+        # is done here, where it overlaps the GPU; the backward only adds the gradient.
+        ctx.plan = _api.backward_plan(q, d, argmax, offsets=offsets, pairs=mode == "pairs")
+        ctx.save_for_backward(q, d, argmax, offsets)  # autograd's check that they stay unmodified
         ctx.mark_non_differentiable(argmax)
         return scores
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_scores):
-        q, d, argmax, offsets = ctx.saved_tensors
-        grad_q, grad_d = _api.score_backward(grad_scores, q, d, argmax, offsets=offsets,
-                                             pairs=ctx.mode == "pairs")
+        ctx.saved_tensors  # noqa: B018 (raises if q, d or the winners changed in place since the forward)
+        grad_q, grad_d = ctx.plan.gradients(grad_scores)
         return (grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None,
                 None, None, None, None)
 

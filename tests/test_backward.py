@@ -110,6 +110,23 @@ def test_backward_validation():
         cm.score_backward(grad, q, d.astype(np.float64), argmax)
 
 
+def test_backward_plan_serves_several_gradients():
+    """backward_plan (what the autograd adapters build in the forward) gives score_backward's
+    gradients, for as many gradients of the scores as asked (a retained graph), and checks each."""
+    from cupy_maxsim import _api
+
+    rng = np.random.default_rng(5)
+    q, d = _inputs(rng, 3, 4, 5, 6, 8)
+    _, argmax = cm.score(q, d, return_argmax=True)
+    plan = _api.backward_plan(q, d, argmax)
+    for _ in range(2):
+        grad = rng.standard_normal((3, 5))
+        for got, expected in zip(plan.gradients(grad), cm.score_backward(grad, q, d, argmax)):
+            np.testing.assert_array_equal(to_numpy(got), to_numpy(expected))
+    with pytest.raises(ValueError, match="grad_scores must have the scores' shape"):
+        plan.gradients(grad[:1])
+
+
 def test_backward_leaves_inputs_alone():
     rng = np.random.default_rng(4)
     q, d = _inputs(rng, 2, 3, 4, 5, 8)
@@ -250,6 +267,34 @@ def test_gpu_backward_matches_reference(dtype, nq, lq, nd, ld, dim, monkeypatch)
     np.testing.assert_array_equal(to_numpy(grad_d), to_numpy(again_d))
     _, argmax_again = cm.score(q, d, return_argmax=True, **masks)
     np.testing.assert_array_equal(to_numpy(argmax), to_numpy(argmax_again))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_gpu_backward_plan_serves_several_gradients(packed):
+    """On the GPU the plan queues the inverse CSR when it is made; every gradient then reuses it
+    and matches score_backward bitwise (which builds its own)."""
+    import cupy
+
+    from cupy_maxsim import _api
+
+    rng = np.random.default_rng(6)
+    q64, d64 = _inputs(rng, 9, 32, 11, 70, 64)
+    q, d = cupy.asarray(q64, cupy.float16), cupy.asarray(d64, cupy.float16)
+    extra = {}
+    if packed:
+        lengths = np.array([0, 1, 70, 33, 64, 65, 2, 70, 9, 40, 70])
+        offsets = cupy.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        d = cupy.concatenate([d[n, :lengths[n]] for n in range(11)])
+        _, argmax = cm.score_packed(q, d, offsets, return_argmax=True)
+        extra = dict(offsets=offsets)
+    else:
+        _, argmax = cm.score(q, d, return_argmax=True)
+    plan = _api.backward_plan(q, d, argmax, **extra)
+    for _ in range(2):
+        grad = cupy.asarray(rng.standard_normal((9, 11)), cupy.float32)
+        for got, expected in zip(plan.gradients(grad), cm.score_backward(grad, q, d, argmax, **extra)):
+            np.testing.assert_array_equal(to_numpy(got), to_numpy(expected))
 
 
 @pytest.mark.gpu
