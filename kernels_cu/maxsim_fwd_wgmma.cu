@@ -310,6 +310,25 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         const i64 p = position + rotation;
         return doc_begin + (p >= doc_count ? p - doc_count : p);
     };
+    // A walk over the block's documents in that order, a tile at a time: the producer and each
+    // consumer warpgroup keep one (their ring slots follow the same sequence of tiles).
+    struct DocCursor {
+        i64 position, doc, base, length, first_token;  // base: element offset of the document
+        int tiles, tile;
+    };
+    auto open_doc = [&](DocCursor& c, i64 position) {
+        c.position = position, c.tile = 0;
+        if (position >= doc_count) return;
+        c.doc = doc_at(position);
+        doc_extent(layout, c.doc, c.base, c.length, c.first_token);
+        c.tiles = max(1, (int)((c.length + TILE_N - 1) / TILE_N));
+    };
+    // Moves to the next tile; returns whether it opened the next document.
+    auto next_tile = [&](DocCursor& c) {
+        if (++c.tile < c.tiles) return false;
+        open_doc(c, c.position + 1);
+        return true;
+    };
 
     // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
     // w * (64 / Lq) + j at rows 64w + j * Lq + i.
@@ -372,20 +391,19 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
         const int my_chunk = lane & 7, my_row = (warp - CONSUMER_WARPS) * ROWS_PER_WARP + (lane >> 3);
-        i64 load_position = 0, load_doc = doc_at(0), load_base, load_length, load_first_token;
-        doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-        int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
+        DocCursor load;
+        open_doc(load, 0);
         int stage = 0;
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         auto produce = [&](const bool tma) {
-        for (int t = 0; load_position < doc_count; ++t) {
+        for (int t = 0; load.position < doc_count; ++t) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
-            const int first_row = load_tile * TILE_N;
-            const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
+            const int first_row = load.tile * TILE_N;
+            const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
             unsigned char* tile = sD + stage * TILE_BYTES;
-            const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
-                                                           : load_first_token * args.d_scale_row_stride;
+            const i64 scale_base = args.offsets == nullptr ? load.doc * args.d_scale_doc_stride
+                                                           : load.first_token * args.d_scale_row_stride;
             // int8: the document scale of tile row r (0 past the document's end).
             auto copy_scale = [&](int r, bool real) {
                 if constexpr (SCALED)
@@ -397,8 +415,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             if (tma) {
                 if (lane == 0) {
                     mbarrier_arrive_expect_tx(full + stage, TILE_BYTES);
-                    const int y = (int)(tile_map.packed ? load_first_token + first_row : first_row);
-                    const int z = tile_map.packed ? 0 : (int)load_doc;
+                    const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
+                    const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom)
                         tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * (128 / (int)sizeof(T)), y, z, full + stage);
@@ -408,13 +426,13 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     cp_async_mbarrier_arrive(full + stage);
                 }
             } else {
-                const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
+                const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
 #pragma unroll
                 for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
                     const int r = my_row + 4 * pass;
                     bool real = r < rows_left;
                     if (real && args.d_mask != nullptr)
-                        real = args.d_mask[load_doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+                        real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
                     unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom) {
@@ -430,14 +448,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 cp_async_mbarrier_arrive(full + stage);
             }
             if (++stage == STAGES) stage = 0, phase ^= 1;
-            if (++load_tile == load_tiles) {
-                load_tile = 0;
-                if (++load_position < doc_count) {
-                    load_doc = doc_at(load_position);
-                    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-                    load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
-                }
-            }
+            next_tile(load);
         }
         };
         if (tile_map.use_tma)
@@ -500,21 +511,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     };
 
     // Consumer cursor: the tile the tensor cores get next.
-    i64 position = 0, doc = doc_at(0), base_unused, length, first_unused;
-    doc_extent(layout, doc, base_unused, length, first_unused);
-    int tiles = max(1, (int)((length + TILE_N - 1) / TILE_N)), tile = 0, stage = 0;
+    DocCursor cursor;
+    open_doc(cursor, 0);
+    int stage = 0;
     u32 phase = 0;
     // SPLIT_DOCS: pass over the ring slots of the documents other warpgroups take.
     auto skip_others = [&]() {
         if constexpr (SPLIT_DOCS) {
-            while (position < doc_count && position % WARPGROUPS != warpgroup) {
-                stage += tiles;
+            while (cursor.position < doc_count && cursor.position % WARPGROUPS != warpgroup) {
+                stage += cursor.tiles;
                 while (stage >= STAGES) stage -= STAGES, phase ^= 1;
-                if (++position < doc_count) {
-                    doc = doc_at(position);
-                    doc_extent(layout, doc, base_unused, length, first_unused);
-                    tiles = max(1, (int)((length + TILE_N - 1) / TILE_N));
-                }
+                open_doc(cursor, cursor.position + 1);
             }
         }
     };
@@ -651,22 +658,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
         wgmma_commit();
-        in_flight.doc = doc;
+        in_flight.doc = cursor.doc;
         in_flight.stage = stage;
-        in_flight.first_column = tile * TILE_N;
-        in_flight.columns = (int)min(length - tile * TILE_N, (i64)TILE_N);
-        in_flight.biased = args.d_mask != nullptr || (i64)(tile + 1) * TILE_N > length;
-        in_flight.last = tile + 1 == tiles;
+        in_flight.first_column = cursor.tile * TILE_N;
+        in_flight.columns = (int)min(cursor.length - cursor.tile * TILE_N, (i64)TILE_N);
+        in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
+        in_flight.last = cursor.tile + 1 == cursor.tiles;
         if (++stage == STAGES) stage = 0, phase ^= 1;
-        if (++tile == tiles) {
-            tile = 0;
-            if (++position < doc_count) {
-                doc = doc_at(position);
-                doc_extent(layout, doc, base_unused, length, first_unused);
-                tiles = max(1, (int)((length + TILE_N - 1) / TILE_N));
-            }
-            skip_others();
-        }
+        if (next_tile(cursor)) skip_others();
     };
     // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
     // slot's document scales.
@@ -679,7 +678,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // accumulator sets alternate, so the registers the running MMA writes are never the
         // ones being read.
         auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
-            if (position >= doc_count) return false;
+            if (cursor.position >= doc_count) return false;
             const TileInfo folding = in_flight;
             issue_mma(acc_new);
             wgmma_wait<1>();
@@ -711,7 +710,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // work for the block's other warpgroups.
         Acc acc[ACC];
 #pragma unroll 1
-        while (position < doc_count) {
+        while (cursor.position < doc_count) {
             issue_mma(acc);
             const TileInfo folding = in_flight;
             wgmma_wait<0>();
