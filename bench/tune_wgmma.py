@@ -1,8 +1,8 @@
 """The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates, on
 H200, dim 128: compute-bound and training shapes (three or two consumer warpgroups, 64- or
 128-row document tiles, tiles copied by TMA or by cp.async) and in-batch (the document rotation
-on and off). Single queries run on mma.sync (the one-warpgroup variant measured slower:
-bench/results/tune-wgmma-2026-11-30-a23dc04.log, made by this script's earlier version).
+on and off), and single queries (three warpgroups splitting a block's documents) against
+mma.sync.
 Every result is checked against the mma.sync kernel's before it is timed. Prints one line per
 (shape, variant) with the median, the floor measured in this run (max of bytes / copy bandwidth
 and FLOPs / bf16 matmul rate; int8 at half the bytes and twice the rate) and the fraction of it.
@@ -25,6 +25,12 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
     "colpali-32q-10k": (32, 32, 10_000, 1030, False, False),
     "colbert-256q-100k": (256, 32, 100_000, 128, False, False),
     "colpali-32q-10k-int8": (32, 32, 10_000, 1030, False, True),
+    "corpus-10k": (1, 32, 10_000, 300, False, False),
+    "colpali-1q-10k": (1, 32, 10_000, 1030, False, False),
+    "colbert-1q-1M": (1, 32, 1_000_000, 128, False, False),
+    "corpus-10k-int8": (1, 32, 10_000, 300, False, True),
+    "colpali-1q-10k-int8": (1, 32, 10_000, 1030, False, True),
+    "colbert-1q-1M-int8": (1, 32, 1_000_000, 128, False, True),
 }
 # (label, use the Hopper kernel, its shape, rotate documents, TMA copies)
 THREE = dict(warpgroups=3, stages=6, tile_rows=64)
@@ -34,10 +40,13 @@ COMPUTE = [("mma.sync", False, None, True, True), ("wgmma cp.async", True, THREE
            ("wgmma TMA", True, THREE, True, True), ("wgmma TMA N128", True, N128, True, True),
            ("wgmma TMA N128 2wg", True, N128_TWO, True, True)]
 INBATCH = COMPUTE + [("wgmma TMA no rotation", True, THREE, False, True)]
+# One query: three warpgroups splitting the documents (SPLIT_DOCS) against mma.sync.
+SPLIT = [("mma.sync", False, None, True, True), ("wgmma split cp.async", True, THREE, True, False),
+         ("wgmma split TMA", True, THREE, True, True), ("wgmma split TMA N128", True, N128, True, True)]
 
 
 def variants_for(nq):
-    return INBATCH if nq == 128 else COMPUTE
+    return SPLIT if nq == 1 else INBATCH if nq == 128 else COMPUTE
 
 
 def main() -> int:

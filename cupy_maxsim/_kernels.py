@@ -184,6 +184,7 @@ class WgmmaConfig:
     stages: int = 6
     argmax: int = 0
     tile_n: int = 64  # document rows per tile (the wgmma N): 64 or 128
+    split_docs: int = 0  # one query group: the warpgroups share it and split the documents
 
     @property
     def threads(self) -> int:
@@ -195,15 +196,16 @@ class WgmmaConfig:
         return 64 * self.warpgroups
 
     def queries_per_block(self, query_length: int) -> int:
-        """Each warpgroup owns whole queries."""
-        return self.warpgroups * (64 // query_length)
+        """Each warpgroup owns whole queries (or, splitting documents, all share one group)."""
+        return (1 if self.split_docs else self.warpgroups) * (64 // query_length)
 
     @property
     def shared_bytes(self) -> int:
         # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
-        return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + rows * (kpad + 8) * 2
-                + 4 * (self.stages * n + (5 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
+        query_rows = 64 if self.split_docs else rows
+        return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + query_rows * (kpad + 8) * 2
+                + 4 * (self.stages * n + 3 * query_rows + (2 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -212,6 +214,7 @@ class WgmmaConfig:
             f"-DMAXSIM_KSTEPS={self.ksteps}",
             f"-DMAXSIM_ARGMAX={self.argmax}",
             f"-DMAXSIM_TILE_N={self.tile_n}",
+            f"-DMAXSIM_SPLIT_DOCS={self.split_docs}",
         )
 
 
@@ -232,10 +235,12 @@ WGMMA_TILE_ROWS = None
 WGMMA_SHARED_LIMIT = 227 * 1024
 WGMMA_MAX_KSTEPS = 8
 #: With fewer query rows than that, a block has only the warpgroups it can fill. One query
-#: group (64 rows or fewer) stays on the mma.sync kernel: a one-warpgroup block (with a ring of
-#: 96-192 KB, one block per SM) measured slower there on every memory-bound shape, with TMA or
-#: cp.async (bench/results/tune-wgmma-2026-11-30-a23dc04.log).
-WGMMA_MIN_WARPGROUPS = 2
+#: group (64 rows or fewer; memory-bound) gets three warpgroups that hold the same queries and
+#: split the block's documents, with as deep a ring as fits (a one-warpgroup block measured
+#: slower than mma.sync there: bench/results/tune-wgmma-2026-11-30-a23dc04.log); False keeps
+#: one query group on the mma.sync kernel.
+WGMMA_SPLIT_DOCS = True
+WGMMA_SPLIT_STAGES = 32  # cut to what fits
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
@@ -243,10 +248,13 @@ USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64) -> WgmmaConfig | None:
     """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows and
     ``tile_n``-row document tiles, or None (the mma.sync kernel)."""
-    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or warpgroups_wanted < WGMMA_MIN_WARPGROUPS:
+    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not WGMMA_SPLIT_DOCS):
         return None
     shape = dict(WGMMA_SHAPE)
-    shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
+    if warpgroups_wanted < 2:
+        shape.update(split_docs=1, stages=WGMMA_SPLIT_STAGES)
+    else:
+        shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
     config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
     while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 3:
         config = dataclasses.replace(config, stages=config.stages - 1)
@@ -620,7 +628,7 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
-            for warpgroups in (2, 3):
+            for warpgroups in (1, 2, 3):  # 1: one query group, documents split
                 for tile_n in (64, 128):
                     variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, tile_n).defines()))
     return variants

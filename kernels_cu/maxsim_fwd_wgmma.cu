@@ -50,8 +50,8 @@
 // document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
-// the tile ring, BLOCK_ROWS * LDS * 2 for the query block (read once into registers), then
-// 4 * (STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
+// the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers), then
+// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
 //
@@ -74,10 +74,14 @@
 #ifndef MAXSIM_TILE_N
 #define MAXSIM_TILE_N 64
 #endif
+#ifndef MAXSIM_SPLIT_DOCS
+#define MAXSIM_SPLIT_DOCS 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
 constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
+constexpr bool SPLIT_DOCS = MAXSIM_SPLIT_DOCS != 0;  // see below
 constexpr int CONSUMER_WARPS = 4 * WARPGROUPS, WARPS = CONSUMER_WARPS + 4;  // + the producer group
 constexpr int THREADS = 32 * WARPS;
 // Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
@@ -86,21 +90,25 @@ constexpr int THREADS = 32 * WARPS;
 // int8 consumers also scale every column (more registers); with three of them their producer
 // must fit in fewer (it copies fewer bytes per row).
 template <typename T> __host__ __device__ constexpr int producer_registers() {
-    return sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
+    return sizeof(T) == 1 && WARPGROUPS > 2 && !SPLIT_DOCS ? 24 : 56;  // split: one accumulator set
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
     const int share = (pool - 128 * producer_registers<T>()) / (128 * WARPGROUPS) / 8 * 8;
     return share > 240 ? 240 : share;
 }
-static_assert(WARPGROUPS >= 2 && WARPGROUPS <= 3,
-              "consumers need 152 registers: at most 3 warpgroups; one query group runs on mma.sync");
-constexpr int BLOCK_ROWS = 64 * WARPGROUPS;  // stacked query rows
+static_assert(WARPGROUPS >= 2 && WARPGROUPS <= 3, "consumers need 152 registers: at most 3 warpgroups");
 constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmma N)
 constexpr int ACC = TILE_N / 2;              // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
 // registers of two), and the other warpgroups' MMAs run while one folds.
-constexpr bool DOUBLE_BUFFERED = TILE_N == 64;
+// SPLIT_DOCS (one query group, memory-bound): every consumer warpgroup holds the same query
+// rows and takes every WARPGROUPS-th document of the block's range, so that several tile
+// loops run per SM. Its warpgroups use one accumulator set: a warpgroup then holds no ring slot
+// while it waits for its next document's first tile (which may lie a whole ring ahead).
+constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !SPLIT_DOCS;
+constexpr int BLOCK_ROWS = 64 * WARPGROUPS;               // accumulator rows of the block
+constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
 static_assert(TILE_N == 64 || TILE_N == 128, "wgmma tiles of 64 or 128 document rows");
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
@@ -111,8 +119,9 @@ constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
-constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + BLOCK_ROWS * LDS * 2 +
-                             4 * (STAGES * TILE_N + (5 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) + 16 * STAGES;
+constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
+                             4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) +
+                             16 * STAGES;
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 }  // namespace wg
@@ -266,12 +275,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // The swizzle atoms need 1024-byte alignment in the shared window (1024 bytes are budgeted).
     unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     unsigned char* sD = smem;                           // [STAGES][TILE_BYTES]
-    u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [BLOCK_ROWS][LDS]
-    float* sScale = (float*)(sQ + BLOCK_ROWS * LDS);    // int8: [STAGES][TILE_N] document scales
-    float* sRowScale = sScale + STAGES * TILE_N;        // int8: per-row query scale
-    float* sRowMax = sRowScale + BLOCK_ROWS;            // [2 parities][BLOCK_ROWS]
-    int* sRowQuery = (int*)(sRowMax + 2 * BLOCK_ROWS);  // query of each row, -1 if none
-    int* sRowBad = sRowQuery + BLOCK_ROWS;              // query token holds NaN or inf
+    u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [QUERY_ROWS][LDS]
+    float* sScale = (float*)(sQ + QUERY_ROWS * LDS);    // int8: [STAGES][TILE_N] document scales
+    float* sRowScale = sScale + STAGES * TILE_N;        // int8: per query row, its scale
+    float* sRowMax = sRowScale + QUERY_ROWS;            // [2 parities][BLOCK_ROWS]
+    int* sRowQuery = (int*)(sRowMax + 2 * BLOCK_ROWS);  // query of each query row, -1 if none
+    int* sRowBad = sRowQuery + QUERY_ROWS;              // query token holds NaN or inf
     int* sHasRow = sRowBad + BLOCK_ROWS;                // [2 parities][WARPS]
     int* sDocBad = sHasRow + 2 * WARPS;                 // [2 parities][WARPS]
     int* sRowArg = sDocBad + 2 * WARPS;                 // [2 parities][BLOCK_ROWS], ARGMAX only
@@ -301,10 +310,29 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         const i64 p = position + rotation;
         return doc_begin + (p >= doc_count ? p - doc_count : p);
     };
+    // A walk over the block's documents in that order, a tile at a time: the producer and each
+    // consumer warpgroup keep one (their ring slots follow the same sequence of tiles).
+    struct DocCursor {
+        i64 position, doc, base, length, first_token;  // base: element offset of the document
+        int tiles, tile;
+    };
+    auto open_doc = [&](DocCursor& c, i64 position) {
+        c.position = position, c.tile = 0;
+        if (position >= doc_count) return;
+        c.doc = doc_at(position);
+        doc_extent(layout, c.doc, c.base, c.length, c.first_token);
+        c.tiles = max(1, (int)((c.length + TILE_N - 1) / TILE_N));
+    };
+    // Moves to the next tile; returns whether it opened the next document.
+    auto next_tile = [&](DocCursor& c) {
+        if (++c.tile < c.tiles) return false;
+        open_doc(c, c.position + 1);
+        return true;
+    };
 
     // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
     // w * (64 / Lq) + j at rows 64w + j * Lq + i.
-    for (int c = tid; c < BLOCK_ROWS * CHUNKS; c += THREADS) {
+    for (int c = tid; c < QUERY_ROWS * CHUNKS; c += THREADS) {
         const int row = c / CHUNKS, chunk = c % CHUNKS;
         const int local = row % 64, j = local / query_length, token = local % query_length;
         const int g = (row / 64) * queries_per_warpgroup + j;
@@ -322,7 +350,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             // cp.async: every producer thread; TMA: the issuing lane, and the first producer
             // warp's lanes that copy int8 scales.
             mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 128);
-            mbarrier_init(empty + s, CONSUMER_WARPS);
+            mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
     }
     cp_async_wait<0>();
@@ -330,7 +358,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // Non-finite query tokens are flagged once and zeroed, so that every row stays a valid
     // witness for non-finite document elements (int8 tokens cannot be; their scales are
     // checked with the max).
-    for (int row = tid; row < BLOCK_ROWS; row += THREADS) {
+    for (int row = tid; row < QUERY_ROWS; row += THREADS) {
         bool bad = false;
         if constexpr (!SCALED) {
             // 16 bytes at a time (the row pitch keeps rows 16-byte aligned): 8 elements, an
@@ -363,20 +391,19 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
         const int my_chunk = lane & 7, my_row = (warp - CONSUMER_WARPS) * ROWS_PER_WARP + (lane >> 3);
-        i64 load_position = 0, load_doc = doc_at(0), load_base, load_length, load_first_token;
-        doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-        int load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N)), load_tile = 0;
+        DocCursor load;
+        open_doc(load, 0);
         int stage = 0;
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         auto produce = [&](const bool tma) {
-        for (int t = 0; load_position < doc_count; ++t) {
+        for (int t = 0; load.position < doc_count; ++t) {
             if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
-            const int first_row = load_tile * TILE_N;
-            const int rows_left = (int)min(load_length - first_row, (i64)TILE_N);
+            const int first_row = load.tile * TILE_N;
+            const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
             unsigned char* tile = sD + stage * TILE_BYTES;
-            const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
-                                                           : load_first_token * args.d_scale_row_stride;
+            const i64 scale_base = args.offsets == nullptr ? load.doc * args.d_scale_doc_stride
+                                                           : load.first_token * args.d_scale_row_stride;
             // int8: the document scale of tile row r (0 past the document's end).
             auto copy_scale = [&](int r, bool real) {
                 if constexpr (SCALED)
@@ -388,8 +415,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             if (tma) {
                 if (lane == 0) {
                     mbarrier_arrive_expect_tx(full + stage, TILE_BYTES);
-                    const int y = (int)(tile_map.packed ? load_first_token + first_row : first_row);
-                    const int z = tile_map.packed ? 0 : (int)load_doc;
+                    const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
+                    const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom)
                         tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * (128 / (int)sizeof(T)), y, z, full + stage);
@@ -399,13 +426,13 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     cp_async_mbarrier_arrive(full + stage);
                 }
             } else {
-                const T* src = d + load_base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
+                const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
 #pragma unroll
                 for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
                     const int r = my_row + 4 * pass;
                     bool real = r < rows_left;
                     if (real && args.d_mask != nullptr)
-                        real = args.d_mask[load_doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+                        real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
                     unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom) {
@@ -421,14 +448,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 cp_async_mbarrier_arrive(full + stage);
             }
             if (++stage == STAGES) stage = 0, phase ^= 1;
-            if (++load_tile == load_tiles) {
-                load_tile = 0;
-                if (++load_position < doc_count) {
-                    load_doc = doc_at(load_position);
-                    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-                    load_tiles = max(1, (int)((load_length + TILE_N - 1) / TILE_N));
-                }
-            }
+            next_tile(load);
         }
         };
         if (tile_map.use_tma)
@@ -442,15 +462,16 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // ---- Consumer warpgroups ----------------------------------------------------------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
     const int warpgroup = warp / 4, warp_in_group = warp % 4;
-    const int row0 = warp * 16;  // this warp's first query row
+    const int row0 = warp * 16;  // this warp's first accumulator row
+    const int query_row0 = SPLIT_DOCS ? warp_in_group * 16 : row0;  // ... and its query row
     u32 a_regs[KSTEPS][4];
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks)
-        ldmatrix_x4(a_regs[ks], sQ + (row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+        ldmatrix_x4(a_regs[ks], sQ + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
 
     // Scores of a finished document, by the warpgroup that owns the queries: one warp per
     // query, its lanes over the query's tokens.
-    const int group_first = warpgroup * queries_per_warpgroup;
+    const int group_first = SPLIT_DOCS ? 0 : warpgroup * queries_per_warpgroup;
     const int group_count = max(0, min(queries_per_warpgroup, group_size - group_first));
     auto finish_document = [&](i64 finished_doc, int parity) {
         bool doc_has_row = false, doc_bad = false;
@@ -464,10 +485,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             float sum = 0.f;
             bool non_finite = false;
             for (int i = lane; i < query_length; i += 32) {
-                const int row = warpgroup * 64 + j * query_length + i;
+                const int query_row = (SPLIT_DOCS ? 0 : warpgroup * 64) + j * query_length + i;
+                const int row = warpgroup * 64 + j * query_length + i;  // accumulator row
                 const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
                                          finished_doc * args.argmax_doc_stride + i;
-                if (sRowQuery[row] < 0) {
+                if (sRowQuery[query_row] < 0) {
                     if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
                     continue;
                 }
@@ -475,8 +497,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 if constexpr (ARGMAX)
                     store_argmax(args.argmax, args.argmax_is_32bit, argmax_index,
                                  doc_has_row ? sRowArg[parity * BLOCK_ROWS + row] : -1);
-                if constexpr (SCALED) m *= sRowScale[row];
-                non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sRowBad[row] || doc_bad;
+                if constexpr (SCALED) m *= sRowScale[query_row];
+                non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sRowBad[query_row] || doc_bad;
                 sum += m;
             }
 #pragma unroll
@@ -489,10 +511,21 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     };
 
     // Consumer cursor: the tile the tensor cores get next.
-    i64 position = 0, doc = doc_at(0), base_unused, length, first_unused;
-    doc_extent(layout, doc, base_unused, length, first_unused);
-    int tiles = max(1, (int)((length + TILE_N - 1) / TILE_N)), tile = 0, stage = 0;
+    DocCursor cursor;
+    open_doc(cursor, 0);
+    int stage = 0;
     u32 phase = 0;
+    // SPLIT_DOCS: pass over the ring slots of the documents other warpgroups take.
+    auto skip_others = [&]() {
+        if constexpr (SPLIT_DOCS) {
+            while (cursor.position < doc_count && cursor.position % WARPGROUPS != warpgroup) {
+                stage += cursor.tiles;
+                while (stage >= STAGES) stage -= STAGES, phase ^= 1;
+                open_doc(cursor, cursor.position + 1);
+            }
+        }
+    };
+    skip_others();
     // What the fold of a tile needs to know, recorded when its MMAs are issued.
     struct TileInfo {
         i64 doc;
@@ -625,21 +658,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
         wgmma_commit();
-        in_flight.doc = doc;
+        in_flight.doc = cursor.doc;
         in_flight.stage = stage;
-        in_flight.first_column = tile * TILE_N;
-        in_flight.columns = (int)min(length - tile * TILE_N, (i64)TILE_N);
-        in_flight.biased = args.d_mask != nullptr || (i64)(tile + 1) * TILE_N > length;
-        in_flight.last = tile + 1 == tiles;
+        in_flight.first_column = cursor.tile * TILE_N;
+        in_flight.columns = (int)min(cursor.length - cursor.tile * TILE_N, (i64)TILE_N);
+        in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
+        in_flight.last = cursor.tile + 1 == cursor.tiles;
         if (++stage == STAGES) stage = 0, phase ^= 1;
-        if (++tile == tiles) {
-            tile = 0;
-            if (++position < doc_count) {
-                doc = doc_at(position);
-                doc_extent(layout, doc, base_unused, length, first_unused);
-                tiles = max(1, (int)((length + TILE_N - 1) / TILE_N));
-            }
-        }
+        if (next_tile(cursor)) skip_others();
     };
     // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
     // slot's document scales.
@@ -652,7 +678,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // accumulator sets alternate, so the registers the running MMA writes are never the
         // ones being read.
         auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
-            if (position >= doc_count) return false;
+            if (cursor.position >= doc_count) return false;
             const TileInfo folding = in_flight;
             issue_mma(acc_new);
             wgmma_wait<1>();
@@ -684,7 +710,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // work for the block's other warpgroups.
         Acc acc[ACC];
 #pragma unroll 1
-        while (position < doc_count) {
+        while (cursor.position < doc_count) {
             issue_mma(acc);
             const TileInfo folding = in_flight;
             wgmma_wait<0>();

@@ -49,7 +49,9 @@ def test_query_groups_fit_their_block(query_length):
     if query_length <= 64:
         per_group = 64 // query_length
         assert 1 <= per_group * query_length <= 64
-        assert _kernels.wgmma_config(8, warpgroups_wanted=1) is None  # one query group: mma.sync
+        split = _kernels.wgmma_config(8, warpgroups_wanted=1)  # one query group: documents split
+        assert split.split_docs and split.warpgroups == 3 and split.queries_per_block(query_length) == per_group
+        assert split.shared_bytes <= _kernels.WGMMA_SHARED_LIMIT and split.stages >= 8
         for wanted in (2, 3, 50):
             config = _kernels.wgmma_config(8, warpgroups_wanted=wanted)
             assert config.warpgroups == min(wanted, 3)

@@ -308,8 +308,8 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
     real = q_mask.any(axis=1)  # a query with no real token scores 0, NaN documents or not
     assert np.isnan(to_numpy(hopper)[real][:, [4, 6]]).all() and (to_numpy(hopper)[:, 1] == -np.inf).all()
     assert np.isfinite(to_numpy(hopper)[:, 9]).all()
-    # Fewer queries than three warpgroups hold: one query (on mma.sync: the dispatcher's
-    # boundary) and three (two warpgroups of two queries each).
+    # Fewer queries than three warpgroups hold: one query (three warpgroups holding it and
+    # splitting the documents) and three (two warpgroups of two queries each).
     for count in (1, 3):
         few = dict(q_mask=masks["q_mask"][:count], d_mask=masks["d_mask"])
         if dtype == "int8":
