@@ -42,6 +42,13 @@ try:
     cm.score(q, d, d_mask=d_mask, return_argmax=True)
     cm.score_packed(q, d.reshape(-1, 128)[:1000], torch.tensor([0, 1, 64, 64, 500, 1000], device="cuda"))
     cm.score(q[..., :96].contiguous(), d[..., :96].contiguous())
+    # One query against long documents, several per block (the split-document rings; TMA, and
+    # cp.async with a mask), int8 too.
+    long_docs = torch.randn(300, 700, 128, device="cuda", dtype=torch.bfloat16)
+    cm.score(q[0], long_docs)
+    cm.score(q[0], long_docs, d_mask=torch.rand(300, 700, device="cuda") < 0.9, return_argmax=True)
+    (qv, qs), (dv, ds) = cm.quantize_int8(q[:1]), cm.quantize_int8(long_docs)
+    cm.score(qv, dv, q_scale=qs, d_scale=ds)
 except ImportError:
     pass
 # Training: the forward with argmax, then the backward (padded with masks, pairs, packed, one

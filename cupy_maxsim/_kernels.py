@@ -236,11 +236,11 @@ WGMMA_SHARED_LIMIT = 227 * 1024
 WGMMA_MAX_KSTEPS = 8
 #: With fewer query rows than that, a block has only the warpgroups it can fill. One query
 #: group (64 rows or fewer; memory-bound) gets three warpgroups that hold the same queries and
-#: split the block's documents, with as deep a ring as fits (a one-warpgroup block measured
+#: split the block's documents, each from a ring of its own, as deep as fits (a one-warpgroup block measured
 #: slower than mma.sync there: bench/results/tune-wgmma-2026-11-30-a23dc04.log); False keeps
 #: one query group on the mma.sync kernel.
 WGMMA_SPLIT_DOCS = True
-WGMMA_SPLIT_STAGES = 32  # cut to what fits
+WGMMA_SPLIT_STAGES = 30  # cut to what fits, in whole rings
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
@@ -256,8 +256,11 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     else:
         shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
     config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
-    while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 3:
-        config = dataclasses.replace(config, stages=config.stages - 1)
+    # Split documents: every warpgroup has a ring of its own, of at least two slots.
+    step = config.warpgroups if config.split_docs else 1
+    config = dataclasses.replace(config, stages=config.stages // step * step)
+    while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages - step >= max(3, 2 * step):
+        config = dataclasses.replace(config, stages=config.stages - step)
     return config
 
 

@@ -21,7 +21,9 @@
 // on it are done. There is no block-wide barrier in the main loop: a consumer warpgroup never
 // waits for another, nor for the loads of tiles it does not need yet. Each warpgroup owns
 // whole queries (64 / Lq of them, rows 64w + j * Lq + i) and sums its own scores with a
-// warpgroup-local named barrier per document.
+// warpgroup-local named barrier per document. With one query group (SPLIT_DOCS, memory-bound)
+// the warpgroups hold the same queries instead and take every WARPGROUPS-th document, each
+// from a ring of its own (STAGES / WARPGROUPS slots) fed by a producer warp of its own.
 //
 // Mapping. grid.x is a contiguous range of documents (persistent), grid.y a query group of
 // WARPGROUPS * (64 / Lq) queries. Every document starts a new tile; its last tile is partial
@@ -56,8 +58,7 @@
 // flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
-// and <= 8, more than one warpgroup of query rows (one query group runs on mma.sync); not
-// pairs mode.
+// and <= 8; not pairs mode.
 
 #ifndef MAXSIM_WARPGROUPS
 #define MAXSIM_WARPGROUPS 3
@@ -90,7 +91,9 @@ constexpr int THREADS = 32 * WARPS;
 // int8 consumers also scale every column (more registers); with three of them their producer
 // must fit in fewer (it copies fewer bytes per row).
 template <typename T> __host__ __device__ constexpr int producer_registers() {
-    return sizeof(T) == 1 && WARPGROUPS > 2 && !SPLIT_DOCS ? 24 : 56;  // split: one accumulator set
+    // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
+    // consumers with one accumulator set.
+    return SPLIT_DOCS ? 80 : sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -104,9 +107,16 @@ constexpr int ACC = TILE_N / 2;              // accumulator registers per thread
 // registers of two), and the other warpgroups' MMAs run while one folds.
 // SPLIT_DOCS (one query group, memory-bound): every consumer warpgroup holds the same query
 // rows and takes every WARPGROUPS-th document of the block's range, so that several tile
-// loops run per SM. Its warpgroups use one accumulator set: a warpgroup then holds no ring slot
-// while it waits for its next document's first tile (which may lie a whole ring ahead).
+// loops run per SM. Each warpgroup has a ring of its own (RING slots, fed by a producer warp
+// of its own): in one shared ring a warpgroup's next tile could lie a whole ring ahead, where
+// the full barrier's parity cannot tell that tile from the slot's previous one. One
+// accumulator set per warpgroup.
 constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !SPLIT_DOCS;
+constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
+constexpr int RING = STAGES / RINGS;  // slots per ring
+constexpr int DOC_STEP = RINGS;       // a ring's documents: every RINGS-th of the block's
+// Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
+constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;               // accumulator rows of the block
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
 static_assert(TILE_N == 64 || TILE_N == 128, "wgmma tiles of 64 or 128 document rows");
@@ -123,6 +133,7 @@ constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) +
                              16 * STAGES;
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
+static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slots: one multiplying, one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 }  // namespace wg
 
@@ -310,8 +321,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         const i64 p = position + rotation;
         return doc_begin + (p >= doc_count ? p - doc_count : p);
     };
-    // A walk over the block's documents in that order, a tile at a time: the producer and each
-    // consumer warpgroup keep one (their ring slots follow the same sequence of tiles).
+    // A walk over a ring's documents in that order, a tile at a time: its producer and each of
+    // its consumer warpgroups keep one (their ring slots follow the same sequence of tiles).
     struct DocCursor {
         i64 position, doc, base, length, first_token;  // base: element offset of the document
         int tiles, tile;
@@ -323,11 +334,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         doc_extent(layout, c.doc, c.base, c.length, c.first_token);
         c.tiles = max(1, (int)((c.length + TILE_N - 1) / TILE_N));
     };
-    // Moves to the next tile; returns whether it opened the next document.
+    // Moves to the next tile (of the next of the ring's documents after the last).
     auto next_tile = [&](DocCursor& c) {
-        if (++c.tile < c.tiles) return false;
-        open_doc(c, c.position + 1);
-        return true;
+        if (++c.tile == c.tiles) open_doc(c, c.position + DOC_STEP);
     };
 
     // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
@@ -349,7 +358,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         for (int s = 0; s < STAGES; ++s) {
             // cp.async: every producer thread; TMA: the issuing lane, and the first producer
             // warp's lanes that copy int8 scales.
-            mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 128);
+            mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 32 * COPY_WARPS);
             mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
     }
@@ -386,19 +395,23 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
         // of each tile's rows.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_registers<T>()));
-        if (tile_map.use_tma && warp != CONSUMER_WARPS) return;
-        constexpr int ROWS_PER_WARP = TILE_N / 4;
+        // Splitting documents, warp r feeds ring r (a fourth warp idles); otherwise TMA needs
+        // only the first warp.
+        const int producer_warp = warp - CONSUMER_WARPS;
+        if (SPLIT_DOCS ? producer_warp >= RINGS : tile_map.use_tma && producer_warp != 0) return;
+        const int ring_first = (SPLIT_DOCS ? producer_warp : 0) * RING, ring_end = ring_first + RING;
+        constexpr int ROWS_PER_WARP = TILE_N / COPY_WARPS;
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
-        const int my_chunk = lane & 7, my_row = (warp - CONSUMER_WARPS) * ROWS_PER_WARP + (lane >> 3);
+        const int my_chunk = lane & 7, my_row = (SPLIT_DOCS ? 0 : producer_warp) * ROWS_PER_WARP + (lane >> 3);
         DocCursor load;
-        open_doc(load, 0);
-        int stage = 0;
+        open_doc(load, SPLIT_DOCS ? producer_warp : 0);
+        int stage = ring_first;  // the ring slot
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         auto produce = [&](const bool tma) {
         for (int t = 0; load.position < doc_count; ++t) {
-            if (t >= STAGES) mbarrier_wait(empty + stage, phase ^ 1);
+            if (t >= RING) mbarrier_wait(empty + stage, phase ^ 1);
             const int first_row = load.tile * TILE_N;
             const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
             unsigned char* tile = sD + stage * TILE_BYTES;
@@ -427,7 +440,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 }
             } else {
                 const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
-#pragma unroll
+#pragma unroll 4
                 for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
                     const int r = my_row + 4 * pass;
                     bool real = r < rows_left;
@@ -447,7 +460,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 // Each lane's arrival on the tile's barrier fires once its copies have landed.
                 cp_async_mbarrier_arrive(full + stage);
             }
-            if (++stage == STAGES) stage = 0, phase ^= 1;
+            if (++stage == ring_end) stage = ring_first, phase ^= 1;
             next_tile(load);
         }
         };
@@ -510,22 +523,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         }
     };
 
-    // Consumer cursor: the tile the tensor cores get next.
+    // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring.
     DocCursor cursor;
-    open_doc(cursor, 0);
-    int stage = 0;
+    open_doc(cursor, SPLIT_DOCS ? warpgroup : 0);
+    const int ring_first = (SPLIT_DOCS ? warpgroup : 0) * RING, ring_end = ring_first + RING;
+    int stage = ring_first;
     u32 phase = 0;
-    // SPLIT_DOCS: pass over the ring slots of the documents other warpgroups take.
-    auto skip_others = [&]() {
-        if constexpr (SPLIT_DOCS) {
-            while (cursor.position < doc_count && cursor.position % WARPGROUPS != warpgroup) {
-                stage += cursor.tiles;
-                while (stage >= STAGES) stage -= STAGES, phase ^= 1;
-                open_doc(cursor, cursor.position + 1);
-            }
-        }
-    };
-    skip_others();
     // What the fold of a tile needs to know, recorded when its MMAs are issued.
     struct TileInfo {
         i64 doc;
@@ -664,8 +667,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         in_flight.columns = (int)min(cursor.length - cursor.tile * TILE_N, (i64)TILE_N);
         in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
         in_flight.last = cursor.tile + 1 == cursor.tiles;
-        if (++stage == STAGES) stage = 0, phase ^= 1;
-        if (next_tile(cursor)) skip_others();
+        if (++stage == ring_end) stage = ring_first, phase ^= 1;
+        next_tile(cursor);
     };
     // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
     // slot's document scales.

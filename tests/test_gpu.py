@@ -317,6 +317,22 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
         hopper, classic = both_kernels(lambda: cm.score(q[:count], d, **few))
         assert_scores_match(hopper, expected[:count], atol=tolerance)
         assert_scores_match(hopper, classic, atol=tolerance)
+    # One query against long documents, several per block and no mask (TMA): each warpgroup's
+    # next document lies more than its share of a ring ahead.
+    long64 = _round_to(unit_rows(rng, (400, 700, dim), np.float64), source_dtype)
+    long_docs, long_extra = _to_device(long64, source_dtype), {}
+    if dtype == "int8":
+        long_docs, long_scale = cm.quantize_int8(long_docs)
+        long64 = to_numpy(long_docs) * to_numpy(long_scale)[..., None]
+        long_extra = dict(q_scale=extra["q_scale"][:1], d_scale=long_scale)
+    everywhere = np.ones(long64.shape[:2], bool)
+    expected_long = reference.maxsim_reference(q64[:1], long64, q_mask[:1], everywhere)
+    long_tolerance = 2 * naive_error(q64[:1], long64, q_mask[:1], everywhere, source_dtype, expected_long) + NOISE[
+        source_dtype] * lq
+    hopper, classic = both_kernels(lambda: cm.score(q[:1], long_docs, q_mask=masks["q_mask"][:1], **long_extra))
+    assert_scores_match(hopper, expected_long, atol=long_tolerance)
+    assert_scores_match(hopper, classic, atol=long_tolerance)
+    del long64, long_docs
 
     # Many short documents: each block walks a range of them, query groups starting at
     # different documents (the rotation applies when the corpus fits in L2).
