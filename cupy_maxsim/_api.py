@@ -873,11 +873,10 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
             values.update(docs_per_block=docs_per_block, queries_per_group=group, doc_rotation=doc_rotation)
             tile_map = None
             if tile_rows:
-                # The Hopper kernel's TMA descriptor of the documents (packed: one long document);
-                # none with a mask: cp.async copies zero-fill masked rows (the kernel's witness of
-                # non-finite elements sums whole rows).
+                # The Hopper kernel's TMA descriptor of the documents (packed: one long
+                # document); masked rows come too, and the kernel skips their columns.
                 item = ITEMSIZE[d.dtype]
-                tile_map = _kernels.NO_DOC_TILE_MAP if d_mask is not None else _kernels.doc_tile_map(
+                tile_map = _kernels.doc_tile_map(
                     d.ptr, item, dim, d.shape[0] if offsets is not None else doc_length,
                     1 if offsets is not None else num_docs, d.strides[-2] * item,
                     0 if offsets is not None else doc_stride * item, offsets is not None, tile_rows)

@@ -36,19 +36,19 @@
 // bank groups of shared memory. A k-step of the MMA is the descriptor advanced 32 bytes within
 // an atom, or to the next atom.
 //
-// Copies. Where the operands meet TMA's rules (_kernels.doc_tile_map) and there is no
-// document mask, one producer lane issues each tile as TMA boxes (the tensor memory
-// accelerator swizzles them, and fills rows past the tensor with zeros; a packed document's
-// last tile holds the next document's first tokens); otherwise the producer warpgroup copies
-// with cp.async and zero-fills padding and masked rows itself.
+// Copies. Where the operands meet TMA's rules (_kernels.doc_tile_map), one producer lane
+// issues each tile as TMA boxes (the tensor memory accelerator swizzles them, and fills rows
+// past the tensor with zeros; a packed document's last tile holds the next document's first
+// tokens, masked rows whatever they hold); otherwise the producer warpgroup copies with
+// cp.async and zero-fills padding and masked rows itself.
 //
 // Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: the
 // consumers replace the similarities of padding, masked and past-the-document columns by
 // -FLT_MAX (from the tile's length and the mask, only in tiles that have such columns), so that
 // whatever those rows hold cannot leak; a document with no real token scores -inf; a
 // non-finite query token is flagged and zeroed once; a non-finite document element shows up in
-// every row's similarities with its column, so the first warp of each warpgroup sums one row
-// per thread over the document's columns as a witness; ties in the argmax go to the lowest
+// every row's similarities with its column, so every thread sums one row over the document's
+// real columns as a witness; ties in the argmax go to the lowest
 // document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
@@ -540,7 +540,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 
     RowBest best[2] = {{MAXSIM_NEG_INF, -1}, {MAXSIM_NEG_INF, -1}};  // rows lane/4 and lane/4 + 8
     bool has_row = false;
-    float witness = 0.f;  // first warp of the group: one row against every column, summed
+    float witness = 0.f;  // row lane/4 against every real column of the document, summed
 
     // Fold a finished tile's accumulators into the running row maxima. Columns that are not
     // real (padding, masked, past the document: a TMA tile holds whatever memory is there) are
@@ -574,6 +574,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h]);
                     float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h + 1]);
                     if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
+                    // The witness: row lane/4 against every real column of the document.
+                    if (h == 0) witness += (real0 ? v0 : 0.f) + (real1 ? v1 : 0.f);
                     if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
                     m[h][jj] = max_nan(v0, v1);
                     if constexpr (ARGMAX) {
@@ -597,20 +599,6 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
     // maxima to the warpgroup and sum its queries' scores.
     auto fold = [&](const Acc (&acc)[ACC], const TileInfo& info) {
-        // The witness: row lane/4 against every column in the document, scaled (masked rows are
-        // zeros: masked inputs are copied with cp.async, which zero-fills them).
-        if (warp_in_group == 0) {
-            const float* scale = sScale + info.stage * TILE_N;
-#pragma unroll
-            for (int j = 0; j < TILE_N / 8; ++j) {
-                const int col = 8 * j + 2 * quad;
-                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j]);
-                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 1]);
-                if constexpr (SCALED) v0 *= scale[col], v1 *= scale[col + 1];
-                if (info.biased) v0 = col < info.columns ? v0 : 0.f, v1 = col + 1 < info.columns ? v1 : 0.f;
-                witness += v0 + v1;
-            }
-        }
         if (info.biased)
             fold_tile(acc, info, true);
         else
