@@ -11,5 +11,5 @@ for name, (nq, lq, nd, ld) in {"colpali": (32, 32, 128, 1030), "colbert": (128, 
     for rnd in range(2):
         for label, shape in (("auto", dict(warpgroups=3, stages=6)), ("n64", dict(warpgroups=3, stages=6, tile_n=64)), ("n128", dict(warpgroups=3, stages=6, tile_n=128))):
             _kernels.WGMMA_SHAPE = shape; _api._mma_plan.cache_clear()
-            ms, peak, _ = measure_step(torch, lambda q, d: cmt.maxsim(q, d), q0, d0, grad)
+            ms, _, peak, _ = measure_step(torch, lambda q, d: cmt.maxsim(q, d), q0, d0, grad)
             print(name, rnd, label, f"{ms:.3f} ms", flush=True)

@@ -3,7 +3,9 @@
 Providers: cupy_maxsim (called with torch CUDA tensors, interop included), naive PyTorch fp16
 (einsum, max, sum), naive CuPy, flash-maxsim 0.3.0 and late-interaction-kernels 0.4.5, each
 skipped with a note when it is not importable or the shape is out of its reach. Per shape:
-median time (CUDA events, after warm-up), the floor from ceilings measured in this run
+median time (CUDA events, after warm-up, the L2 flushed before each call as
+triton.testing.do_bench does, the method of ../shared/ANCHORS.md; "ms_synced": each call waiting
+for the last, its host path always in the time), the floor from ceilings measured in this run
 (device copy bandwidth, bf16 matrix rate), the fraction of the floor reached, the speedup over
 the best peer and the peak extra memory. Writes JSON with provenance and a PNG under
 bench/results/ (or --out).
@@ -57,18 +59,40 @@ def measure_ceilings(torch):
             "int8_tops": 2 * 8192**3 / int8_ms / 1e9}
 
 
-def _median_ms(torch, fn, reps=20, warmup=3):
+_flush_buffers: dict = {}
+
+
+def _median_ms(torch, fn, reps=20, warmup=3, synced=False):
+    """Median milliseconds of one call of ``fn`` between CUDA events.
+
+    Default: as ``triton.testing.do_bench`` (how ANCHORS.md measured the peers): a 256 MB write
+    flushes the L2 before each call, and the host does not wait between calls, so a call's host
+    path overlaps that flush (a host path longer than the flush still shows). ``synced``: each
+    call starts after the last one finished, its whole host path inside the events."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if synced:
+        times = []
+        for _ in range(reps):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        return float(np.median(times))
+    device = torch.cuda.current_device()
+    if device not in _flush_buffers:
+        _flush_buffers[device] = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    flush = _flush_buffers[device]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, stop in events:
+        flush.zero_()
         start.record()
         fn()
         stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return float(np.median(times))
+    torch.cuda.synchronize()
+    return float(np.median([start.elapsed_time(stop) for start, stop in events]))
 
 
 def _host_loop_us(torch, fn, calls=200):
@@ -247,8 +271,10 @@ def run(args):
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
-                ms = _median_ms(torch, call, reps=args.reps if nd * ld < 5e7 else max(5, args.reps // 4))
+                reps = args.reps if nd * ld < 5e7 else max(5, args.reps // 4)
+                ms = _median_ms(torch, call, reps=reps)
                 extra = torch.cuda.max_memory_allocated() - base
+                entry["ms_synced"] = _median_ms(torch, call, reps=reps, synced=True)
                 scores = torch.as_tensor(np.asarray(out.get() if hasattr(out, "get") else out.float().cpu()))
                 scores = scores.reshape(-1).double()
                 if reference_scores is None:
@@ -283,7 +309,8 @@ def _print_row(row):
     for provider, entry in row["providers"].items():
         if "ms" in entry:
             extra = f" e2e {entry['end_to_end_us']:.0f}us" if "end_to_end_us" in entry else ""
-            parts.append(f"{provider} {entry['ms']:.3f}ms ({entry['fraction_of_floor']:.2f}, {entry['extra_mb']:.0f}MB){extra}")
+            parts.append(f"{provider} {entry['ms']:.3f}ms (synced {entry['ms_synced']:.3f}, "
+                         f"{entry['fraction_of_floor']:.2f}, {entry['extra_mb']:.0f}MB){extra}")
         else:
             parts.append(f"{provider} -")
     print(f"{row['shape']}: floor {row['floor_ms']:.3f}ms | " + " | ".join(parts), flush=True)

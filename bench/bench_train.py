@@ -6,7 +6,8 @@ its default backward), late-interaction-kernels 0.4.5 (``maxsim``), and naive Py
 max, sum; autograd keeps the similarity tensor). One step is ``scores = f(q, d)`` followed by
 ``scores.backward(g)`` with a fixed random g (what any loss on the scores hands back).
 
-Per shape: median step time (CUDA events), the floor (FLOPs of forward + backward at the bf16
+Per shape: median step time (bench_forward._median_ms: L2 flushed before each step, as the
+anchors measured; and each step waiting for the last), the floor (FLOPs of forward + backward at the bf16
 rate measured in the same run, and bytes at the copy bandwidth), our forward (with argmax) and
 backward separately, peak extra memory (above the inputs and their gradients), and the
 gradients' agreement with naive fp32. Also the ColPali in-batch run (128 queries x 128 pages
@@ -64,7 +65,8 @@ def _unit(torch, shape, seed):
 
 
 def measure_step(torch, fn, q0, d0, grad, reps=30):
-    """(median ms, peak extra MB, grads) of forward + backward."""
+    """(median ms, median ms synced, peak extra MB, grads) of forward + backward (the two timing
+    methods of bench_forward._median_ms)."""
     q = q0.clone().requires_grad_(True)
     d = d0.clone().requires_grad_(True)
 
@@ -82,7 +84,8 @@ def measure_step(torch, fn, q0, d0, grad, reps=30):
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     ms = _median_ms(torch, step, reps=reps, warmup=3)
-    return ms, peak, (q.grad.float().clone(), d.grad.float().clone())
+    synced = _median_ms(torch, step, reps=reps, warmup=3, synced=True)
+    return ms, synced, peak, (q.grad.float().clone(), d.grad.float().clone())
 
 
 def run(args):
@@ -104,11 +107,11 @@ def run(args):
                  "anchor_flash_ms": ANCHOR_MS.get(name), "providers": {}}
         for provider, fn in found.items():
             try:
-                ms, peak, grads = measure_step(torch, fn, q0, d0, grad)
+                ms, synced, peak, grads = measure_step(torch, fn, q0, d0, grad)
             except Exception as error:  # noqa: BLE001 - report, keep going
                 entry["providers"][provider] = {"error": repr(error)[:300]}
                 continue
-            result = {"ms": ms, "peak_extra_mb": peak, "fraction_of_floor": floor / ms}
+            result = {"ms": ms, "ms_synced": synced, "peak_extra_mb": peak, "fraction_of_floor": floor / ms}
             if provider == "naive_torch_fp16":
                 reference = grads
             entry["providers"][provider] = result
@@ -176,25 +179,26 @@ def colpali_inbatch(torch, found):
 
 
 def table(report) -> str:
-    lines = ["| shape | floor ms | provider | step ms | frac of floor | peak extra MB | vs flash |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| shape | floor ms | provider | step ms | step ms synced | frac of floor | peak extra MB | vs flash |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         flash = row["providers"].get("flash_maxsim_0.3.0", {}).get("ms")
         for provider, result in row["providers"].items():
             if "ms" not in result:
-                lines.append(f"| {row['shape']} | | {provider} | {result.get('error', '')[:60]} | | | |")
+                lines.append(f"| {row['shape']} | | {provider} | {result.get('error', '')[:60]} | | | | |")
                 continue
             speed = f"{flash / result['ms']:.2f}x" if flash else "-"
             lines.append(f"| {row['shape']} | {row['floor_ms']:.3f} | {provider} | {result['ms']:.3f} | "
-                         f"{result['fraction_of_floor']:.2f} | {result['peak_extra_mb']:.1f} | {speed} |")
+                         f"{result['ms_synced']:.3f} | {result['fraction_of_floor']:.2f} | "
+                         f"{result['peak_extra_mb']:.1f} | {speed} |")
         lines.append(f"| {row['shape']} | | ours fwd / fwd+argmax / bwd | {row['ours_forward_ms']:.3f} / "
-                     f"{row['ours_forward_argmax_ms']:.3f} / {row['ours_backward_ms']:.3f} | | | |")
+                     f"{row['ours_forward_argmax_ms']:.3f} / {row['ours_backward_ms']:.3f} | | | | |")
     for provider, result in report["colpali_inbatch_128x128x1030"].items():
         if "ms" in result:
-            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['ms']:.3f} | | "
+            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['ms']:.3f} | | | "
                          f"{result['peak_extra_mb']:.1f} | |")
         else:
-            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['error'][:60]} | | | |")
+            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['error'][:60]} | | | | |")
     return "\n".join(lines)
 
 
