@@ -795,8 +795,9 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
         # 64 // Lq whole queries).
         mean_length = doc_bytes / (dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]])
-        config = _kernels.wgmma_config(ksteps, argmax, -(-num_queries // (64 // query_length)),
-                                       _kernels.wgmma_tile_rows(mean_length, suffix == "int8"))
+        warpgroups = -(-num_queries // (64 // query_length))
+        config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
+                                       _kernels.wgmma_tile_rows(mean_length, suffix == "int8", warpgroups < 2, ksteps))
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None

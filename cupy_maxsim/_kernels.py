@@ -230,6 +230,9 @@ WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 WGMMA_LONG_TILE_PADDING = 1.1
 #: 64 or 128 forces the tile rows for 16-bit inputs (tests, bench/tune_wgmma.py); None: per problem.
 WGMMA_TILE_ROWS = None
+#: int8 gets 128-row tiles only splitting documents with at most this many k-steps (dim 128):
+#: more query fragments in registers spill (maxsim_fwd_wgmma.cu, the int8 entry).
+INT8_LONG_TILE_KSTEPS = 4
 #: Shared memory a Hopper block may use (H100 and H200: 227 KB); a ring that would not fit
 #: gets fewer stages.
 WGMMA_SHARED_LIMIT = 227 * 1024
@@ -264,10 +267,10 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     return config
 
 
-def wgmma_tile_rows(mean_doc_length: float, int8: bool) -> int:
+def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4) -> int:
     """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens."""
-    if int8:
-        return 64  # the int8 kernel exists with 64-row tiles only
+    if int8 and not (split_docs and ksteps <= INT8_LONG_TILE_KSTEPS):
+        return 64  # the int8 kernel's only 128-row builds (see family_kernels)
     if WGMMA_TILE_ROWS is not None:
         return WGMMA_TILE_ROWS
     if mean_doc_length <= 0:
@@ -612,9 +615,13 @@ def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | Non
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry
-    exists with 64-row tiles only: wgmma_tile_rows never picks 128 for int8)."""
+    exists with 128-row tiles only splitting documents, where a warpgroup holds one accumulator
+    set, with at most INT8_LONG_TILE_KSTEPS k-steps: wgmma_tile_rows never picks 128 for int8
+    otherwise)."""
     names = FAMILIES[family][1]
-    if family == "maxsim_fwd_wgmma" and "-DMAXSIM_TILE_N=128" in defines:
+    long_int8 = "-DMAXSIM_SPLIT_DOCS=1" in defines and any(
+        d.startswith("-DMAXSIM_KSTEPS=") and int(d.split("=")[1]) <= INT8_LONG_TILE_KSTEPS for d in defines)
+    if family == "maxsim_fwd_wgmma" and "-DMAXSIM_TILE_N=128" in defines and not long_int8:
         names = tuple(name for name in names if not name.endswith("_int8"))
     return names
 

@@ -721,8 +721,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
-// int8 takes 64-row tiles only: with 128 its three consumer warpgroups would need more than
-// their 160 registers (spills), and it measured no faster (tune-wgmma-2026-11-30-462151b.log).
-#if MAXSIM_TILE_N == 64
+// int8 takes 128-row tiles only splitting documents (one accumulator set) of dim <= 128: with
+// two sets, or 8 k-steps of query fragments, its consumers would need more registers than they
+// have (spills); with two sets it measured no faster either (tune-wgmma-2026-11-30-462151b.log).
+#if MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
 #endif

@@ -61,11 +61,14 @@ def test_query_groups_fit_their_block(query_length):
 @pytest.mark.parametrize("length, int8, rows", [(128, False, 128), (1030, False, 128), (300, False, 64),
                                                 (64, False, 64), (1030, True, 64), (2000, False, 128)])
 def test_hopper_tile_rows(length, int8, rows, monkeypatch):
-    """128-row tiles where they add little padding over 64-row ones (and never for int8, whose
-    kernel exists with 64-row tiles only, even when 128 is forced)."""
+    """128-row tiles where they add little padding over 64-row ones (and for int8 only where a
+    query's warpgroups split the documents, its kernel's only 128-row build, even when 128 is
+    forced)."""
     assert _kernels.wgmma_tile_rows(length, int8) == rows
+    assert _kernels.wgmma_tile_rows(length, int8, split_docs=True) == (128 if int8 and length == 1030 else rows)
     monkeypatch.setattr(_kernels, "WGMMA_TILE_ROWS", 128)
     assert _kernels.wgmma_tile_rows(length, int8) == (64 if int8 else 128)
+    assert _kernels.wgmma_tile_rows(length, int8, split_docs=True) == 128
 
 
 def test_doc_tile_map_falls_back_to_copies(monkeypatch):
