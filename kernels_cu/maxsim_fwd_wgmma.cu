@@ -100,7 +100,7 @@ template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int share = (pool - 128 * producer_registers<T>()) / (128 * WARPGROUPS) / 8 * 8;
     return share > 240 ? 240 : share;
 }
-static_assert(WARPGROUPS >= 2 && WARPGROUPS <= 3, "consumers need 152 registers: at most 3 warpgroups");
+static_assert(WARPGROUPS >= 2 && WARPGROUPS <= 3, "consumers need 144-152 registers: at most 3 warpgroups");
 constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmma N)
 constexpr int ACC = TILE_N / 2;              // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -356,8 +356,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     cp_async_commit();
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            // cp.async: every producer thread; TMA: the issuing lane, and the first producer
-            // warp's lanes that copy int8 scales.
+            // cp.async: every thread of the warps copying the ring's tiles; TMA: the issuing
+            // lane, and (int8) its warp's lanes that copy the scales.
             mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 32 * COPY_WARPS);
             mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
@@ -393,7 +393,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 that
         // warp's lanes copy the tile's document scales beside it with cp.async). Without, its 4
         // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
-        // of each tile's rows.
+        // of each tile's rows. Splitting documents, warp r does either for ring r alone.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_registers<T>()));
         // Splitting documents, warp r feeds ring r (a fourth warp idles); otherwise TMA needs
         // only the first warp.
