@@ -237,11 +237,12 @@ INT8_LONG_TILE_KSTEPS = 4
 #: gets fewer stages.
 WGMMA_SHARED_LIMIT = 227 * 1024
 WGMMA_MAX_KSTEPS = 8
-#: With fewer query rows than that, a block has only the warpgroups it can fill. One query
-#: group (64 rows or fewer; memory-bound) gets three warpgroups that hold the same queries and
-#: split the block's documents, each from a ring of its own, as deep as fits (a one-warpgroup block measured
-#: slower than mma.sync there: bench/results/tune-wgmma-2026-11-30-a23dc04.log); False keeps
-#: one query group on the mma.sync kernel.
+#: With fewer query rows than three warpgroups hold, a block has only the warpgroups it can
+#: fill. One query group (64 rows or fewer; memory-bound) gets three warpgroups that hold the
+#: same queries and split the block's documents, each from a ring of its own as deep as fits:
+#: colbert-1q-1M 10.2 -> 8.0 ms against mma.sync (bench/results/tune-wgmma-2026-11-30-b5ade09.log;
+#: one warpgroup alone had measured slower than mma.sync: tune-wgmma-2026-11-30-a23dc04.log).
+#: False keeps one query group on the mma.sync kernel.
 WGMMA_SPLIT_DOCS = True
 WGMMA_SPLIT_STAGES = 30  # cut to what fits, in whole rings
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
