@@ -7,7 +7,6 @@ argument, what was expected and what came.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 
@@ -438,8 +437,6 @@ class BackwardPlan:
 
     def _prepare_gpu(self) -> None:
         """Scratch, launch geometry and the inverse CSR (it needs only the winners)."""
-        import cupy
-
         like, q, d, argmax, offsets, pairs, longest = (self.like, self.q, self.d, self.argmax, self.offsets,
                                                        self.pairs, self.longest)
         num_queries, query_length, dim = q.shape
@@ -450,8 +447,7 @@ class BackwardPlan:
         sources_per_doc = query_length if pairs else num_queries * query_length
         if sources_per_doc >= 2**31:
             raise ValueError(f"at most 2^31 - 1 query tokens per backward, got {sources_per_doc}")
-        switch = cupy.cuda.runtime.getDevice() != like.device
-        with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(self._stream):
+        with _kernels.on_device(like.device), _kernels.on_stream(self._stream):
             sm_count, smem_limit = _kernels.device_properties(like.device)[:2]
             count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
             csr_counts_stride = 0
@@ -508,8 +504,6 @@ class BackwardPlan:
                             shared, self._stream)
 
     def _gpu_gradients(self, grad: Operand, output: Output):
-        import cupy
-
         like, d, pairs = self.like, self.d, self.pairs
         grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
         grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
@@ -522,8 +516,7 @@ class BackwardPlan:
         num_queries, query_length, dim = self.q.shape
         suffix = _DTYPE_SUFFIX[like.dtype]
         stream = self._stream
-        switch = cupy.cuda.runtime.getDevice() != like.device
-        with cupy.cuda.Device(like.device) if switch else contextlib.nullcontext(), _kernels.on_stream(stream):
+        with _kernels.on_device(like.device), _kernels.on_stream(stream):
             grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
                 grad.cupy().astype(np.float32), "grad_scores", grad)
             if self.offsets is not None and not self.cover:
@@ -832,8 +825,6 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
                      out_ptr, out_query_stride, stream, argmax=None):
     """Launch the forward; ``argmax`` = (pointer, (query, doc) strides, is 32-bit) or None."""
-    import cupy
-
     num_queries, query_length, dim = q.shape
     suffix = _DTYPE_SUFFIX[q.dtype]
     values = dict(
@@ -861,8 +852,7 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
         d_scale_doc_stride=0 if d_scale is None or d_scale.ndim < 2 else d_scale.strides[0],
         d_scale_row_stride=0 if d_scale is None else d_scale.strides[-1],
     )
-    switch = cupy.cuda.runtime.getDevice() != q.device
-    with cupy.cuda.Device(q.device) if switch else contextlib.nullcontext():
+    with _kernels.on_device(q.device):
         # Bytes of one (average) document, for the L2 working-set estimate.
         doc_bytes = (d.shape[0] * d.shape[-1] // max(1, num_docs) if offsets is not None
                      else doc_length * d.shape[-1]) * ITEMSIZE[d.dtype]

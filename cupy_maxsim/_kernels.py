@@ -29,7 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 #: Kernel names each source family defines; tests check that every one exists in the source.
 FAMILIES = {
@@ -313,8 +312,6 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
     key = (device, family, defines, name, shared_bytes)
     kernel = _kernel_cache.get(key)
     if kernel is None:
-        import cupy
-
         module = _modules.get(key[:3])
         if module is None:
             module = _modules[key[:3]] = _load_module(family, defines)
@@ -383,6 +380,14 @@ def resident_blocks(kernel, threads: int, shared_bytes: int, device: int) -> int
     per_warp = -(-kernel.num_regs * 32 // 256) * 256
     by_registers = 65536 // (per_warp * (threads // 32))
     return max(1, min(by_registers, smem_per_sm // (shared_bytes + 1024), 2048 // threads))
+
+
+def on_device(device: int):
+    """Context in which ``device`` is this thread's current device: a switch only when another
+    one is (entering cupy.cuda.Device costs microseconds, and small calls are host-bound)."""
+    import cupy
+
+    return cupy.cuda.Device(device) if cupy.cuda.runtime.getDevice() != device else contextlib.nullcontext()
 
 
 def on_stream(stream_ptr: int | None):

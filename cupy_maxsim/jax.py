@@ -14,8 +14,6 @@ documents, whose longest length is not known when tracing).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
