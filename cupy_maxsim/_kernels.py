@@ -267,10 +267,17 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     return config
 
 
+def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:
+    """Whether the Hopper kernel's int8 entry exists with 128-row tiles: only splitting
+    documents (one accumulator set) with at most INT8_LONG_TILE_KSTEPS k-steps (the #if before
+    its entry in maxsim_fwd_wgmma.cu)."""
+    return bool(split_docs) and ksteps <= INT8_LONG_TILE_KSTEPS
+
+
 def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4) -> int:
     """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens."""
-    if int8 and not (split_docs and ksteps <= INT8_LONG_TILE_KSTEPS):
-        return 64  # the int8 kernel's only 128-row builds (see family_kernels)
+    if int8 and not int8_long_tiles(split_docs, ksteps):
+        return 64
     if WGMMA_TILE_ROWS is not None:
         return WGMMA_TILE_ROWS
     if mean_doc_length <= 0:
@@ -620,15 +627,14 @@ def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | Non
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
-    """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry
-    exists with 128-row tiles only splitting documents, where a warpgroup holds one accumulator
-    set, with at most INT8_LONG_TILE_KSTEPS k-steps: wgmma_tile_rows never picks 128 for int8
-    otherwise)."""
+    """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry:
+    see int8_long_tiles)."""
     names = FAMILIES[family][1]
-    long_int8 = "-DMAXSIM_SPLIT_DOCS=1" in defines and any(
-        d.startswith("-DMAXSIM_KSTEPS=") and int(d.split("=")[1]) <= INT8_LONG_TILE_KSTEPS for d in defines)
-    if family == "maxsim_fwd_wgmma" and "-DMAXSIM_TILE_N=128" in defines and not long_int8:
-        names = tuple(name for name in names if not name.endswith("_int8"))
+    if family == "maxsim_fwd_wgmma":
+        value = dict(d[len("-D"):].split("=", 1) for d in defines)
+        if value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
+                value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"])):
+            names = tuple(name for name in names if not name.endswith("_int8"))
     return names
 
 
