@@ -778,7 +778,7 @@ def _persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, doc_bytes=0):
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
@@ -787,10 +787,9 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
         # 64 // Lq whole queries).
-        mean_length = doc_bytes / (dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]])
         warpgroups = -(-num_queries // (64 // query_length))
         config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
-                                       _kernels.wgmma_tile_rows(mean_length, suffix == "int8", warpgroups < 2, ksteps))
+                                       _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps))
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None
@@ -816,7 +815,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     # Query groups of one document range start at different documents (the Hopper kernel), so
     # that they do not all ask the same L2 lines at once; only when the corpus fits in half the
     # L2 cache, so that a later group still finds what an earlier one read.
-    corpus_fits = num_docs * doc_bytes <= l2_bytes // 2
+    corpus_fits = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
     tile_rows = config.tile_n if wgmma else 0
     return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows
@@ -853,11 +852,10 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
         d_scale_row_stride=0 if d_scale is None else d_scale.strides[-1],
     )
     with _kernels.on_device(q.device):
-        # Bytes of one (average) document, for the L2 working-set estimate.
-        doc_bytes = (d.shape[0] * d.shape[-1] // max(1, num_docs) if offsets is not None
-                     else doc_length * d.shape[-1]) * ITEMSIZE[d.dtype]
+        # Tokens of one (average) document: the Hopper tile rows, the L2 working-set estimate.
+        mean_doc_length = d.shape[0] / max(1, num_docs) if offsets is not None else doc_length
         plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None,
-                         doc_bytes) \
+                         mean_doc_length) \
             if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
             kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows = plan

@@ -84,3 +84,45 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
     monkeypatch.setattr(_kernels, "_doc_tile_maps", {})
     assert _kernels.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
 
+
+
+def test_hopper_plan_without_a_gpu(monkeypatch):
+    """The forward planner (_api._mma_plan) on an H200's properties, kernels stubbed: one query
+    splits the documents over three warpgroups (128-row tiles for ColPali pages, 64 for 300-token
+    documents; int8 pages too), many queries fill three warpgroups, and query groups of a corpus
+    within half the L2 start at rotated documents."""
+    from cupy_maxsim import _api
+
+    class Kernel:  # what the planner reads of a compiled kernel
+        num_regs = 128
+
+    defines_seen = []
+
+    def get_kernel(device, family, name, defines=(), shared_bytes=0):
+        defines_seen.append((family, name, defines))
+        return Kernel()
+
+    h200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: h200)
+    monkeypatch.setattr(_kernels, "get_kernel", get_kernel)
+    _api._mma_plan.cache_clear()
+    try:
+        def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16"):
+            defines_seen.clear()
+            _api._mma_plan.cache_clear()
+            result = _api._mma_plan(0, suffix, num_queries, 32, 128, num_docs, False, False, mean_length)
+            family, name, defines = defines_seen[-1]
+            return result, dict(d.lstrip("-D").split("=") for d in defines), name
+
+        (_, _, _, group, groups, per_block, _, rotation, rows), defines, name = plan(1, 1030)
+        assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_SPLIT_DOCS"] == "1" and rows == 128
+        assert (group, groups, rotation) == (1, 1, 0) and per_block * 132 >= 10_000
+        assert plan(1, 300)[0][-1] == 64
+        int8_plan, _, int8_name = plan(1, 1030, suffix="int8")
+        assert int8_plan[-1] == 128 and int8_name == "maxsim_fwd_wgmma_int8"
+        (_, _, _, group, groups, _, _, rotation, rows), defines, _ = plan(32, 300, num_docs=128)
+        assert defines["MAXSIM_SPLIT_DOCS"] == "0" and defines["MAXSIM_WARPGROUPS"] == "3"
+        assert group == 6 and groups == 6 and rows == 64 and rotation > 0  # 128 x 300 x 128 fp16 fits the L2
+        assert plan(32, 300, num_docs=100_000)[0][7] == 0  # a corpus far past the L2: no rotation
+    finally:
+        _api._mma_plan.cache_clear()
