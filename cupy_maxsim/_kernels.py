@@ -205,7 +205,8 @@ class WgmmaConfig:
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
         return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + query_rows * (kpad + 8) * 2
-                + 4 * (self.stages * n + 3 * query_rows + (2 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
+                + 4 * (self.stages * n + 3 * query_rows + (2 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages
+                + 8 * (self.stages + 1))
 
     def defines(self) -> tuple[str, ...]:
         return (
