@@ -423,6 +423,12 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
     expected = reference.maxsim_packed_reference(q64, tokens64, offsets, q_mask)
     assert_scores_match(hopper, expected, atol=tolerance)
     assert_scores_match(hopper, classic, atol=tolerance)
+    # ... and one query (its warpgroups splitting the packed documents).
+    one_extra = dict(packed_extra, q_scale=packed_extra["q_scale"][:1]) if dtype == "int8" else packed_extra
+    hopper, classic = both_kernels(lambda: cm.score_packed(q[:1], tokens, _like(q, offsets), q_mask=masks["q_mask"][:1],
+                                                           **one_extra))
+    assert_scores_match(hopper, expected[:1], atol=tolerance)
+    assert_scores_match(hopper, classic, atol=tolerance)
 
     if dtype != "int8":
         finite = np.isfinite(d64).all(axis=-1)
