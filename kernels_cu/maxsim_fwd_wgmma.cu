@@ -372,26 +372,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     }
     cp_async_wait<0>();
     __syncthreads();
-    // Non-finite query tokens are flagged once and zeroed, so that every row stays a valid
-    // witness for non-finite document elements (int8 tokens cannot be; their scales are
-    // checked with the max).
+    // Non-finite query tokens are flagged once and zeroed (int8 tokens cannot be; their scales
+    // are checked with the max). The row pitch keeps rows 16-byte aligned.
     for (int row = tid; row < QUERY_ROWS; row += THREADS) {
         bool bad = false;
-        if constexpr (!SCALED) {
-            // 16 bytes at a time (the row pitch keeps rows 16-byte aligned): 8 elements, an
-            // exponent test on each half of each word.
-            const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;
-            uint4* chunks = (uint4*)(sQ + row * LDS);
-#pragma unroll 4
-            for (int k = 0; k < CHUNKS; ++k) {
-                const uint4 v = chunks[k];
-                const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
-            }
-            if (bad)
-                for (int k = 0; k < CHUNKS; ++k) chunks[k] = make_uint4(0, 0, 0, 0);
-        }
+        if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
         sRowBad[row] = bad;
     }
     __syncthreads();  // the last block-wide barrier
