@@ -1,7 +1,7 @@
 """The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates, on
 H200, dim 128: compute-bound and training shapes (three or two consumer warpgroups, 64- or
 128-row document tiles, tiles copied by TMA or by cp.async) and in-batch (the document rotation
-on and off), and single queries (three warpgroups splitting a block's documents) against
+on and off), and single queries (three warpgroups splitting a block's documents; padded and packed) against
 mma.sync.
 Every result is checked against the mma.sync kernel's before it is timed. Prints one line per
 (shape, variant) with the median, the floor measured in this run (max of bytes / copy bandwidth
@@ -31,6 +31,8 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
     "corpus-10k-int8": (1, 32, 10_000, 300, False, True),
     "colpali-1q-10k-int8": (1, 32, 10_000, 1030, False, True),
     "colbert-1q-1M-int8": (1, 32, 1_000_000, 128, False, True),
+    # packed: lengths uniform in [16, Ld] (bench_forward's packed-ragged-100k)
+    "packed-ragged-100k": (1, 32, 100_000, 300, False, False),
 }
 # (label, use the Hopper kernel, its shape, rotate documents, TMA copies)
 THREE = dict(warpgroups=3, stages=6, tile_rows=64)
@@ -65,17 +67,25 @@ def main() -> int:
     for name in wanted:
         nq, lq, nd, ld, argmax, int8 = SHAPES[name]
         rng = cupy.random.default_rng(0)
-        d = cupy.empty((nd, ld, 128), dtype=cupy.float16)
-        for first in range(0, nd, 100_000):  # in slices: a float32 draw of a whole corpus is 2x its size
-            last = min(nd, first + 100_000)
-            d[first:last] = rng.standard_normal((last - first, ld, 128), dtype=cupy.float32) / 11
+        offsets = None
+        if name.startswith("packed"):
+            offsets = cupy.zeros(nd + 1, dtype=cupy.int64)
+            offsets[1:] = cupy.cumsum(rng.integers(16, ld + 1, nd))
+            d = (rng.standard_normal((int(offsets[-1]), 128), dtype=cupy.float32) / 11).astype(cupy.float16)
+        else:
+            d = cupy.empty((nd, ld, 128), dtype=cupy.float16)
+            for first in range(0, nd, 100_000):  # in slices: a float32 draw of a whole corpus is 2x its size
+                last = min(nd, first + 100_000)
+                d[first:last] = rng.standard_normal((last - first, ld, 128), dtype=cupy.float32) / 11
         q = (rng.standard_normal((nq, lq, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
-        if int8:
+        if offsets is not None:
+            score = lambda: cm.score_packed(q, d, offsets)  # noqa: E731
+        elif int8:
             (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
             score = lambda: cm.score(q, d, q_scale=q_scale, d_scale=d_scale)  # noqa: E731
         else:
             score = lambda: cm.score(q, d, return_argmax=argmax)  # noqa: E731
-        flops = 2 * nq * lq * nd * ld * 128
+        flops = 2 * nq * lq * d.size  # every query row against every real token
         moved = d.nbytes + q.nbytes + nq * nd * 4 + (d_scale.nbytes if int8 else 0)
         floor_ms = max(flops / rate / (2 if int8 else 1), moved / bandwidth) * 1e3
         reps = 10 if flops > 1e12 or moved > 4e9 else 50

@@ -27,6 +27,7 @@ import re
 import struct
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -204,7 +205,8 @@ class WgmmaConfig:
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
         return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + query_rows * (kpad + 8) * 2
-                + 4 * (self.stages * n + 3 * query_rows + (2 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages)
+                + 4 * (self.stages * n + 3 * query_rows + (2 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages
+                + 8 * (self.stages + 1))
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -389,12 +391,27 @@ def resident_blocks(kernel, threads: int, shared_bytes: int, device: int) -> int
     return max(1, min(by_registers, smem_per_sm // (shared_bytes + 1024), 2048 // threads))
 
 
+_thread_devices = threading.local()
+
+
 def on_device(device: int):
-    """Context in which ``device`` is this thread's current device: a switch only when another
-    one is (entering cupy.cuda.Device costs microseconds, and small calls are host-bound)."""
+    """Context in which ``device`` is this thread's current device, its primary context current:
+    the launches go straight through the driver, which needs one. A switch only when another
+    device is current (entering cupy.cuda.Device costs microseconds, and small calls are
+    host-bound). A thread that never touched CUDA (torch runs backward on threads of its own)
+    has no current context, though cudaGetDevice answers 0: its first call here sets the device
+    (cudaSetDevice makes the primary context current)."""
     import cupy
 
-    return cupy.cuda.Device(device) if cupy.cuda.runtime.getDevice() != device else contextlib.nullcontext()
+    if cupy.cuda.runtime.getDevice() != device:
+        return cupy.cuda.Device(device)
+    ready = getattr(_thread_devices, "ready", None)
+    if ready is None:
+        ready = _thread_devices.ready = set()
+    if device not in ready:
+        cupy.cuda.runtime.setDevice(device)
+        ready.add(device)
+    return contextlib.nullcontext()
 
 
 def on_stream(stream_ptr: int | None):

@@ -296,3 +296,24 @@ template <> struct Mma16816<bf16_t> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
 };
+
+// Whether a staged 16-bit query token holds NaN or inf (an exponent of all ones), and if so
+// zeroes it, so that it stays a valid witness for non-finite document elements (a non-finite
+// document element makes 0 * inf = NaN against a zero token too). `row`: 16-byte aligned,
+// `chunks` 16-byte chunks, 8 elements each, tested a word (two elements) at a time. Both
+// forward kernels check their query block this way, once.
+template <typename T> __device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks) {
+    const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;
+    uint4* v = (uint4*)row;
+    bool bad = false;
+#pragma unroll 4
+    for (int k = 0; k < chunks; ++k) {
+        const uint4 c = v[k];
+        const u32 words[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
+    }
+    if (bad)
+        for (int k = 0; k < chunks; ++k) v[k] = make_uint4(0, 0, 0, 0);
+    return bad;
+}

@@ -224,18 +224,12 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     // loop reads only document fragments from shared memory.
     cp_async_wait<STAGES - 1>();
     __syncthreads();
-    // Non-finite query tokens, once: an exponent of all ones (int8 tokens cannot be; their
-    // scales are checked with the max). Such a column scores NaN through sColBad and is then
-    // zeroed, so that every column stays a valid witness for the document-row check (a
-    // non-finite document row makes 0 * inf = NaN in a zero column too).
+    // Non-finite query tokens, once (int8 tokens cannot be; their scales are checked with the
+    // max): such a column scores NaN through sColBad and is zeroed. The row pitch keeps rows
+    // 16-byte aligned.
     for (int col = tid; col < BN; col += THREADS) {
         bool bad = false;
-        if constexpr (!SCALED) {
-            const u16 exponent = Mma16816<T>::is_bf16 ? 0x7f80 : 0x7c00;
-            for (int k = 0; k < CHUNKS * 8; ++k) bad |= (sQ[col * LDS + k] & exponent) == exponent;
-            if (bad)
-                for (int k = 0; k < CHUNKS * 8; ++k) sQ[col * LDS + k] = 0;
-        }
+        if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + col * LDS, CHUNKS);
         sColBad[col] = bad;
     }
     __syncthreads();

@@ -22,8 +22,9 @@
 // waits for another, nor for the loads of tiles it does not need yet. Each warpgroup owns
 // whole queries (64 / Lq of them, rows 64w + j * Lq + i) and sums its own scores with a
 // warpgroup-local named barrier per document. With one query group (SPLIT_DOCS, memory-bound)
-// the warpgroups hold the same queries instead and take every WARPGROUPS-th document, each
-// from a ring of its own (STAGES / WARPGROUPS slots) fed by a producer warp of its own.
+// the warpgroups hold the same queries instead and split the block's documents, each taking
+// them from a ring of its own (STAGES / WARPGROUPS slots) fed by a producer warp of its own,
+// which claims the block's next document whenever it opens one.
 //
 // Mapping. grid.x is a contiguous range of documents (persistent), grid.y a query group of
 // WARPGROUPS * (64 / Lq) queries. Every document starts a new tile; its last tile is partial
@@ -55,7 +56,8 @@
 // the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers), then
 // 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
-// flags, then 16 * STAGES for the mbarriers; _kernels.WgmmaConfig mirrors this formula.
+// flags, then 16 * STAGES for the mbarriers and 8 * (STAGES + 1) for the document claims
+// (splitting documents); _kernels.WgmmaConfig mirrors this formula.
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
 // and <= 8; not pairs mode.
@@ -106,15 +108,14 @@ constexpr int ACC = TILE_N / 2;              // accumulator registers per thread
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
 // registers of two), and the other warpgroups' MMAs run while one folds.
 // SPLIT_DOCS (one query group, memory-bound): every consumer warpgroup holds the same query
-// rows and takes every WARPGROUPS-th document of the block's range, so that several tile
-// loops run per SM. Each warpgroup has a ring of its own (RING slots, fed by a producer warp
-// of its own): in one shared ring a warpgroup's next tile could lie a whole ring ahead, where
-// the full barrier's parity cannot tell that tile from the slot's previous one. One
-// accumulator set per warpgroup.
+// rows and takes documents of the block's range as its producer warp claims them (the next
+// unclaimed one, so that warpgroups finish together), so that several tile loops run per SM.
+// Each warpgroup has a ring of its own (RING slots, fed by a producer warp of its own): in one
+// shared ring a warpgroup's next tile could lie a whole ring ahead, where the full barrier's
+// parity cannot tell that tile from the slot's previous one. One accumulator set per warpgroup.
 constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !SPLIT_DOCS;
 constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
-constexpr int DOC_STEP = RINGS;       // a ring's documents: every RINGS-th of the block's
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
 constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
 constexpr int BLOCK_ROWS = 64 * WARPGROUPS;               // accumulator rows of the block
@@ -131,7 +132,7 @@ constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) +
-                             16 * STAGES;
+                             16 * STAGES + 8 * (STAGES + 1);
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slots: one multiplying, one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
@@ -297,6 +298,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     int* sRowArg = sDocBad + 2 * WARPS;                 // [2 parities][BLOCK_ROWS], ARGMAX only
     unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? 2 * BLOCK_ROWS : 0));
     unsigned long long* empty = full + STAGES;
+    // Splitting documents: the block position of the document each slot's tile comes from
+    // (-1: the ring's end), and the block's next unclaimed position.
+    long long* sSlotDoc = (long long*)(empty + STAGES);
+    unsigned long long* sNextDoc = (unsigned long long*)(sSlotDoc + STAGES);
 
     // A launch that disagrees with this build (_kernels.WgmmaConfig) stops here, not in a
     // corrupted ring.
@@ -316,7 +321,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // The block's documents, in an order rotated by query group (args.doc_rotation): groups
     // sharing a document range do not all read the same document at the same time.
     const i64 doc_count = doc_end - doc_begin;
-    const i64 rotation = ((i64)blockIdx.y * args.doc_rotation) % doc_count;
+    const i64 rotation = SPLIT_DOCS ? 0 : ((i64)blockIdx.y * args.doc_rotation) % doc_count;  // split: one group
     auto doc_at = [&](i64 position) {
         const i64 p = position + rotation;
         return doc_begin + (p >= doc_count ? p - doc_count : p);
@@ -334,9 +339,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         doc_extent(layout, c.doc, c.base, c.length, c.first_token);
         c.tiles = max(1, (int)((c.length + TILE_N - 1) / TILE_N));
     };
-    // Moves to the next tile (of the next of the ring's documents after the last).
+    // Moves to the next tile (of the next document after the last).
     auto next_tile = [&](DocCursor& c) {
-        if (++c.tile == c.tiles) open_doc(c, c.position + DOC_STEP);
+        if (++c.tile == c.tiles) open_doc(c, c.position + 1);
     };
 
     // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
@@ -358,32 +363,20 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         for (int s = 0; s < STAGES; ++s) {
             // cp.async: every thread of the warps copying the ring's tiles; TMA: the issuing
             // lane, and (int8) its warp's lanes that copy the scales.
-            mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 32 * COPY_WARPS);
+            // Splitting, with cp.async, the first lane also arrives plainly: that arrival
+            // publishes the slot's document position (a release, as the TMA lane's is).
+            mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
             mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
+        *sNextDoc = 0;
     }
     cp_async_wait<0>();
     __syncthreads();
-    // Non-finite query tokens are flagged once and zeroed, so that every row stays a valid
-    // witness for non-finite document elements (int8 tokens cannot be; their scales are
-    // checked with the max).
+    // Non-finite query tokens are flagged once and zeroed (int8 tokens cannot be; their scales
+    // are checked with the max). The row pitch keeps rows 16-byte aligned.
     for (int row = tid; row < QUERY_ROWS; row += THREADS) {
         bool bad = false;
-        if constexpr (!SCALED) {
-            // 16 bytes at a time (the row pitch keeps rows 16-byte aligned): 8 elements, an
-            // exponent test on each half of each word.
-            const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;
-            uint4* chunks = (uint4*)(sQ + row * LDS);
-#pragma unroll 4
-            for (int k = 0; k < CHUNKS; ++k) {
-                const uint4 v = chunks[k];
-                const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
-            }
-            if (bad)
-                for (int k = 0; k < CHUNKS; ++k) chunks[k] = make_uint4(0, 0, 0, 0);
-        }
+        if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
         sRowBad[row] = bad;
     }
     __syncthreads();  // the last block-wide barrier
@@ -404,14 +397,23 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // Lanes 8k..8k+7 copy the 8 chunks (one 128-byte line of global memory) of one row's
         // atom; in shared memory they land on 8 distinct bank groups of that row's swizzled line.
         const int my_chunk = lane & 7, my_row = (SPLIT_DOCS ? 0 : producer_warp) * ROWS_PER_WARP + (lane >> 3);
+        // Splitting documents: the block's next unclaimed document position (warpgroups with
+        // shorter documents take more of them, and none is left with a tail of its own).
+        auto claim = [&]() -> i64 {
+            unsigned long long position = 0;
+            if (lane == 0) position = atomicAdd(sNextDoc, 1ull);
+            return (i64)__shfl_sync(0xffffffffu, position, 0);
+        };
         DocCursor load;
-        open_doc(load, SPLIT_DOCS ? producer_warp : 0);
+        open_doc(load, SPLIT_DOCS ? claim() : 0);
         int stage = ring_first;  // the ring slot
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         auto produce = [&](const bool tma) {
-        for (int t = 0; load.position < doc_count; ++t) {
+        int t = 0;
+        for (; load.position < doc_count; ++t) {
             if (t >= RING) mbarrier_wait(empty + stage, phase ^ 1);
+            if (SPLIT_DOCS && lane == 0) sSlotDoc[stage] = load.position;  // published by lane 0's arrival
             const int first_row = load.tile * TILE_N;
             const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
             unsigned char* tile = sD + stage * TILE_BYTES;
@@ -459,9 +461,23 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 }
                 // Each lane's arrival on the tile's barrier fires once its copies have landed.
                 cp_async_mbarrier_arrive(full + stage);
+                if (SPLIT_DOCS && lane == 0) mbarrier_arrive(full + stage);
             }
             if (++stage == ring_end) stage = ring_first, phase ^= 1;
-            next_tile(load);
+            if constexpr (SPLIT_DOCS) {
+                if (++load.tile == load.tiles) open_doc(load, claim());
+            } else {
+                next_tile(load);
+            }
+        }
+        if constexpr (SPLIT_DOCS) {
+            // The ring's end: a slot with no tile, every arrival its barrier counts.
+            if (t >= RING) mbarrier_wait(empty + stage, phase ^ 1);
+            if (lane == 0) {
+                sSlotDoc[stage] = -1;
+                mbarrier_arrive(full + stage);
+            }
+            if (!tma || SCALED) mbarrier_arrive(full + stage);
         }
         };
         if (tile_map.use_tma)
@@ -523,9 +539,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         }
     };
 
-    // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring.
+    // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
+    // (splitting documents, each document's first slot says which it is).
     DocCursor cursor;
-    open_doc(cursor, SPLIT_DOCS ? warpgroup : 0);
+    open_doc(cursor, 0);
     const int ring_first = (SPLIT_DOCS ? warpgroup : 0) * RING, ring_end = ring_first + RING;
     int stage = ring_first;
     u32 phase = 0;
@@ -638,9 +655,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         parity ^= 1;
     };
 
-    // Hand the next tile to the tensor cores (asynchronously) and move the cursor on.
-    auto issue_mma = [&](Acc (&acc)[ACC]) {
+    // Hand the next tile to the tensor cores (asynchronously) and move the cursor on; false at
+    // the end of a split ring.
+    auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
         mbarrier_wait(full + stage, phase);
+        if constexpr (SPLIT_DOCS) {
+            if (cursor.tile == 0) {
+                const i64 position = sSlotDoc[stage];
+                if (position < 0) return false;
+                open_doc(cursor, position);
+            }
+        }
         // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
         // writes through the async proxy: no fence).
         if (!tile_map.use_tma) fence_proxy_async();
@@ -656,7 +681,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
         in_flight.last = cursor.tile + 1 == cursor.tiles;
         if (++stage == ring_end) stage = ring_first, phase ^= 1;
-        next_tile(cursor);
+        if constexpr (SPLIT_DOCS) {
+            if (++cursor.tile == cursor.tiles) cursor.tile = 0;  // the next document comes from its slot
+        } else {
+            next_tile(cursor);
+        }
+        return true;
     };
     // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
     // slot's document scales.
@@ -701,8 +731,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // work for the block's other warpgroups.
         Acc acc[ACC];
 #pragma unroll 1
-        while (cursor.position < doc_count) {
-            issue_mma(acc);
+        while (SPLIT_DOCS || cursor.position < doc_count) {
+            if (!issue_mma(acc)) break;
             const TileInfo folding = in_flight;
             wgmma_wait<0>();
             pin(acc);

@@ -159,3 +159,29 @@ def test_any_dlpack_producer():
     got = cm.score(_Producer(q), _Producer(d))
     assert isinstance(got, np.ndarray)
     assert_scores_match(got, reference.maxsim_reference(q, d), atol=2e-5)
+
+
+def test_on_device_sets_the_device_once_per_thread(monkeypatch):
+    """The driver launches need a current context; a fresh thread has none though cudaGetDevice
+    answers 0: _kernels.on_device sets the device on a thread's first call, then stays a no-op,
+    and switches (a context manager) when another device is current. A stand-in for CuPy's
+    runtime records the calls (no GPU here)."""
+    import contextlib
+    import sys
+    import threading
+    import types
+
+    from cupy_maxsim import _kernels
+
+    calls = []
+    runtime = types.SimpleNamespace(getDevice=lambda: 0, setDevice=lambda device: calls.append(device))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=lambda device: ("switch", device)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(_kernels, "_thread_devices", threading.local())
+    assert isinstance(_kernels.on_device(0), contextlib.nullcontext) and calls == [0]
+    assert isinstance(_kernels.on_device(0), contextlib.nullcontext) and calls == [0]  # once per thread
+    assert _kernels.on_device(1) == ("switch", 1)
+    thread = threading.Thread(target=lambda: _kernels.on_device(0))
+    thread.start()
+    thread.join()
+    assert calls == [0, 0]  # the new thread set it too

@@ -239,6 +239,63 @@ def test_pack_on_gpu_round_trips():
     assert_scores_match(cm.score_packed(q, tokens, offsets), cm.score(q, d, d_mask=mask), atol=1e-5)
 
 
+def test_a_thread_that_never_touched_cuda():
+    """Forward, backward plan and gradients from a fresh thread (torch runs backward on threads
+    of its own): such a thread has no current CUDA context, and the driver launches need one.
+    Same results as on the main thread."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    rng = np.random.default_rng(5)
+    q = torch.as_tensor(unit_rows(rng, (3, 16, 64)), device="cuda").half().requires_grad_(True)
+    d = torch.as_tensor(unit_rows(rng, (5, 40, 64)), device="cuda").half().requires_grad_(True)
+
+    def step():
+        scores = cmt.maxsim(q, d)
+        grads = torch.autograd.grad(scores.sum(), (q, d))
+        torch.cuda.current_stream().synchronize()
+        return [scores.detach(), *grads]
+
+    expected, got = step(), {}
+
+    def work():
+        try:
+            got["results"] = step()
+        except Exception as error:  # noqa: BLE001 - reported below
+            got["error"] = error
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert "error" not in got, got.get("error")
+    for a, b in zip(got["results"], expected):
+        assert torch.equal(a, b)
+
+
+def test_torch_backward_first_thing_in_a_process():
+    """torch runs backward on a device thread of its own; when our backward is the first thing
+    that thread does, it has no current CUDA context (bench/profile_step.py failed so:
+    CUDA_ERROR_INVALID_CONTEXT)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    code = ("import torch, cupy_maxsim.torch as cmt\n"
+            "q = torch.randn(2, 8, 64, device='cuda', dtype=torch.half, requires_grad=True)\n"
+            "d = torch.randn(3, 20, 64, device='cuda', dtype=torch.half, requires_grad=True)\n"
+            "cmt.maxsim(q, d).backward(torch.ones(2, 3, device='cuda'))\n"
+            "torch.cuda.synchronize()\n"
+            "assert torch.isfinite(q.grad).all() and torch.isfinite(d.grad).all()\n")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_errors_come_before_any_launch():
     import cupy
 
@@ -365,6 +422,12 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
                                                            **packed_extra))
     expected = reference.maxsim_packed_reference(q64, tokens64, offsets, q_mask)
     assert_scores_match(hopper, expected, atol=tolerance)
+    assert_scores_match(hopper, classic, atol=tolerance)
+    # ... and one query (its warpgroups splitting the packed documents).
+    one_extra = dict(packed_extra, q_scale=packed_extra["q_scale"][:1]) if dtype == "int8" else packed_extra
+    hopper, classic = both_kernels(lambda: cm.score_packed(q[:1], tokens, _like(q, offsets), q_mask=masks["q_mask"][:1],
+                                                           **one_extra))
+    assert_scores_match(hopper, expected[:1], atol=tolerance)
     assert_scores_match(hopper, classic, atol=tolerance)
 
     if dtype != "int8":
