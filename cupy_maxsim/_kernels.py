@@ -438,9 +438,10 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
         import cupy
 
         stream_ptr = cupy.cuda.get_current_stream().ptr
-    function = _function_pointers.get(id(kernel))
-    if function is None:
-        function = _function_pointers[id(kernel)] = kernel.kernel.ptr
+    entry = _function_pointers.get(id(kernel))
+    if entry is None:
+        entry = _function_pointers[id(kernel)] = (kernel, kernel.kernel.ptr)
+    function = entry[1]
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = tuple(block) + (1,) * (3 - len(block))
     values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
@@ -448,7 +449,10 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
     driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
 
 
-_function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _kernel_cache for good
+#: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is
+#: never recycled: a tool that empties _kernel_cache (bench/ablate_wgmma.py) would otherwise find
+#: a freed kernel's function under a new kernel's id, and launch it.
+_function_pointers: dict = {}
 
 #: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): a
 #: CUtensorMap (128), use_tma, packed, padding to the struct's 64-byte alignment.
