@@ -90,7 +90,11 @@ class ArgStruct:
         return self._pack.size
 
     def __call__(self, **values) -> bytes:
-        return self._pack.pack(*[values[name] for name, _ in self.fields])
+        return self.pack([values[name] for name, _ in self.fields])
+
+    def pack(self, values: list) -> bytes:
+        """The struct of ``values`` given in field order."""
+        return self._pack.pack(*values)
 
 
 forward_args = ArgStruct(FORWARD_ARGS)
