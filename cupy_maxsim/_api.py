@@ -860,18 +860,21 @@ def _persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0):
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0,
+              packed=False):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
+    corpus_bytes = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]]
     config = None
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
         # 64 // Lq whole queries).
         warpgroups = -(-num_queries // (64 // query_length))
         config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
-                                       _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps))
+                                       _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps,
+                                                                0 if packed else corpus_bytes))
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None
@@ -897,7 +900,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     # Query groups of one document range start at different documents (the Hopper kernel), so
     # that they do not all ask the same L2 lines at once; only when the corpus fits in half the
     # L2 cache, so that a later group still finds what an earlier one read.
-    corpus_fits = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] <= l2_bytes // 2
+    corpus_fits = corpus_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
     tile_rows = config.tile_n if wgmma else 0
     return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows
@@ -939,7 +942,7 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
         # Tokens of one (average) document: the Hopper tile rows, the L2 working-set estimate.
         mean_doc_length = d.shape[0] / max(1, num_docs) if offsets is not None else doc_length
         plan_args = (q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None,
-                     mean_doc_length)
+                     mean_doc_length, offsets is not None)
         plan = _mma_plan(*plan_args) if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
             kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows = plan
