@@ -1,8 +1,9 @@
 """Which part of the Hopper forward limits it: the same kernel with the fold, the MMAs or both
-removed by source patches (timing only: the scores of a patched kernel are wrong by design).
-fp16, dim 128, 3 warpgroups, 6 stages.
+removed by source patches (timing only: the scores of a patched kernel are wrong by design),
+and, for one query (warpgroups splitting the documents), with shallower rings. fp16, dim 128;
+one query: 64- and 128-row tiles, with the streaming rate against the copy bandwidth.
 
-    python bench/ablate_wgmma.py > bench/results/ablation-wgmma-<date>.log
+    python bench/ablate_wgmma.py [shape,...] > bench/results/ablation-wgmma-<date>.log
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_forward  # noqa: E402
 
 FOLD = ("        if (info.biased)\n            fold_tile(acc, info, true);\n        else\n            fold_tile(acc, info, false);\n", "")
-MMA = ("for (int ks = 0; ks < KSTEPS; ++ks) Wgmma64<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);",
-       "if (desc == 1) Wgmma64<T>::run(acc, a_regs[0], desc, 0);")  # never true: no MMA issued
+MMA = ("for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);",
+       "if (desc == 1) WgmmaTile<T>::run(acc, a_regs[0], desc, 0);")  # never true: no MMA issued
 PATCHES = {"base": [], "no-fold": [FOLD], "no-mma": [MMA], "no-fold-no-mma": [FOLD, MMA]}
-SHAPES = {"inbatch-128": (128, 32, 128, 300), "colpali-32q-10k": (32, 32, 10_000, 1030)}
+# name: (queries, query tokens, documents, document tokens, tile rows or None (planned))
+SHAPES = {"inbatch-128": (128, 32, 128, 300, None), "colpali-32q-10k": (32, 32, 10_000, 1030, None),
+          "corpus-10k N64": (1, 32, 10_000, 300, 64), "corpus-10k N128": (1, 32, 10_000, 300, 128)}
+#: One query: the base kernel with rings of fewer slots (the stages of all three rings).
+SPLIT_STAGES = (12, 9, 6)
 
 
 def main() -> int:
@@ -27,12 +32,20 @@ def main() -> int:
     import cupy_maxsim as cm
     from cupy_maxsim import _api, _kernels
 
-    original = _kernels.source
-    for name, (nq, lq, nd, ld) in SHAPES.items():
+    original, original_stages = _kernels.source, _kernels.WGMMA_SPLIT_STAGES
+    copy_tbps = bench_forward.measure_ceilings(torch)["copy_tbps"]
+    print(f"# copy bandwidth {copy_tbps:.2f} TB/s")
+    wanted = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SHAPES)
+    for name in wanted:
+        nq, lq, nd, ld, tile_rows = SHAPES[name]
         rng = cupy.random.default_rng(0)
         q = (rng.standard_normal((nq, lq, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
         d = (rng.standard_normal((nd, ld, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
-        for label, patch in PATCHES.items():
+        _kernels.WGMMA_TILE_ROWS = tile_rows
+        variants = [(label, patch, original_stages) for label, patch in PATCHES.items()]
+        if nq == 1 and tile_rows == 64:
+            variants += [(f"base, {stages} stages", [], stages) for stages in SPLIT_STAGES]
+        for label, patch, stages in variants:
             def patched(family, patch=patch):
                 text = original(family)
                 for old, new in patch:
@@ -41,11 +54,12 @@ def main() -> int:
                         text = text.replace(old, new)
                 return text
 
-            _kernels.source = patched
+            _kernels.source, _kernels.WGMMA_SPLIT_STAGES = patched, stages
             _kernels._modules.clear(), _kernels._kernel_cache.clear(), _api._mma_plan.cache_clear()
-            ms = bench_forward._median_ms(torch, lambda: cm.score(q, d), reps=20 if nd < 1000 else 5)
-            print(f"{name:<16} {label:<15} {ms:8.3f} ms", flush=True)
-    _kernels.source = original
+            ms = bench_forward._median_ms(torch, lambda: cm.score(q, d), reps=20 if nq > 1 and nd < 1000 else 10)
+            rate = f"  {d.nbytes / ms / 1e9:5.2f} TB/s" if nq == 1 else ""
+            print(f"{name:<16} {label:<18} {ms:8.3f} ms{rate}", flush=True)
+    _kernels.source, _kernels.WGMMA_SPLIT_STAGES, _kernels.WGMMA_TILE_ROWS = original, original_stages, None
     _kernels._modules.clear(), _kernels._kernel_cache.clear(), _api._mma_plan.cache_clear()
     return 0
 

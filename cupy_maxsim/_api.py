@@ -187,6 +187,14 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
         Only with ``return_argmax``: ``argmax[i, n, t]`` is the first ``j`` reaching the max
         for query token ``t``; -1 for a masked query token or a document with no real token.
     """
+    plain = q_mask is None and d_mask is None and q_scale is None and d_scale is None and not return_argmax
+    replay_key = _replay_key(q, d) if plain else None
+    if replay_key is not None:
+        replay = _replays.get(replay_key)
+        if replay is not None:
+            result = replay(q, d)
+            if result is not None:
+                return result
     like, d_op = _scored_operand(q, "q"), _scored_operand(d, "d")
     _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
     _check_ndim(d_op, (3,), "(Nd, Ld, D)")
@@ -204,9 +212,14 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
         out = _cpu.score_padded(q3.host, d_op.host, _host(q_mask3), _host(d_mask_op), _host(q_scale3),
                                 _host(d_scale_op), with_argmax=return_argmax)
         return _host_result(like, out, single, argmax_dtype)
-    return _gpu_score(like, q3, d_op, q_mask3, d_mask_op, q_scale3, d_scale_op, shape, pairs=False,
-                      doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None,
-                      argmax_dtype=argmax_dtype)
+    record = [] if replay_key is not None else None
+    result = _gpu_score(like, q3, d_op, q_mask3, d_mask_op, q_scale3, d_scale_op, shape, pairs=False,
+                        doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None,
+                        argmax_dtype=argmax_dtype, record=record)
+    if record:
+        _remember_replay(replay_key, _Replay(like.with_changes(ptr=0, keepalive=None), shape,
+                                             _result_dtype(q_op.dtype), *record[0]))
+    return result
 
 
 def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_argmax=False):
@@ -683,9 +696,10 @@ def _host_result(like: Operand, out, single: bool, argmax_dtype):
 
 
 def _gpu_score(like: Operand, q: Operand, d: Operand, q_mask, d_mask, q_scale, d_scale, shape, *, pairs,
-               doc_length, doc_stride, offsets, argmax_dtype=None):
+               doc_length, doc_stride, offsets, argmax_dtype=None, record=None):
     """Allocate the result (and the argmax, when ``argmax_dtype`` is set) in the caller's
-    framework (``like``, the q it passed) and run the forward kernel on its stream."""
+    framework (``like``, the q it passed) and run the forward kernel on its stream. ``record``:
+    a list that gets what a :class:`_Replay` of this call needs (see _kernels_forward)."""
     output = Output(like)
     result, out_ptr = output.empty(shape, _result_dtype(q.dtype))
     num_queries, query_length, dim = q.shape
@@ -704,7 +718,7 @@ def _gpu_score(like: Operand, q: Operand, d: Operand, q_mask, d_mask, q_scale, d
         return scores, _fill_argmax(output, argmax, like)
     argmax_args = None if argmax is None else (argmax_ptr, argmax_strides, argmax_dtype == "int32")
     _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
-                     out_ptr, 0 if pairs else num_docs, like.stream, argmax_args)
+                     out_ptr, 0 if pairs else num_docs, like.stream, argmax_args, record)
     return output.wrap(result) if argmax is None else (output.wrap(result), output.wrap(argmax))
 
 
@@ -728,6 +742,74 @@ def _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, strea
             has_token = cupy.full(num_docs, doc_length > 0)
         scores = cupy.where(has_token, 0.0, -cupy.inf).astype(_result_dtype(d.dtype))
         return output.wrap(cupy.ascontiguousarray(cupy.broadcast_to(scores, shape)))
+
+
+# ---- repeated calls -------------------------------------------------------------------------
+# A retrieval service calls score() with the same shapes over and over, and a small call is
+# host-bound (rerank-1k: the kernel takes ~25 us, the general path 40-60 us of Python). After a
+# plain call (no masks, scales or argmax) of torch CUDA tensors or CuPy arrays, the general path
+# leaves what its launch needed under the call's signature (types, shapes, strides, dtypes and
+# devices of q and d: everything its checks and its plan read, but the pointers); a later call
+# with the same signature reads only the pointers and the stream, allocates the result and
+# launches the same kernel.
+
+
+def _replay_key(q, d):
+    """The signature of a plain score(q, d) call, or None where the general path is as cheap."""
+    kind = type(q)
+    if type(d) is not kind:
+        return None
+    module = kind.__module__
+    if module == "torch":
+        return kind, q.shape, q.stride(), q.dtype, q.device, d.shape, d.stride(), d.dtype, d.device
+    if module == "cupy":
+        return kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id
+    return None
+
+
+class _Replay:
+    """A recorded forward launch, replayed with new pointers (see "repeated calls" above)."""
+
+    def __init__(self, like: Operand, shape: tuple, dtype: str, plan_args: tuple, plan: tuple, values: dict,
+                 tile_map_shape: tuple | None):
+        self.like, self.shape, self.dtype = like, shape, dtype
+        self.plan_args, self.plan, self.tile_map_shape = plan_args, plan, tile_map_shape
+        self.kernel, self.threads, self.shared = plan[0], plan[1], plan[2]
+        self.grid = (plan[6], plan[4])  # documents ranges, query groups
+        names = [name for name, _ in _kernels.FORWARD_ARGS]
+        self.values = [values[name] for name in names]
+        self.q_at, self.d_at, self.out_at = names.index("q"), names.index("d"), names.index("out")
+        self.torch = like.framework == "torch"
+
+    def __call__(self, q, d):
+        """The scores, or None where the general path must answer: a pointer not aligned as the
+        kernel needs, or a plan the planner no longer gives (its cache was emptied)."""
+        if self.torch:
+            q_ptr, d_ptr = q.data_ptr(), d.data_ptr()
+        else:
+            q_ptr, d_ptr = q.data.ptr, d.data.ptr
+        if (q_ptr | d_ptr) % 16 or _mma_plan(*self.plan_args) is not self.plan:
+            return None
+        output = Output(self.like)
+        result, out_ptr = output.empty(self.shape, self.dtype)
+        values = list(self.values)
+        values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
+        args = _kernels.forward_args.pack(values)
+        with _kernels.on_device(self.like.device):
+            if self.tile_map_shape is not None:
+                args = (args, _kernels.doc_tile_map(d_ptr, *self.tile_map_shape))
+            _kernels.launch(self.kernel, self.grid, (self.threads,), args, self.shared, self.like.stream)
+        return output.wrap(result)
+
+
+_replays: dict = {}
+REPLAY_LIMIT = 256
+
+
+def _remember_replay(key, replay: _Replay) -> None:
+    if len(_replays) >= REPLAY_LIMIT:
+        _replays.clear()
+    _replays[key] = replay
 
 
 def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:
@@ -778,18 +860,21 @@ def _persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0):
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0,
+              packed=False):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
     a repeated call pays no configuration work (small calls are host-bound)."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
+    corpus_bytes = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]]
     config = None
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
         # 64 // Lq whole queries).
         warpgroups = -(-num_queries // (64 // query_length))
         config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
-                                       _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps))
+                                       _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps,
+                                                                0 if packed else corpus_bytes))
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None
@@ -815,15 +900,17 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     # Query groups of one document range start at different documents (the Hopper kernel), so
     # that they do not all ask the same L2 lines at once; only when the corpus fits in half the
     # L2 cache, so that a later group still finds what an earlier one read.
-    corpus_fits = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] <= l2_bytes // 2
+    corpus_fits = corpus_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
     tile_rows = config.tile_n if wgmma else 0
     return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows
 
 
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,
-                     out_ptr, out_query_stride, stream, argmax=None):
-    """Launch the forward; ``argmax`` = (pointer, (query, doc) strides, is 32-bit) or None."""
+                     out_ptr, out_query_stride, stream, argmax=None, record=None):
+    """Launch the forward; ``argmax`` = (pointer, (query, doc) strides, is 32-bit) or None.
+    ``record``: a list that gets, for a tensor-core forward of one launch, the arguments of
+    :class:`_Replay` after its first three."""
     num_queries, query_length, dim = q.shape
     suffix = _DTYPE_SUFFIX[q.dtype]
     values = dict(
@@ -854,21 +941,23 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
     with _kernels.on_device(q.device):
         # Tokens of one (average) document: the Hopper tile rows, the L2 working-set estimate.
         mean_doc_length = d.shape[0] / max(1, num_docs) if offsets is not None else doc_length
-        plan = _mma_plan(q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None,
-                         mean_doc_length) \
-            if _mma_eligible(q, d, dim, query_length) else None
+        plan_args = (q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None,
+                     mean_doc_length, offsets is not None)
+        plan = _mma_plan(*plan_args) if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
             kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows = plan
             values.update(docs_per_block=docs_per_block, queries_per_group=group, doc_rotation=doc_rotation)
-            tile_map = None
+            tile_map = tile_map_shape = None
             if tile_rows:
                 # The Hopper kernel's TMA descriptor of the documents (packed: one long
                 # document); masked rows come too, and the kernel skips their columns.
                 item = ITEMSIZE[d.dtype]
-                tile_map = _kernels.doc_tile_map(
-                    d.ptr, item, dim, d.shape[0] if offsets is not None else doc_length,
-                    1 if offsets is not None else num_docs, d.strides[-2] * item,
-                    0 if offsets is not None else doc_stride * item, offsets is not None, tile_rows)
+                tile_map_shape = (item, dim, d.shape[0] if offsets is not None else doc_length,
+                                  1 if offsets is not None else num_docs, d.strides[-2] * item,
+                                  0 if offsets is not None else doc_stride * item, offsets is not None, tile_rows)
+                tile_map = _kernels.doc_tile_map(d.ptr, *tile_map_shape)
+            if record is not None and groups <= 65535:
+                record.append((plan_args, plan, dict(values), tile_map_shape))
             out_item = 8 if q.dtype == "float64" else 4
             for first in range(0, groups, 65535):  # grid.y is limited to 65535 query groups
                 first_query = first * group

@@ -90,7 +90,11 @@ class ArgStruct:
         return self._pack.size
 
     def __call__(self, **values) -> bytes:
-        return self._pack.pack(*[values[name] for name, _ in self.fields])
+        return self.pack([values[name] for name, _ in self.fields])
+
+    def pack(self, values: list) -> bytes:
+        """The struct of ``values`` given in field order."""
+        return self._pack.pack(*values)
 
 
 forward_args = ArgStruct(FORWARD_ARGS)
@@ -229,6 +233,11 @@ WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 #: (tune-wgmma-2026-11-30-462151b.log): taken for 16-bit inputs whose documents they pad by at
 #: most this much more than 64-row tiles do.
 WGMMA_LONG_TILE_PADDING = 1.1
+#: One query against a padded 16-bit corpus of at least this many bytes takes 128-row tiles
+#: whatever the padding (the padding rows cost no bytes there): they stream faster (4.45 vs
+#: 4.25 TB/s) but cost more per call (22 vs 17 us); measured crossover 5,000-10,000 documents
+#: of 300 tokens (bench/results/fixed-cost-2026-11-30-b028c19.txt, the e1f6f43 rows).
+WGMMA_LONG_TILE_STREAM_BYTES = 512 * 2**20
 #: 64 or 128 forces the tile rows for 16-bit inputs (tests, bench/tune_wgmma.py); None: per problem.
 WGMMA_TILE_ROWS = None
 #: int8 gets 128-row tiles only splitting documents with at most this many k-steps (dim 128):
@@ -276,14 +285,19 @@ def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:
     return bool(split_docs) and ksteps <= INT8_LONG_TILE_KSTEPS
 
 
-def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4) -> int:
-    """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens."""
+def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4,
+                    padded_bytes: int = 0) -> int:
+    """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens;
+    ``padded_bytes``: the size of a padded corpus (0: packed), whose rows past a document's
+    end a TMA tile does not read."""
     if int8 and not int8_long_tiles(split_docs, ksteps):
         return 64
     if WGMMA_TILE_ROWS is not None:
         return WGMMA_TILE_ROWS
     if mean_doc_length <= 0:
         return 64
+    if split_docs and not int8 and padded_bytes >= WGMMA_LONG_TILE_STREAM_BYTES:
+        return 128
     padded = lambda n: -(-mean_doc_length // n) * n  # noqa: E731
     return 128 if padded(128) <= WGMMA_LONG_TILE_PADDING * padded(64) else 64
 
@@ -438,9 +452,10 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
         import cupy
 
         stream_ptr = cupy.cuda.get_current_stream().ptr
-    function = _function_pointers.get(id(kernel))
-    if function is None:
-        function = _function_pointers[id(kernel)] = kernel.kernel.ptr
+    entry = _function_pointers.get(id(kernel))
+    if entry is None:
+        entry = _function_pointers[id(kernel)] = (kernel, kernel.kernel.ptr)
+    function = entry[1]
     grid = tuple(grid) + (1,) * (3 - len(grid))
     block = tuple(block) + (1,) * (3 - len(block))
     values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
@@ -448,7 +463,10 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
     driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
 
 
-_function_pointers: dict = {}  # id(RawKernel) -> CUfunction; kernels live in _kernel_cache for good
+#: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is
+#: never recycled: a tool that empties _kernel_cache (bench/ablate_wgmma.py) would otherwise find
+#: a freed kernel's function under a new kernel's id, and launch it.
+_function_pointers: dict = {}
 
 #: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): a
 #: CUtensorMap (128), use_tma, packed, padding to the struct's 64-byte alignment.

@@ -86,16 +86,17 @@ constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = M
 constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
 constexpr bool SPLIT_DOCS = MAXSIM_SPLIT_DOCS != 0;  // see below
 constexpr int CONSUMER_WARPS = 4 * WARPGROUPS, WARPS = CONSUMER_WARPS + 4;  // + the producer group
+constexpr int CONSUMER_THREADS = 32 * CONSUMER_WARPS;
 constexpr int THREADS = 32 * WARPS;
 // Registers: the launch gives every thread 65536 / THREADS; the producer warpgroup hands most
 // of its share to the consumers (setmaxnreg), which hold two accumulator sets and the query
 // fragments.
 // int8 consumers also scale every column (more registers); with three of them their producer
-// must fit in fewer (it copies fewer bytes per row).
+// must fit in fewer (it copies fewer bytes per row): 32 leaves the consumers their 160.
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    return SPLIT_DOCS ? 80 : sizeof(T) == 1 && WARPGROUPS > 2 ? 24 : 56;
+    return SPLIT_DOCS ? 80 : sizeof(T) == 1 && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -275,6 +276,11 @@ __device__ __forceinline__ void warpgroup_sync() {
     asm volatile("bar.sync %0, 128;\n" ::"r"((threadIdx.x >> 7) + 1) : "memory");
 }
 
+// Named barrier for the consumer warpgroups (ids 1..4 belong to warpgroup_sync).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(15), "n"(wg::CONSUMER_THREADS) : "memory");
+}
+
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const DocTileMap& tile_map) {
     using namespace wg;
@@ -344,21 +350,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         if (++c.tile == c.tiles) open_doc(c, c.position + 1);
     };
 
-    // Query block -> shared memory, once, by every thread. Warpgroup w holds queries
-    // w * (64 / Lq) + j at rows 64w + j * Lq + i.
-    for (int c = tid; c < QUERY_ROWS * CHUNKS; c += THREADS) {
-        const int row = c / CHUNKS, chunk = c % CHUNKS;
-        const int local = row % 64, j = local / query_length, token = local % query_length;
-        const int g = (row / 64) * queries_per_warpgroup + j;
-        const i64 query = first_query + g;
-        const bool real = stage_query_chunk<T>(args, sQ + row * LDS + chunk * 8, query, token, chunk,
-                                               j < queries_per_warpgroup && g < group_size);
-        if (chunk == 0) {
-            sRowQuery[row] = real ? g : -1;
-            if constexpr (SCALED) sRowScale[row] = real ? query_scale(args, query, token) : 0.f;
-        }
-    }
-    cp_async_commit();
+    // The rings' barriers first, so that the producers start copying documents at once; the
+    // consumers load the query meanwhile (after the L2 is cold, both wait on HBM: ~1-2 us).
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             // cp.async: every thread of the warps copying the ring's tiles; TMA: the issuing
@@ -369,17 +362,39 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc = 0;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    // Non-finite query tokens are flagged once and zeroed (int8 tokens cannot be; their scales
-    // are checked with the max). The row pitch keeps rows 16-byte aligned.
-    for (int row = tid; row < QUERY_ROWS; row += THREADS) {
-        bool bad = false;
-        if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
-        sRowBad[row] = bad;
+    } else if (tid == CONSUMER_THREADS && tile_map.use_tma) {
+        // The producer's first lane fetches the tile map while the barriers are set up.
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.map) : "memory");
     }
     __syncthreads();  // the last block-wide barrier
+
+    if (warp < CONSUMER_WARPS) {
+        // Query block -> shared memory, once, by the consumers. Warpgroup w holds queries
+        // w * (64 / Lq) + j at rows 64w + j * Lq + i.
+        for (int c = tid; c < QUERY_ROWS * CHUNKS; c += CONSUMER_THREADS) {
+            const int row = c / CHUNKS, chunk = c % CHUNKS;
+            const int local = row % 64, j = local / query_length, token = local % query_length;
+            const int g = (row / 64) * queries_per_warpgroup + j;
+            const i64 query = first_query + g;
+            const bool real = stage_query_chunk<T>(args, sQ + row * LDS + chunk * 8, query, token, chunk,
+                                                   j < queries_per_warpgroup && g < group_size);
+            if (chunk == 0) {
+                sRowQuery[row] = real ? g : -1;
+                if constexpr (SCALED) sRowScale[row] = real ? query_scale(args, query, token) : 0.f;
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        consumers_sync();
+        // Non-finite query tokens are flagged once and zeroed (int8 tokens cannot be; their scales
+        // are checked with the max). The row pitch keeps rows 16-byte aligned.
+        for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
+            bool bad = false;
+            if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
+            sRowBad[row] = bad;
+        }
+        consumers_sync();
+    }
 
     if (warp >= CONSUMER_WARPS) {
         // ---- Producer warpgroup ------------------------------------------------------------

@@ -89,7 +89,7 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
 def test_hopper_plan_without_a_gpu(monkeypatch):
     """The forward planner (_api._mma_plan) on an H200's properties, kernels stubbed: one query
     splits the documents over three warpgroups (128-row tiles for ColPali pages, 64 for 300-token
-    documents; int8 pages too), many queries fill three warpgroups, and query groups of a corpus
+    documents unless the padded corpus is large; int8 pages too), many queries fill three warpgroups, and query groups of a corpus
     within half the L2 start at rotated documents."""
     from cupy_maxsim import _api
 
@@ -107,17 +107,20 @@ def test_hopper_plan_without_a_gpu(monkeypatch):
     monkeypatch.setattr(_kernels, "get_kernel", get_kernel)
     _api._mma_plan.cache_clear()
     try:
-        def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16"):
+        def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False):
             defines_seen.clear()
             _api._mma_plan.cache_clear()
-            result = _api._mma_plan(0, suffix, num_queries, 32, 128, num_docs, False, False, mean_length)
+            result = _api._mma_plan(0, suffix, num_queries, 32, 128, num_docs, False, False, mean_length, packed)
             family, name, defines = defines_seen[-1]
             return result, dict(d.lstrip("-D").split("=") for d in defines), name
 
         (_, _, _, group, groups, per_block, _, rotation, rows), defines, name = plan(1, 1030)
         assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_SPLIT_DOCS"] == "1" and rows == 128
         assert (group, groups, rotation) == (1, 1, 0) and per_block * 132 >= 10_000
-        assert plan(1, 300)[0][-1] == 64
+        # 300-token documents: 64-row tiles, but 128 for a padded corpus past 512 MB (the
+        # padding rows cost nothing there); a packed one keeps 64.
+        assert plan(1, 300, num_docs=1_000)[0][-1] == 64 and plan(1, 300)[0][-1] == 128
+        assert plan(1, 300, packed=True)[0][-1] == 64
         int8_plan, _, int8_name = plan(1, 1030, suffix="int8")
         assert int8_plan[-1] == 128 and int8_name == "maxsim_fwd_wgmma_int8"
         (_, _, _, group, groups, _, _, rotation, rows), defines, _ = plan(32, 300, num_docs=128)

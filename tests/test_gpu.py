@@ -228,6 +228,41 @@ def test_every_framework_in_and_out():
         assert isinstance(got, jax.Array)
 
 
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_repeated_calls_replay_the_launch(framework, monkeypatch):
+    """After a plain call, later calls with the same signature replay its launch (_api,
+    "repeated calls"): new data must give new scores; a pointer the kernel cannot take, under the
+    same signature, and an emptied planner cache must go the general way; inputs stay as passed."""
+    import cupy
+
+    from cupy_maxsim import _api
+
+    torch = pytest.importorskip("torch") if framework == "torch" else None
+    device = (lambda x: torch.from_numpy(x).cuda()) if torch else cupy.asarray
+    replayed = []
+    original_call = _api._Replay.__call__
+    monkeypatch.setattr(_api._Replay, "__call__", lambda self, q, d: replayed.append(1) or original_call(self, q, d))
+    _api._replays.clear()
+    rng = np.random.default_rng(12)
+    for step in range(4):
+        q = unit_rows(rng, (2, 32, 128), np.float16)
+        d = unit_rows(rng, (40, 70, 128), np.float16)
+        q_dev, d_dev = device(q), device(d)
+        if step == 2:  # the same signature with an emptied planner cache
+            _api._mma_plan.cache_clear()
+        if step == 3:  # ... and with documents 2 bytes off 16-byte alignment
+            flat = device(np.zeros(d.size + 1, np.float16))
+            flat[1:] = device(d.ravel())
+            d_dev = flat[1:].reshape(d.shape)
+        got = cm.score(q_dev, d_dev)
+        assert_scores_match(got, reference.maxsim_reference(q, d), atol=1e-2)
+        assert np.array_equal(to_numpy(q_dev), q) and np.array_equal(to_numpy(d_dev), d)
+        single = cm.score(q_dev[1], d_dev)  # one 2-D query: a signature of its own
+        assert_scores_match(single, reference.maxsim_reference(q[1:], d)[0], atol=1e-2)
+    assert len(replayed) == 6  # every call but the first of each signature asked its replay
+    assert len(_api._replays) == 2
+
+
 def test_pack_on_gpu_round_trips():
     import cupy
 
