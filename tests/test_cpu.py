@@ -131,6 +131,22 @@ def test_torch_cpu_in_torch_out():
     assert_scores_match(got_bf16, ref_bf16, atol=2e-5)
 
 
+def test_host_calls_are_never_replayed():
+    """Replayed launches (_api, "repeated calls") are for GPU arrays: a host call records
+    nothing, whatever its framework, and a repeated one still answers right."""
+    from cupy_maxsim import _api
+
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(21)
+    _api._replays.clear()
+    for _ in range(2):
+        q, d = unit_rows(rng, (2, 5, 16), np.float32), unit_rows(rng, (3, 7, 16), np.float32)
+        expected = reference.maxsim_reference(q, d)
+        assert_scores_match(cm.score(q, d), expected, atol=1e-5)
+        assert_scores_match(cm.score(torch.from_numpy(q), torch.from_numpy(d)).numpy(), expected, atol=1e-5)
+    assert _api._replays == {}
+
+
 def test_jax_cpu_in_jax_out():
     jax = pytest.importorskip("jax")
     rng = np.random.default_rng(9)
