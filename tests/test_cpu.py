@@ -136,14 +136,18 @@ def test_host_calls_are_never_replayed():
     nothing, whatever its framework, and a repeated one still answers right."""
     from cupy_maxsim import _api
 
-    torch = pytest.importorskip("torch")
+    try:
+        import torch
+    except ImportError:  # the NumPy half still runs
+        torch = None
     rng = np.random.default_rng(21)
     _api._replays.clear()
     for _ in range(2):
         q, d = unit_rows(rng, (2, 5, 16), np.float32), unit_rows(rng, (3, 7, 16), np.float32)
         expected = reference.maxsim_reference(q, d)
         assert_scores_match(cm.score(q, d), expected, atol=1e-5)
-        assert_scores_match(cm.score(torch.from_numpy(q), torch.from_numpy(d)).numpy(), expected, atol=1e-5)
+        if torch is not None:
+            assert_scores_match(cm.score(torch.from_numpy(q), torch.from_numpy(d)).numpy(), expected, atol=1e-5)
     assert _api._replays == {}
 
 
