@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 
 import numpy as np
 
@@ -770,12 +771,11 @@ def _replay_key(q, d):
 class _Replay:
     """A recorded forward launch, replayed with new pointers (see "repeated calls" above)."""
 
-    def __init__(self, like: Operand, shape: tuple, dtype: str, plan_args: tuple, plan: tuple, values: dict,
+    def __init__(self, like: Operand, shape: tuple, dtype: str, plan_args: tuple, plan: _ForwardPlan, values: dict,
                  tile_map_shape: tuple | None):
         self.like, self.shape, self.dtype = like, shape, dtype
         self.plan_args, self.plan, self.tile_map_shape = plan_args, plan, tile_map_shape
-        self.kernel, self.threads, self.shared = plan[0], plan[1], plan[2]
-        self.grid = (plan[6], plan[4])  # documents ranges, query groups
+        self.grid = (plan.grid_x, plan.groups)
         names = [name for name, _ in _kernels.FORWARD_ARGS]
         self.values = [values[name] for name in names]
         self.q_at, self.d_at, self.out_at = names.index("q"), names.index("d"), names.index("out")
@@ -794,11 +794,11 @@ class _Replay:
         result, out_ptr = output.empty(self.shape, self.dtype)
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
-        args = _kernels.forward_args.pack(values)
+        args, plan = _kernels.forward_args.pack(values), self.plan
         with _kernels.on_device(self.like.device):
             if self.tile_map_shape is not None:
                 args = (args, _kernels.doc_tile_map(d_ptr, *self.tile_map_shape))
-            _kernels.launch(self.kernel, self.grid, (self.threads,), args, self.shared, self.like.stream)
+            _kernels.launch(plan.kernel, self.grid, (plan.threads,), args, plan.shared, self.like.stream)
         return output.wrap(result)
 
 
@@ -859,6 +859,20 @@ def _persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
     return best
 
 
+class _ForwardPlan(typing.NamedTuple):
+    """How the tensor-core forward runs one problem shape (_mma_plan)."""
+
+    kernel: object
+    threads: int
+    shared: int
+    group: int  # queries per block
+    groups: int  # query groups (grid y)
+    docs_per_block: int
+    grid_x: int  # document ranges
+    doc_rotation: int
+    tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
+
+
 @functools.lru_cache(maxsize=256)
 def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0,
               packed=False):
@@ -903,7 +917,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     corpus_fits = corpus_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if wgmma and groups > 1 and corpus_fits else 0
     tile_rows = config.tile_n if wgmma else 0
-    return kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows
+    return _ForwardPlan(kernel, config.threads, config.shared_bytes, group, groups, docs_per_block, grid_x,
+                        doc_rotation, tile_rows)
 
 
 def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, doc_length, doc_stride, pairs,

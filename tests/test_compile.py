@@ -1,8 +1,12 @@
 """Every kernel variant compiles through NVRTC for sm_80, sm_86, sm_89 and sm_90, with no GPU,
-and the ptxas report shows no spills."""
+and the ptxas report shows no spills; the forward's planner and its replayed launches, checked
+on an H200's properties with the kernels and launches stubbed."""
 
+import contextlib
 import os
+import types
 
+import numpy as np
 import pytest
 
 from cupy_maxsim import _kernels
@@ -86,46 +90,104 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
 
 
 
-def test_hopper_plan_without_a_gpu(monkeypatch):
-    """The forward planner (_api._mma_plan) on an H200's properties, kernels stubbed: one query
-    splits the documents over three warpgroups (128-row tiles for ColPali pages, 64 for 300-token
-    documents unless the padded corpus is large; int8 pages too), many queries fill three warpgroups, and query groups of a corpus
-    within half the L2 start at rotated documents."""
+class _StubKernel:  # what the planner reads of a compiled kernel
+    num_regs = 128
+
+
+@pytest.fixture
+def h200_planner(monkeypatch):
+    """_api._mma_plan on an H200's properties with kernels stubbed (no GPU): yields the list of
+    (family, name, defines) the planner asked for."""
     from cupy_maxsim import _api
 
-    class Kernel:  # what the planner reads of a compiled kernel
-        num_regs = 128
-
-    defines_seen = []
+    kernels_asked = []
 
     def get_kernel(device, family, name, defines=(), shared_bytes=0):
-        defines_seen.append((family, name, defines))
-        return Kernel()
+        kernels_asked.append((family, name, defines))
+        return _StubKernel()
 
     h200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
     monkeypatch.setattr(_kernels, "device_properties", lambda device: h200)
     monkeypatch.setattr(_kernels, "get_kernel", get_kernel)
     _api._mma_plan.cache_clear()
-    try:
-        def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False):
-            defines_seen.clear()
-            _api._mma_plan.cache_clear()
-            result = _api._mma_plan(0, suffix, num_queries, 32, 128, num_docs, False, False, mean_length, packed)
-            family, name, defines = defines_seen[-1]
-            return result, dict(d.lstrip("-D").split("=") for d in defines), name
+    yield kernels_asked
+    _api._mma_plan.cache_clear()
 
-        (_, _, _, group, groups, per_block, _, rotation, rows), defines, name = plan(1, 1030)
-        assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_SPLIT_DOCS"] == "1" and rows == 128
-        assert (group, groups, rotation) == (1, 1, 0) and per_block * 132 >= 10_000
-        # 300-token documents: 64-row tiles, but 128 for a padded corpus past 512 MB (the
-        # padding rows cost nothing there); a packed one keeps 64.
-        assert plan(1, 300, num_docs=1_000)[0][-1] == 64 and plan(1, 300)[0][-1] == 128
-        assert plan(1, 300, packed=True)[0][-1] == 64
-        int8_plan, _, int8_name = plan(1, 1030, suffix="int8")
-        assert int8_plan[-1] == 128 and int8_name == "maxsim_fwd_wgmma_int8"
-        (_, _, _, group, groups, _, _, rotation, rows), defines, _ = plan(32, 300, num_docs=128)
-        assert defines["MAXSIM_SPLIT_DOCS"] == "0" and defines["MAXSIM_WARPGROUPS"] == "3"
-        assert group == 6 and groups == 6 and rows == 64 and rotation > 0  # 128 x 300 x 128 fp16 fits the L2
-        assert plan(32, 300, num_docs=100_000)[0][7] == 0  # a corpus far past the L2: no rotation
-    finally:
+
+def test_hopper_plan_without_a_gpu(h200_planner):
+    """The forward planner (_api._mma_plan) on an H200's properties, kernels stubbed: one query
+    splits the documents over three warpgroups (128-row tiles for ColPali pages, 64 for 300-token
+    documents unless the padded corpus is large; int8 pages too), many queries fill three
+    warpgroups, and query groups of a corpus within half the L2 start at rotated documents."""
+    from cupy_maxsim import _api
+
+    def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False):
+        h200_planner.clear()
         _api._mma_plan.cache_clear()
+        result = _api._mma_plan(0, suffix, num_queries, 32, 128, num_docs, False, False, mean_length, packed)
+        family, name, defines = h200_planner[-1]
+        return result, dict(d.lstrip("-D").split("=") for d in defines), name
+
+    one, defines, name = plan(1, 1030)
+    assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_SPLIT_DOCS"] == "1" and one.tile_rows == 128
+    assert (one.group, one.groups, one.doc_rotation) == (1, 1, 0) and one.docs_per_block * 132 >= 10_000
+    # 300-token documents: 64-row tiles, but 128 for a padded corpus past 512 MB (the
+    # padding rows cost nothing there); a packed one keeps 64.
+    assert plan(1, 300, num_docs=1_000)[0].tile_rows == 64 and plan(1, 300)[0].tile_rows == 128
+    assert plan(1, 300, packed=True)[0].tile_rows == 64
+    int8_plan, _, int8_name = plan(1, 1030, suffix="int8")
+    assert int8_plan.tile_rows == 128 and int8_name == "maxsim_fwd_wgmma_int8"
+    many, defines, _ = plan(32, 300, num_docs=128)
+    assert defines["MAXSIM_SPLIT_DOCS"] == "0" and defines["MAXSIM_WARPGROUPS"] == "3"
+    # 128 x 300 x 128 fp16 fits the L2: rotated document ranges
+    assert (many.group, many.groups, many.tile_rows) == (6, 6, 64) and many.doc_rotation > 0
+    assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
+
+
+
+def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
+    """A recorded forward launch (_api._Replay) replayed with new pointers, launches stubbed:
+    the plan's kernel, grid, block and shared memory, the recorded arguments with q, d and the
+    result's pointers swapped in, the tile map of the new documents; None (the general path)
+    for documents off 16-byte alignment or once the planner's cache was emptied."""
+    from cupy_maxsim import _api
+    from cupy_maxsim._arrays import Operand
+
+    class HostOutput:  # results in host memory instead of CuPy's
+        def __init__(self, like):
+            pass
+
+        def empty(self, shape, dtype):
+            array = np.empty(shape, dtype)
+            return array, array.ctypes.data
+
+        def wrap(self, array):
+            return array
+
+    launches = []
+    monkeypatch.setattr(_api, "Output", HostOutput)
+    monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
+    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_kernels, "doc_tile_map", lambda pointer, *shape: ("map", pointer) + shape)
+    plan_args = (0, "fp16", 1, 32, 128, 1_000, False, False, 300, False)
+    plan = _api._mma_plan(*plan_args)
+    names = [name for name, _ in _kernels.FORWARD_ARGS]
+    values = {name: 1000 + k for k, name in enumerate(names)}
+    tile_map_shape = (2, 128, 300, 1_000, 256, 300 * 256, False, plan.tile_rows)
+    like = Operand("q", "cupy", "float16", (1, 32, 128), (4096, 128, 1), 0)  # CuPy: its current stream
+    replay = _api._Replay(like, (1_000,), "float32", plan_args, plan, values, tile_map_shape)
+    device_array = lambda pointer: types.SimpleNamespace(data=types.SimpleNamespace(ptr=pointer))  # noqa: E731
+    q, d = device_array(0x10000), device_array(0x200000)
+
+    result = replay(q, d)
+    assert result.shape == (1_000,) and result.dtype == np.float32
+    (kernel, grid, block, (args, tile_map), shared, stream), = launches
+    assert (kernel, grid, block, shared, stream) == (plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
+                                                     plan.shared, None)
+    sent = dict(zip(names, _kernels.forward_args._pack.unpack(args)))
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data)
+    assert tile_map == ("map", 0x200000) + tile_map_shape
+
+    assert replay(q, device_array(0x200002)) is None  # documents 2 bytes off alignment
+    _api._mma_plan.cache_clear()
+    assert replay(q, d) is None and len(launches) == 1
