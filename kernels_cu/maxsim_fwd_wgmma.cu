@@ -307,7 +307,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // Splitting documents: the block position of the document each slot's tile comes from
     // (-1: the ring's end), and the block's next unclaimed position.
     long long* sSlotDoc = (long long*)(empty + STAGES);
-    unsigned long long* sNextDoc = (unsigned long long*)(sSlotDoc + STAGES);
+    // 32 bits: a 64-bit shared atomicAdd compiles to a compare-and-swap loop (ATOMS.CAST.SPIN),
+    // a 32-bit one to a single ATOMS.ADD. A block's range of documents is far below 2^32.
+    unsigned* sNextDoc = (unsigned*)(sSlotDoc + STAGES);
 
     // A launch that disagrees with this build (_kernels.WgmmaConfig) stops here, not in a
     // corrupted ring.
@@ -415,8 +417,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // Splitting documents: the block's next unclaimed document position (warpgroups with
         // shorter documents take more of them, and none is left with a tail of its own).
         auto claim = [&]() -> i64 {
-            unsigned long long position = 0;
-            if (lane == 0) position = atomicAdd(sNextDoc, 1ull);
+            unsigned position = 0;
+            if (lane == 0) position = atomicAdd(sNextDoc, 1u);
             return (i64)__shfl_sync(0xffffffffu, position, 0);
         };
         DocCursor load;
