@@ -41,7 +41,7 @@ INT8_PATCHES = {"no-scale-copies": NO_SCALES, "no-scale-copies-no-fold": NO_SCAL
 # name: (queries, query tokens, documents, document tokens, tile rows or None (planned), int8)
 SHAPES = {"inbatch-128": (128, 32, 128, 300, None, False), "colpali-32q-10k": (32, 32, 10_000, 1030, None, False),
           "corpus-10k N64": (1, 32, 10_000, 300, 64, False), "corpus-10k N128": (1, 32, 10_000, 300, 128, False),
-          "corpus-10k-int8 N64": (1, 32, 10_000, 300, 64, True),
+          "corpus-10k-int8 N64": (1, 32, 10_000, 300, 64, True), "corpus-10k-int8 N128": (1, 32, 10_000, 300, 128, True),
           "colbert-1q-200k-int8 N128": (1, 32, 200_000, 128, 128, True)}
 #: One query: the base kernel with rings of fewer slots (the stages of all three rings).
 SPLIT_STAGES = (12, 9, 6)

@@ -888,7 +888,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
         warpgroups = -(-num_queries // (64 // query_length))
         config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
                                        _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps,
-                                                                0 if packed else corpus_bytes))
+                                                                0 if packed else corpus_bytes),
+                                       num_queries * query_length)
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None

@@ -189,6 +189,7 @@ class WgmmaConfig:
     argmax: int = 0
     tile_n: int = 64  # document rows per tile (the wgmma N): 64 or 128
     split_docs: int = 0  # one query group: the warpgroups share it and split the documents
+    half_rows: int = 0  # splitting, at most 32 query rows: each thread folds one row, not two
 
     @property
     def threads(self) -> int:
@@ -220,6 +221,7 @@ class WgmmaConfig:
             f"-DMAXSIM_ARGMAX={self.argmax}",
             f"-DMAXSIM_TILE_N={self.tile_n}",
             f"-DMAXSIM_SPLIT_DOCS={self.split_docs}",
+            f"-DMAXSIM_HALF_ROWS={self.half_rows}",
         )
 
 
@@ -259,14 +261,19 @@ WGMMA_SPLIT_STAGES = 30  # cut to what fits, in whole rings
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
-def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64) -> WgmmaConfig | None:
-    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows and
-    ``tile_n``-row document tiles, or None (the mma.sync kernel)."""
+def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64,
+                 query_rows: int = 64) -> WgmmaConfig | None:
+    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
+    (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
+    kernel)."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not WGMMA_SPLIT_DOCS):
         return None
     shape = dict(WGMMA_SHAPE)
     if warpgroups_wanted < 2:
-        shape.update(split_docs=1, stages=WGMMA_SPLIT_STAGES)
+        # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
+        # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
+        # bench/results/ablation-wgmma-2026-11-30-b91374a.log).
+        shape.update(split_docs=1, stages=WGMMA_SPLIT_STAGES, half_rows=int(query_rows <= 32))
     else:
         shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
     config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
@@ -687,7 +694,9 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split
                 for tile_n in (64, 128):
-                    variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, tile_n).defines()))
+                    for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
+                        config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
+                        variants.append(("maxsim_fwd_wgmma", config.defines()))
     return variants
 
 

@@ -80,11 +80,20 @@
 #ifndef MAXSIM_SPLIT_DOCS
 #define MAXSIM_SPLIT_DOCS 0
 #endif
+#ifndef MAXSIM_HALF_ROWS
+#define MAXSIM_HALF_ROWS 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
 constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
 constexpr bool SPLIT_DOCS = MAXSIM_SPLIT_DOCS != 0;  // see below
+// HALF_ROWS (splitting documents, at most 32 query rows: one query of <= 32 tokens): the query
+// rows sit in the first 8 of every warp's 16 accumulator rows, so that each thread's second
+// row (lane/4 + 8) is padding and its fold is skipped: the fold's work halves on every
+// scheduler, where rows 32-63 of the warpgroup would leave two of its four warps folding zeros.
+constexpr bool HALF_ROWS = MAXSIM_HALF_ROWS != 0;
+constexpr int ROW_HALVES = HALF_ROWS ? 1 : 2;  // accumulator rows per thread that hold query rows
 constexpr int CONSUMER_WARPS = 4 * WARPGROUPS, WARPS = CONSUMER_WARPS + 4;  // + the producer group
 constexpr int CONSUMER_THREADS = 32 * CONSUMER_WARPS;
 constexpr int THREADS = 32 * WARPS;
@@ -134,6 +143,11 @@ constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) +
                              16 * STAGES + 8 * (STAGES + 1);
+static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
+// Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
+__device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
+// ... and back: the group row a warpgroup row holds, or -1 (a padding row).
+__device__ __forceinline__ int group_row_of(int row) { return !HALF_ROWS ? row : row % 16 < 8 ? row / 16 * 8 + row % 16 : -1; }
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slots: one multiplying, one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
@@ -372,10 +386,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 
     if (warp < CONSUMER_WARPS) {
         // Query block -> shared memory, once, by the consumers. Warpgroup w holds queries
-        // w * (64 / Lq) + j at rows 64w + j * Lq + i.
+        // w * (64 / Lq) + j at rows 64w + query_row_of(j * Lq + i).
         for (int c = tid; c < QUERY_ROWS * CHUNKS; c += CONSUMER_THREADS) {
             const int row = c / CHUNKS, chunk = c % CHUNKS;
-            const int local = row % 64, j = local / query_length, token = local % query_length;
+            const int f = group_row_of(row % 64);  // -1: a padding row (no query)
+            const int j = f < 0 ? queries_per_warpgroup : f / query_length, token = f < 0 ? 0 : f % query_length;
             const int g = (row / 64) * queries_per_warpgroup + j;
             const i64 query = first_query + g;
             const bool real = stage_query_chunk<T>(args, sQ + row * LDS + chunk * 8, query, token, chunk,
@@ -531,8 +546,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             float sum = 0.f;
             bool non_finite = false;
             for (int i = lane; i < query_length; i += 32) {
-                const int query_row = (SPLIT_DOCS ? 0 : warpgroup * 64) + j * query_length + i;
-                const int row = warpgroup * 64 + j * query_length + i;  // accumulator row
+                const int local = query_row_of(j * query_length + i);
+                const int query_row = (SPLIT_DOCS ? 0 : warpgroup * 64) + local;
+                const int row = warpgroup * 64 + local;  // accumulator row
                 const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
                                          finished_doc * args.argmax_doc_stride + i;
                 if (sRowQuery[query_row] < 0) {
@@ -590,6 +606,13 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     auto fold_tile = [&](const Acc (&acc)[ACC], const TileInfo& info, const bool BIASED) {
         const float* scale = sScale + info.stage * TILE_N;
         if (!BIASED) has_row = true;
+        if constexpr (SCALED) {
+            // int8 tokens are finite: a non-finite similarity can only come from a document
+            // scale, so the witness checks the tile's scales of real columns (one per thread)
+            // instead of summing every similarity (0 * x is 0 unless x is inf or NaN).
+            const int c = threadIdx.x % 128;
+            if (c < TILE_N && (BIASED ? column_real(info, c) : true)) witness += 0.f * scale[c];
+        }
 #pragma unroll
         for (int chunk = 0; chunk < TILE_N / 64; ++chunk) {  // 64 columns at a time: 16 temporaries
             float m[2][8];
@@ -604,12 +627,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 }
                 if constexpr (SCALED) sc = *(const float2*)(scale + col);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
+                for (int h = 0; h < ROW_HALVES; ++h) {  // h = 0: row lane/4, h = 1: row lane/4 + 8
                     float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h]);
                     float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 * h + 1]);
                     if constexpr (SCALED) v0 *= sc.x, v1 *= sc.y;
-                    // The witness: row lane/4 against every real column of the document.
-                    if (h == 0) witness += (real0 ? v0 : 0.f) + (real1 ? v1 : 0.f);
+                    // The witness (16-bit): row lane/4 against every real column of the document.
+                    if (!SCALED && h == 0) witness += (real0 ? v0 : 0.f) + (real1 ? v1 : 0.f);
                     if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
                     m[h][jj] = max_nan(v0, v1);
                     if constexpr (ARGMAX) {
@@ -622,7 +645,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             }
             if constexpr (!ARGMAX) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
+                for (int h = 0; h < ROW_HALVES; ++h) {
                     const float m01 = max_nan(m[h][0], m[h][1]), m23 = max_nan(m[h][2], m[h][3]);
                     const float m45 = max_nan(m[h][4], m[h][5]), m67 = max_nan(m[h][6], m[h][7]);
                     best[h].value = max_nan(best[h].value, max_nan(max_nan(m01, m23), max_nan(m45, m67)));
@@ -639,7 +662,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             fold_tile(acc, info, false);
         if (!info.last) return;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < ROW_HALVES; ++h) {
             float value = best[h].value;
             int index = best[h].index;
 #pragma unroll

@@ -56,6 +56,9 @@ def test_query_groups_fit_their_block(query_length):
         split = _kernels.wgmma_config(8, warpgroups_wanted=1)  # one query group: documents split
         assert split.split_docs and split.warpgroups == 3 and split.queries_per_block(query_length) == per_group
         assert split.shared_bytes <= _kernels.WGMMA_SHARED_LIMIT and split.stages >= 8
+        # A query of at most 32 rows leaves half of each thread's rows as padding (not folded).
+        rows = per_group * query_length
+        assert _kernels.wgmma_config(8, warpgroups_wanted=1, query_rows=rows).half_rows == (rows <= 32)
         for wanted in (2, 3, 50):
             config = _kernels.wgmma_config(8, warpgroups_wanted=wanted)
             assert config.warpgroups == min(wanted, 3)
@@ -131,6 +134,8 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     one, defines, name = plan(1, 1030)
     assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_SPLIT_DOCS"] == "1" and one.tile_rows == 128
     assert (one.group, one.groups, one.doc_rotation) == (1, 1, 0) and one.docs_per_block * 132 >= 10_000
+    assert defines["MAXSIM_HALF_ROWS"] == "1"  # 32 query rows: each thread folds one row of two
+    assert plan(2, 1030)[1]["MAXSIM_HALF_ROWS"] == "0"  # two queries fill the 64 rows
     # 300-token documents: 64-row tiles, but 128 for a padded corpus past 512 MB (the
     # padding rows cost nothing there); a packed one keeps 64.
     assert plan(1, 300, num_docs=1_000)[0].tile_rows == 64 and plan(1, 300)[0].tile_rows == 128
