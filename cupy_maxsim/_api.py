@@ -886,10 +886,16 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
         # 64 // Lq whole queries).
         warpgroups = -(-num_queries // (64 // query_length))
-        config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
-                                       _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2, ksteps,
-                                                                0 if packed else corpus_bytes),
-                                       num_queries * query_length)
+        # Enough queries for two warpgroups of 128 rows: documents on the MMA's M.
+        docs_on_m = _kernels.WGMMA_DOCS_ON_M and not argmax and num_queries > 128 // query_length
+        if docs_on_m:
+            config = _kernels.wgmma_config(ksteps, False, -(-num_queries // (128 // query_length)), 64,
+                                           docs_on_m=True)
+        else:
+            config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
+                                           _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2,
+                                                                    ksteps, 0 if packed else corpus_bytes),
+                                           num_queries * query_length)
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None

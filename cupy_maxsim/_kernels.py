@@ -190,28 +190,35 @@ class WgmmaConfig:
     tile_n: int = 64  # document rows per tile (the wgmma N): 64 or 128
     split_docs: int = 0  # one query group: the warpgroups share it and split the documents
     half_rows: int = 0  # splitting, at most 32 query rows: each thread folds one row, not two
+    docs_on_m: int = 0  # many queries: document tiles are the MMA's A, 128 query rows its B
 
     @property
     def threads(self) -> int:
         return 128 * (self.warpgroups + 1)
 
     @property
+    def group_rows(self) -> int:
+        """Query rows a consumer warpgroup holds: the wgmma M (64), or its N with documents on M."""
+        return 128 if self.docs_on_m else 64
+
+    @property
     def block_cols(self) -> int:
-        """Stacked query rows a block holds (the wgmma M rows of all its warpgroups)."""
-        return 64 * self.warpgroups
+        """Stacked query rows a block holds (those of all its warpgroups)."""
+        return self.group_rows * self.warpgroups
 
     def queries_per_block(self, query_length: int) -> int:
         """Each warpgroup owns whole queries (or, splitting documents, all share one group)."""
-        return (1 if self.split_docs else self.warpgroups) * (64 // query_length)
+        return (1 if self.split_docs else self.warpgroups) * (self.group_rows // query_length)
 
     @property
     def shared_bytes(self) -> int:
         # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
+        max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows
         return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + query_rows * (kpad + 8) * 2
-                + 4 * (self.stages * n + 3 * query_rows + (2 + 2 * self.argmax) * rows + 4 * warps) + 16 * self.stages
-                + 8 * (self.stages + 1))
+                + 4 * (self.stages * n + 3 * query_rows + max_slots + 2 * self.argmax * rows + 4 * warps)
+                + 16 * self.stages + 8 * (self.stages + 1))
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -222,6 +229,7 @@ class WgmmaConfig:
             f"-DMAXSIM_TILE_N={self.tile_n}",
             f"-DMAXSIM_SPLIT_DOCS={self.split_docs}",
             f"-DMAXSIM_HALF_ROWS={self.half_rows}",
+            f"-DMAXSIM_DOCS_ON_M={self.docs_on_m}",
         )
 
 
@@ -257,19 +265,26 @@ WGMMA_MAX_KSTEPS = 8
 #: False keeps one query group on the mma.sync kernel.
 WGMMA_SPLIT_DOCS = True
 WGMMA_SPLIT_STAGES = 30  # cut to what fits, in whole rings
+#: Many queries on Hopper put the documents on the MMA's M (maxsim_fwd_wgmma.cu, DOCS_ON_M) when
+#: no argmax is wanted; CUPY_MAXSIM_DOCS_ON_M=0 keeps queries on M (for A/B measurements).
+WGMMA_DOCS_ON_M = os.environ.get("CUPY_MAXSIM_DOCS_ON_M", "1") != "0"
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
 def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64,
-                 query_rows: int = 64) -> WgmmaConfig | None:
+                 query_rows: int = 64, docs_on_m: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
-    kernel)."""
+    kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, no argmax, at least two
+    warpgroups of 128 query rows wanted)."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not WGMMA_SPLIT_DOCS):
         return None
     shape = dict(WGMMA_SHAPE)
-    if warpgroups_wanted < 2:
+    if docs_on_m:
+        assert not argmax and tile_n == 64 and warpgroups_wanted >= 2
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted))
+    elif warpgroups_wanted < 2:
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
         # bench/results/ablation-wgmma-2026-11-30-b91374a.log).
@@ -697,6 +712,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                     for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
                         config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
                         variants.append(("maxsim_fwd_wgmma", config.defines()))
+        for warpgroups in (2, 3):  # documents on M
+            variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, False, warpgroups, docs_on_m=True).defines()))
     return variants
 
 

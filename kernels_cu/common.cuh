@@ -302,18 +302,24 @@ template <> struct Mma16816<bf16_t> {
 // document element makes 0 * inf = NaN against a zero token too). `row`: 16-byte aligned,
 // `chunks` 16-byte chunks, 8 elements each, tested a word (two elements) at a time. Both
 // forward kernels check their query block this way, once.
-template <typename T> __device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks) {
+// A row in the 128-byte swizzle layout (atom_bytes > 0: chunk k of row r sits in atom k / 8 at
+// position (k % 8) ^ (r % 8); `row` points at the row's line in the first atom).
+template <typename T>
+__device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks, int swizzle_row = 0, int atom_bytes = 0) {
     const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;
-    uint4* v = (uint4*)row;
+    auto chunk_at = [&](int k) {
+        return (uint4*)((unsigned char*)row +
+                        (atom_bytes ? (k / 8) * atom_bytes + (((k % 8) ^ (swizzle_row % 8)) << 4) : k * 16));
+    };
     bool bad = false;
 #pragma unroll 4
     for (int k = 0; k < chunks; ++k) {
-        const uint4 c = v[k];
+        const uint4 c = *chunk_at(k);
         const u32 words[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
         for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
     }
     if (bad)
-        for (int k = 0; k < chunks; ++k) v[k] = make_uint4(0, 0, 0, 0);
+        for (int k = 0; k < chunks; ++k) *chunk_at(k) = make_uint4(0, 0, 0, 0);
     return bad;
 }

@@ -54,7 +54,7 @@
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
 // the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers), then
-// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
+// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + MAX_SLOTS + 2 * ARGMAX * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
 // documents in flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 8 * (STAGES + 1) for the document claims
 // (splitting documents); _kernels.WgmmaConfig mirrors this formula.
@@ -82,6 +82,9 @@
 #endif
 #ifndef MAXSIM_HALF_ROWS
 #define MAXSIM_HALF_ROWS 0
+#endif
+#ifndef MAXSIM_DOCS_ON_M
+#define MAXSIM_DOCS_ON_M 0
 #endif
 
 namespace wg {
@@ -114,7 +117,16 @@ template <typename T> __host__ __device__ constexpr int consumer_registers() {
 }
 static_assert(WARPGROUPS >= 2 && WARPGROUPS <= 3, "consumers need 144-152 registers: at most 3 warpgroups");
 constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmma N)
-constexpr int ACC = TILE_N / 2;              // accumulator registers per thread (64 x N / 128)
+// DOCS_ON_M (many queries, compute-bound): the roles of the operands swap. A document tile is
+// the wgmma's A (its 64 rows the M dimension, read by descriptor from the ring) and a
+// warpgroup's QUERY_COLS query rows its B (N = 128: four 32-token queries, staged once in the
+// same swizzled layout). The max over a document's rows is then an element-wise running max
+// per query column across its tiles (each thread's two rows folded at once), and the reduction
+// across lanes and warps happens once per document instead of once per tile; each m64n128k16
+// does twice the work of an m64n64k16 per instruction. No argmax (see the entry).
+constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
+constexpr int QUERY_COLS = 128;
+constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
 // registers of two), and the other warpgroups' MMAs run while one folds.
 // SPLIT_DOCS (one query group, memory-bound): every consumer warpgroup holds the same query
@@ -128,8 +140,12 @@ constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
 constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
-constexpr int BLOCK_ROWS = 64 * WARPGROUPS;               // accumulator rows of the block
+constexpr int GROUP_ROWS = DOCS_ON_M ? QUERY_COLS : 64;   // query rows a consumer warpgroup holds
+constexpr int BLOCK_ROWS = GROUP_ROWS * WARPGROUPS;       // query rows of the block's accumulators
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
+// A document's maxima as the warps publish them: per query row [2 parities][BLOCK_ROWS], or
+// (DOCS_ON_M) per query column and warp, [2 parities][CONSUMER_WARPS][QUERY_COLS].
+constexpr int MAX_SLOTS = DOCS_ON_M ? 2 * CONSUMER_WARPS * QUERY_COLS : 2 * BLOCK_ROWS;
 static_assert(TILE_N == 64 || TILE_N == 128, "wgmma tiles of 64 or 128 document rows");
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
@@ -141,9 +157,12 @@ constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
-                             4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (2 + 2 * ARGMAX) * BLOCK_ROWS + 4 * WARPS) +
+                             4 * (STAGES * TILE_N + 3 * QUERY_ROWS + MAX_SLOTS + 2 * ARGMAX * BLOCK_ROWS + 4 * WARPS) +
                              16 * STAGES + 8 * (STAGES + 1);
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
+static_assert(!DOCS_ON_M || (!SPLIT_DOCS && !ARGMAX && TILE_N == 64), "documents on M: many queries, 64-row tiles");
+// DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
+constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
 // ... and back: the group row a warpgroup row holds, or -1 (a padding row).
@@ -162,6 +181,10 @@ __device__ __forceinline__ unsigned long long tile_descriptor(const void* tile) 
 }
 // Descriptor offset (16-byte units) of k-step ks: 32 bytes into its atom.
 __device__ __forceinline__ unsigned kstep_offset(int ks) { return ((ks / 4) * wg::ATOM_BYTES + (ks % 4) * 32) >> 4; }
+// ... in a DOCS_ON_M query block.
+__device__ __forceinline__ unsigned query_kstep_offset(int ks) {
+    return ((ks / 4) * wg::QUERY_ATOM_BYTES + (ks % 4) * 32) >> 4;
+}
 
 __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -192,15 +215,17 @@ __device__ __forceinline__ void pin(int (&acc)[wg::ACC]) {
 #define MAXSIM_WGMMA_PRED "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
 #define MAXSIM_WGMMA_N "n64"
 #endif
-#if MAXSIM_TILE_N == 128
-#define MAXSIM_WGMMA_D(C) C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),  \
+#define MAXSIM_WGMMA_D64(C) C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),  \
         C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), C(d[19]),  \
         C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), C(d[28]), C(d[29]),  \
         C(d[30]), C(d[31]), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), C(d[37]), C(d[38]), C(d[39]),  \
         C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), C(d[46]), C(d[47]), C(d[48]), C(d[49]),  \
         C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), C(d[55]), C(d[56]), C(d[57]), C(d[58]), C(d[59]),  \
         C(d[60]), C(d[61]), C(d[62]), C(d[63])
-#define MAXSIM_WGMMA_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p"
+#define MAXSIM_WGMMA_D64_LIST "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#if MAXSIM_TILE_N == 128
+#define MAXSIM_WGMMA_D(C) MAXSIM_WGMMA_D64(C)
+#define MAXSIM_WGMMA_REGS MAXSIM_WGMMA_D64_LIST ", {%64, %65, %66, %67}, %68, p"
 #define MAXSIM_WGMMA_PRED "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
 #define MAXSIM_WGMMA_N "n128"
 #endif
@@ -230,6 +255,32 @@ template <> struct WgmmaTile<i8> {
                      MAXSIM_WGMMA_REGS ";\n}\n"
                      : MAXSIM_WGMMA_D("+r")
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    }
+};
+
+// DOCS_ON_M: D (64 document rows x 128 query rows) = or += A (document tile descriptor) * B
+// (query block descriptor), one k-step; both K-major (no transpose), scales 1.
+template <typename T> struct WgmmaDocsOnM;
+#define MAXSIM_WGMMA_SS_F32(T, TYPES)                                                                           \
+    template <> struct WgmmaDocsOnM<T> {                                                                        \
+        static __device__ __forceinline__ void run(float (&d)[wg::ACC], unsigned long long a_desc,              \
+                                                   unsigned long long b_desc, int accumulate) {                 \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                          \
+                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " " MAXSIM_WGMMA_D64_LIST         \
+                         ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
+                         : MAXSIM_WGMMA_D64("+f")                                                               \
+                         : "l"(a_desc), "l"(b_desc), "r"(accumulate));                                          \
+        }                                                                                                       \
+    };
+MAXSIM_WGMMA_SS_F32(fp16_t, "f16.f16")
+MAXSIM_WGMMA_SS_F32(bf16_t, "bf16.bf16")
+template <> struct WgmmaDocsOnM<i8> {
+    static __device__ __forceinline__ void run(int (&d)[wg::ACC], unsigned long long a_desc, unsigned long long b_desc,
+                                               int accumulate) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " MAXSIM_WGMMA_D64_LIST ", %64, %65, p;\n}\n"
+                     : MAXSIM_WGMMA_D64("+r")
+                     : "l"(a_desc), "l"(b_desc), "r"(accumulate));
     }
 };
 
@@ -310,10 +361,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [QUERY_ROWS][LDS]
     float* sScale = (float*)(sQ + QUERY_ROWS * LDS);    // int8: [STAGES][TILE_N] document scales
     float* sRowScale = sScale + STAGES * TILE_N;        // int8: per query row, its scale
-    float* sRowMax = sRowScale + QUERY_ROWS;            // [2 parities][BLOCK_ROWS]
-    int* sRowQuery = (int*)(sRowMax + 2 * BLOCK_ROWS);  // query of each query row, -1 if none
+    float* sRowMax = sRowScale + QUERY_ROWS;            // [MAX_SLOTS]: a document's maxima
+    int* sRowQuery = (int*)(sRowMax + MAX_SLOTS);       // query of each query row, -1 if none
     int* sRowBad = sRowQuery + QUERY_ROWS;              // query token holds NaN or inf
-    int* sHasRow = sRowBad + BLOCK_ROWS;                // [2 parities][WARPS]
+    int* sHasRow = sRowBad + QUERY_ROWS;                // [2 parities][WARPS]
     int* sDocBad = sHasRow + 2 * WARPS;                 // [2 parities][WARPS]
     int* sRowArg = sDocBad + 2 * WARPS;                 // [2 parities][BLOCK_ROWS], ARGMAX only
     unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? 2 * BLOCK_ROWS : 0));
@@ -335,7 +386,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
     if (doc_begin >= doc_end) return;
     const int query_length = args.query_length;
-    const int queries_per_warpgroup = 64 / query_length;
+    const int queries_per_warpgroup = GROUP_ROWS / query_length;
     const i64 first_query = (i64)blockIdx.y * args.queries_per_group;
     const int group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
     const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
@@ -366,6 +417,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         if (++c.tile == c.tiles) open_doc(c, c.position + 1);
     };
 
+    // Where chunk `chunk` of query row `row` is staged: rows of LDS elements (read into registers
+    // by ldmatrix), or (DOCS_ON_M) each warpgroup's block in the 128-byte swizzle layout (read by
+    // the tensor cores): the row's line in the first atom, and the chunk's place from there.
+    auto query_line = [&](int row) {
+        return (unsigned char*)sQ + (row / QUERY_COLS) * QUERY_BLOCK_BYTES + (row % QUERY_COLS) * 128;
+    };
+    auto query_chunk = [&](int row, int chunk) -> u16* {
+        if constexpr (!DOCS_ON_M) return sQ + row * LDS + chunk * 8;
+        return (u16*)(query_line(row) + (chunk / 8) * QUERY_ATOM_BYTES + (((chunk % 8) ^ (row % 8)) << 4));
+    };
+
     // The rings' barriers first, so that the producers start copying documents at once; the
     // consumers load the query meanwhile (after the L2 is cold, both wait on HBM: ~1-2 us).
     if (tid == 0) {
@@ -389,11 +451,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // w * (64 / Lq) + j at rows 64w + query_row_of(j * Lq + i).
         for (int c = tid; c < QUERY_ROWS * CHUNKS; c += CONSUMER_THREADS) {
             const int row = c / CHUNKS, chunk = c % CHUNKS;
-            const int f = group_row_of(row % 64);  // -1: a padding row (no query)
+            const int f = group_row_of(row % GROUP_ROWS);  // -1: a padding row (no query)
             const int j = f < 0 ? queries_per_warpgroup : f / query_length, token = f < 0 ? 0 : f % query_length;
-            const int g = (row / 64) * queries_per_warpgroup + j;
+            const int g = (row / GROUP_ROWS) * queries_per_warpgroup + j;
             const i64 query = first_query + g;
-            const bool real = stage_query_chunk<T>(args, sQ + row * LDS + chunk * 8, query, token, chunk,
+            const bool real = stage_query_chunk<T>(args, query_chunk(row, chunk), query, token, chunk,
                                                    j < queries_per_warpgroup && g < group_size);
             if (chunk == 0) {
                 sRowQuery[row] = real ? g : -1;
@@ -407,7 +469,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // are checked with the max). The row pitch keeps rows 16-byte aligned.
         for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
             bool bad = false;
-            if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
+            if constexpr (!SCALED)
+                bad = DOCS_ON_M ? zero_if_non_finite<T>((u16*)query_line(row), CHUNKS, row, QUERY_ATOM_BYTES)
+                                : zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
             sRowBad[row] = bad;
         }
         consumers_sync();
@@ -526,9 +590,11 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     const int row0 = warp * 16;  // this warp's first accumulator row
     const int query_row0 = SPLIT_DOCS ? warp_in_group * 16 : row0;  // ... and its query row
     u32 a_regs[KSTEPS][4];
+    if constexpr (!DOCS_ON_M) {
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks)
-        ldmatrix_x4(a_regs[ks], sQ + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+        for (int ks = 0; ks < KSTEPS; ++ks)
+            ldmatrix_x4(a_regs[ks], sQ + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+    }
 
     // Scores of a finished document, by the warpgroup that owns the queries: one warp per
     // query, its lanes over the query's tokens.
@@ -547,15 +613,22 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             bool non_finite = false;
             for (int i = lane; i < query_length; i += 32) {
                 const int local = query_row_of(j * query_length + i);
-                const int query_row = (SPLIT_DOCS ? 0 : warpgroup * 64) + local;
-                const int row = warpgroup * 64 + local;  // accumulator row
+                const int query_row = (SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS) + local;
+                const int row = warpgroup * GROUP_ROWS + local;  // accumulator row
                 const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
                                          finished_doc * args.argmax_doc_stride + i;
                 if (sRowQuery[query_row] < 0) {
                     if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
                     continue;
                 }
-                float m = sRowMax[parity * BLOCK_ROWS + row];
+                float m;
+                if constexpr (DOCS_ON_M) {  // the max over the warpgroup's 4 warps of its column
+                    const float* column = sRowMax + (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS + local;
+                    m = max_nan(max_nan(column[0], column[QUERY_COLS]),
+                                max_nan(column[2 * QUERY_COLS], column[3 * QUERY_COLS]));
+                } else {
+                    m = sRowMax[parity * BLOCK_ROWS + row];
+                }
                 if constexpr (ARGMAX)
                     store_argmax(args.argmax, args.argmax_is_32bit, argmax_index,
                                  doc_has_row ? sRowArg[parity * BLOCK_ROWS + row] : -1);
@@ -571,6 +644,104 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     !doc_has_row ? MAXSIM_NEG_INF : non_finite ? __int_as_float(0x7fffffff) : sum;
         }
     };
+
+    if constexpr (DOCS_ON_M) {
+        // ---- Documents on M: one loop, one accumulator set (64 registers) ------------------
+        // Tile t multiplies, then folds into the running column maxima; the block's other
+        // warpgroups keep the tensor cores busy meanwhile. Every warpgroup reads every tile of
+        // the block's single ring.
+        DocCursor cursor;
+        open_doc(cursor, 0);
+        int stage = 0, parity = 0;
+        u32 phase = 0;
+        const unsigned long long query_desc = tile_descriptor((unsigned char*)sQ + warpgroup * QUERY_BLOCK_BYTES);
+        const int r0 = warp_in_group * 16 + (lane >> 2);  // this thread's tile rows: r0 and r0 + 8
+        // best[2j + c]: query column 8j + 2 quad + c, max over this thread's rows of the document
+        // so far.
+        float best[ACC / 2];
+#pragma unroll
+        for (int i = 0; i < ACC / 2; ++i) best[i] = MAXSIM_NEG_INF;
+        bool has_row = false;
+        float witness = 0.f;  // every real row of the document against query column 2 quad, summed
+        Acc acc[ACC];
+        // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
+        // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
+        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, const bool BIASED) {
+#pragma unroll
+            for (int i = 0; i < ACC / 2; ++i) {
+                const int j = i / 2, c = i % 2;
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + c]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 + c]);
+                if constexpr (SCALED) v0 *= s0, v1 *= s1;
+                if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
+                best[i] = max_nan(best[i], max_nan(v0, v1));
+            }
+        };
+#pragma unroll 1
+        while (cursor.position < doc_count) {
+            mbarrier_wait(full + stage, phase);
+            if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
+            const unsigned long long doc_desc = tile_descriptor(sD + stage * TILE_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks)
+                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks), query_desc + query_kstep_offset(ks), ks);
+            wgmma_commit();
+            // What the fold needs, while the MMAs run.
+            const i64 doc = cursor.doc;
+            const int first_row = cursor.tile * TILE_N, slot = stage;
+            const int rows = (int)min(cursor.length - first_row, (i64)TILE_N);
+            const bool biased = args.d_mask != nullptr || rows < TILE_N, last = cursor.tile + 1 == cursor.tiles;
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+            next_tile(cursor);
+            auto row_real = [&](int r) {
+                return r < rows && (args.d_mask == nullptr ||
+                                    args.d_mask[doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride]);
+            };
+            const bool real0 = !biased || row_real(r0), real1 = !biased || row_real(r0 + 8);
+            float s0 = 1.f, s1 = 1.f;
+            if constexpr (SCALED) s0 = sScale[slot * TILE_N + r0], s1 = sScale[slot * TILE_N + r0 + 8];
+            wgmma_wait<0>();
+            pin(acc);
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty + slot);  // the slot is free (scales already read)
+            has_row |= real0 | real1;
+            // The witness: a non-finite document element makes its row's similarities non-finite
+            // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
+            if constexpr (SCALED)
+                witness += (real0 ? 0.f * s0 : 0.f) + (real1 ? 0.f * s1 : 0.f);
+            else
+                witness += (real0 ? (float)acc[0] : 0.f) + (real1 ? (float)acc[2] : 0.f);
+            if (biased)
+                fold_rows(real0, real1, s0, s1, true);
+            else
+                fold_rows(real0, real1, s0, s1, false);
+            if (!last) continue;
+            // The document's last tile: the max over the warp's 16 rows (the 8 lanes of a quad
+            // hold the same columns), published per warp; the warpgroup sums its queries.
+            float2* published = (float2*)(sRowMax + (parity * CONSUMER_WARPS + warp) * QUERY_COLS);
+#pragma unroll
+            for (int i = 0; i < ACC / 2; i += 2) {
+                float v0 = best[i], v1 = best[i + 1];
+#pragma unroll
+                for (int offset = 4; offset < 32; offset <<= 1) {
+                    v0 = max_nan(v0, __shfl_xor_sync(0xffffffffu, v0, offset));
+                    v1 = max_nan(v1, __shfl_xor_sync(0xffffffffu, v1, offset));
+                }
+                if (lane < 4) published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
+                best[i] = best[i + 1] = MAXSIM_NEG_INF;
+            }
+            const bool warp_has_row = __any_sync(0xffffffffu, has_row);
+            const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(witness) < MAXSIM_INF));
+            if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
+            has_row = false;
+            witness = 0.f;
+            warpgroup_sync();  // per-document buffers alternate by parity (as in `fold` below)
+            finish_document(doc, parity);
+            parity ^= 1;
+        }
+        return;
+    }
 
     // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
     // (splitting documents, each document's first slot says which it is).
