@@ -265,6 +265,8 @@ WGMMA_MAX_KSTEPS = 8
 #: False keeps one query group on the mma.sync kernel.
 WGMMA_SPLIT_DOCS = True
 WGMMA_SPLIT_STAGES = 30  # cut to what fits, in whole rings
+#: False folds both accumulator rows of each thread for every query (A/B measurements).
+WGMMA_HALF_ROWS = True
 #: Many queries on Hopper put the documents on the MMA's M (maxsim_fwd_wgmma.cu, DOCS_ON_M) when
 #: no argmax is wanted; CUPY_MAXSIM_DOCS_ON_M=0 keeps queries on M (for A/B measurements).
 WGMMA_DOCS_ON_M = os.environ.get("CUPY_MAXSIM_DOCS_ON_M", "1") != "0"
@@ -288,7 +290,7 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
         # bench/results/ablation-wgmma-2026-11-30-b91374a.log).
-        shape.update(split_docs=1, stages=WGMMA_SPLIT_STAGES, half_rows=int(query_rows <= 32))
+        shape.update(split_docs=1, stages=WGMMA_SPLIT_STAGES, half_rows=int(WGMMA_HALF_ROWS and query_rows <= 32))
     else:
         shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
     config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
