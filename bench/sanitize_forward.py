@@ -49,6 +49,9 @@ try:
     cm.score(q[0], long_docs, d_mask=torch.rand(300, 700, device="cuda") < 0.9, return_argmax=True)
     (qv, qs), (dv, ds) = cm.quantize_int8(q[:1]), cm.quantize_int8(long_docs)
     cm.score(qv, dv, q_scale=qs, d_scale=ds)
+    # int8 with many queries at dim 128 (documents on M in the Hopper kernel), masked.
+    (qv, qs), (dv, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+    cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=d_mask)
 except ImportError:
     pass
 # Training: the forward with argmax, then the backward (padded with masks, pairs, packed, one
