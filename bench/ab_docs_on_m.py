@@ -34,7 +34,7 @@ def main() -> int:
     import torch
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _api, _kernels, reference
+    from cupy_maxsim import _kernels, reference
 
     ceilings = bench_forward.measure_ceilings(torch)
     print(f"# copy {ceilings['copy_tbps']:.2f} TB/s, bf16 {ceilings['bf16_tflops']:.0f} TFLOP/s")
@@ -62,17 +62,13 @@ def main() -> int:
             d.nbytes if hasattr(d, "nbytes") else d.numel() * d.element_size())
         floor = max(nbytes / ceilings["copy_tbps"] / 1e9, flops / ceilings["bf16_tflops"] / 1e9 / (2 if dtype == "int8" else 1))
         for label, docs_on_m, warpgroups in VARIANTS:
-            _kernels.WGMMA_DOCS_ON_M = docs_on_m
-            _kernels.WGMMA_SHAPE = dict(shape0, warpgroups=warpgroups)
-            _api._mma_plan.cache_clear(), _api._replays.clear()
-            out = cm.score(q, d, **kwargs)
-            got = np.asarray(out.float().cpu() if hasattr(out, "cpu") else out.get(), dtype=np.float64)[:8, :16]
-            error = float(np.max(np.abs(got - expected) / (1 + np.abs(expected))))
-            ms = bench_forward._median_ms(torch, lambda: cm.score(q, d, **kwargs), reps=30 if nd < 1000 else 10)
+            with bench_forward.planner_settings(WGMMA_DOCS_ON_M=docs_on_m, WGMMA_SHAPE=dict(shape0, warpgroups=warpgroups)):
+                out = cm.score(q, d, **kwargs)
+                got = np.asarray(out.float().cpu() if hasattr(out, "cpu") else out.get(), dtype=np.float64)[:8, :16]
+                error = float(np.max(np.abs(got - expected) / (1 + np.abs(expected))))
+                ms = bench_forward._median_ms(torch, lambda: cm.score(q, d, **kwargs), reps=30 if nd < 1000 else 10)
             print(f"{name:<24} {label:<18} {ms:8.4f} ms  floor {floor:7.4f}  frac {floor / ms:4.2f}  "
                   f"rel err {error:.1e}", flush=True)
-    _kernels.WGMMA_SHAPE, _kernels.WGMMA_DOCS_ON_M = shape0, True
-    _api._mma_plan.cache_clear()
     return 0
 
 

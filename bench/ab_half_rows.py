@@ -19,8 +19,6 @@ def main() -> int:
     import torch
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _api, _kernels
-
     rng = cupy.random.default_rng(0)
     q = torch.as_tensor(rng.standard_normal((1, 32, 128), dtype=cupy.float32) / 11, device="cuda").half()
     padded = torch.as_tensor(rng.standard_normal((10_000, 300, 128), dtype=cupy.float32) / 11, device="cuda").half()
@@ -34,13 +32,10 @@ def main() -> int:
              "corpus-10k int8": lambda: cm.score(q8, d8, q_scale=q8_scale, d_scale=d8_scale)}
     for round_ in range(3):
         for half in (True, False):
-            _kernels.WGMMA_HALF_ROWS = half
-            _api._mma_plan.cache_clear(), _api._replays.clear()
-            for name, call in calls.items():
-                ms = bench_forward._median_ms(torch, call, reps=30)
-                print(f"round {round_}  half rows {'on ' if half else 'off'}  {name:<26} {ms:7.4f} ms", flush=True)
-    _kernels.WGMMA_HALF_ROWS = True
-    _api._mma_plan.cache_clear()
+            with bench_forward.planner_settings(WGMMA_HALF_ROWS=half):
+                for name, call in calls.items():
+                    ms = bench_forward._median_ms(torch, call, reps=30)
+                    print(f"round {round_}  half rows {'on ' if half else 'off'}  {name:<26} {ms:7.4f} ms", flush=True)
     return 0
 
 

@@ -52,7 +52,7 @@ def main() -> int:
     import torch
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _api, _kernels
+    from cupy_maxsim import _kernels
 
     original, original_stages = _kernels.source, _kernels.WGMMA_SPLIT_STAGES
     copy_tbps = bench_forward.measure_ceilings(torch)["copy_tbps"]
@@ -68,7 +68,6 @@ def main() -> int:
             score = lambda: cm.score(q, d, q_scale=q_scale, d_scale=d_scale)  # noqa: E731
         else:
             score = lambda: cm.score(q, d)  # noqa: E731
-        _kernels.WGMMA_TILE_ROWS = tile_rows
         variants = [(label, patch, original_stages) for label, patch in PATCHES.items()]
         if int8:
             variants += [(label, patch, original_stages) for label, patch in INT8_PATCHES.items()]
@@ -85,13 +84,11 @@ def main() -> int:
                         text = text.replace(old, new)
                 return text
 
-            _kernels.source, _kernels.WGMMA_SPLIT_STAGES = patched, stages
-            _kernels._modules.clear(), _kernels._kernel_cache.clear(), _api._mma_plan.cache_clear()
-            ms = bench_forward._median_ms(torch, score, reps=20 if nq > 1 and nd < 1000 else 10)
+            with bench_forward.planner_settings(recompile=True, source=patched, WGMMA_SPLIT_STAGES=stages,
+                                                WGMMA_TILE_ROWS=tile_rows):
+                ms = bench_forward._median_ms(torch, score, reps=20 if nq > 1 and nd < 1000 else 10)
             rate = f"  {d.nbytes / ms / 1e9:5.2f} TB/s" if nq == 1 else ""
             print(f"{name:<26} {label:<24} {ms:8.3f} ms{rate}", flush=True)
-    _kernels.source, _kernels.WGMMA_SPLIT_STAGES, _kernels.WGMMA_TILE_ROWS = original, original_stages, None
-    _kernels._modules.clear(), _kernels._kernel_cache.clear(), _api._mma_plan.cache_clear()
     return 0
 
 

@@ -23,8 +23,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_forward import _median_ms, measure_ceilings, provenance  # noqa: E402
 

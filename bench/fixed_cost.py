@@ -39,12 +39,6 @@ def main(argv=None) -> int:
     import torch
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _api, _kernels
-
-    def tile_rows(rows):
-        _kernels.WGMMA_TILE_ROWS = rows
-        _api._mma_plan.cache_clear()
-
     copy_tbps = bench_forward.measure_ceilings(torch)["copy_tbps"]
     generator = torch.Generator(device="cuda").manual_seed(0)
     corpus = torch.randn(max(SIZES), DOC_TOKENS, DIM, device="cuda", generator=generator).half()
@@ -68,21 +62,20 @@ def main(argv=None) -> int:
     print(f"{'provider':34s}" + "".join(f"{n:>9d}" for n in SIZES) + "   fixed us  stream TB/s")
     print(f"{'floor (us)':34s}" + "".join(f"{n * bytes_per_doc / copy_tbps / 1e6:9.1f}" for n in SIZES))
     for name, (rows, fn) in providers.items():
-        tile_rows(rows)
         times = []
-        for n in SIZES:
-            d = corpus[:n]
-            times.append(bench_forward._median_ms(torch, lambda: fn(d), reps=30))
+        with bench_forward.planner_settings(WGMMA_TILE_ROWS=rows):
+            for n in SIZES:
+                d = corpus[:n]
+                times.append(bench_forward._median_ms(torch, lambda: fn(d), reps=30))
         fixed, tbps = fit(SIZES[2:], times[2:], bytes_per_doc)
         print(f"{name:34s}" + "".join(f"{t * 1e3:9.1f}" for t in times) + f"   {fixed:8.1f}  {tbps:11.2f}")
     rerank = corpus[:1_000]
     for name, (rows, fn) in providers.items():
         if "empty" in name:
             continue
-        tile_rows(rows)
-        us = bench_forward._host_loop_us(torch, lambda: fn(rerank))
+        with bench_forward.planner_settings(WGMMA_TILE_ROWS=rows):
+            us = bench_forward._host_loop_us(torch, lambda: fn(rerank))
         print(f"end to end, back-to-back, 1,000 docs: {name:34s} {us:6.1f} us")
-    tile_rows(None)
     return 0
 
 

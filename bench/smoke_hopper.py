@@ -6,17 +6,21 @@ padded/masked/packed) against the mma.sync kernel: a fast first look before the 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_forward  # noqa: E402
+
 
 def main() -> int:
     import cupy
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _api, _kernels
 
     rng = cupy.random.default_rng(0)
     worst = 0.0
     for nq, tile_n in ((1, 64), (3, 64), (13, 64), (1, 128), (3, 128), (13, 128)):
-        _kernels.WGMMA_TILE_ROWS = tile_n  # 16-bit inputs; int8 keeps 64-row tiles
         q = (rng.standard_normal((nq, 27, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
         d = (rng.standard_normal((200, 300, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
         mask = rng.random((200, 300)) < 0.8
@@ -32,16 +36,14 @@ def main() -> int:
         for name, call in calls.items():
             results = []
             for wgmma, tma in ((True, True), (True, False), (False, True)):
-                _kernels.USE_WGMMA, _kernels.USE_TMA = wgmma, tma
-                _api._mma_plan.cache_clear()
-                results.append(call())
+                # WGMMA_TILE_ROWS: 16-bit inputs (int8 keeps its planned tiles)
+                with bench_forward.planner_settings(USE_WGMMA=wgmma, USE_TMA=tma, WGMMA_TILE_ROWS=tile_n):
+                    results.append(call())
             cupy.cuda.runtime.deviceSynchronize()
             tma_vs_copies = float(cupy.nanmax(cupy.abs(results[0] - results[1])))
             vs_classic = float(cupy.nanmax(cupy.abs(results[0] - results[2])))
             worst = max(worst, tma_vs_copies)
             print(f"nq {nq:>2} N{tile_n} {name:<12} TMA vs cp.async {tma_vs_copies:.1e}  vs mma.sync {vs_classic:.1e}", flush=True)
-    _kernels.USE_WGMMA = _kernels.USE_TMA = True
-    _kernels.WGMMA_TILE_ROWS = None
     return 0 if worst == 0 else 1
 
 

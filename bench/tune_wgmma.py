@@ -1,6 +1,6 @@
 """The Hopper (warpgroup-MMA) forward against the mma.sync forward, and its shape candidates, on
 H200, dim 128: compute-bound and training shapes (three or two consumer warpgroups, 64- or
-128-row document tiles, tiles copied by TMA or by cp.async) and in-batch (the document rotation
+128-row document tiles, queries or documents on the MMA's M, tiles copied by TMA or by cp.async) and in-batch (the document rotation
 on and off), and single queries (three warpgroups splitting a block's documents; padded and packed) against
 mma.sync.
 Every result is checked against the mma.sync kernel's before it is timed. Prints one line per
@@ -38,9 +38,10 @@ SHAPES = {  # name: (queries, query tokens, documents, document tokens, argmax, 
 THREE = dict(warpgroups=3, stages=6, tile_rows=64)
 N128 = dict(warpgroups=3, stages=6, tile_rows=128)  # stages cut to what fits; int8 keeps 64
 N128_TWO = dict(warpgroups=2, stages=6, tile_rows=128)
+DOCS_ON_M = dict(warpgroups=3, stages=6, docs_on_m=True)  # the planner's pick without an argmax
 COMPUTE = [("mma.sync", False, None, True, True), ("wgmma cp.async", True, THREE, True, False),
            ("wgmma TMA", True, THREE, True, True), ("wgmma TMA N128", True, N128, True, True),
-           ("wgmma TMA N128 2wg", True, N128_TWO, True, True)]
+           ("wgmma TMA N128 2wg", True, N128_TWO, True, True), ("wgmma TMA docs on M", True, DOCS_ON_M, True, True)]
 INBATCH = COMPUTE + [("wgmma TMA no rotation", True, THREE, False, True)]
 # One query: three warpgroups splitting the documents (SPLIT_DOCS) against mma.sync.
 SPLIT = [("mma.sync", False, None, True, True), ("wgmma split cp.async", True, THREE, True, False),
@@ -56,13 +57,13 @@ def main() -> int:
     import torch
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _api, _kernels
+    from cupy_maxsim import _kernels
 
     ceilings = bench_forward.measure_ceilings(torch)
     rate, bandwidth = ceilings["bf16_tflops"] * 1e12, ceilings["copy_tbps"] * 1e12
     print(f"# {torch.cuda.get_device_name()}  bf16 matmul rate {rate / 1e12:.0f} TFLOP/s  "
           f"copy {bandwidth / 1e12:.2f} TB/s", flush=True)
-    original = (dict(_kernels.WGMMA_SHAPE), _kernels.device_properties)
+    original_shape, device_properties = dict(_kernels.WGMMA_SHAPE), _kernels.device_properties
     wanted = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SHAPES)
     for name in wanted:
         nq, lq, nd, ld, argmax, int8 = SHAPES[name]
@@ -91,36 +92,31 @@ def main() -> int:
         reps = 10 if flops > 1e12 or moved > 4e9 else 50
         base = scores = got = None
         for label, use_wgmma, shape, rotate, tma in variants_for(nq):
-            _kernels.USE_WGMMA, _kernels.USE_TMA = use_wgmma, tma
-            shape = dict(shape or original[0])
-            _kernels.WGMMA_TILE_ROWS = shape.pop("tile_rows", None)
-            _kernels.WGMMA_SHAPE = shape
+            shape = dict(shape or original_shape)
             # No rotation: the planner is told the L2 holds nothing.
-            _kernels.device_properties = original[1] if rotate else (
-                lambda device: original[1](device)[:4] + (0,))
-            _api._mma_plan.cache_clear()
-            try:
-                got = score()
-                scores = got[0] if argmax else got
-                if base is None:
-                    base = (scores, got[1] if argmax else None)
-                    check = ""
-                else:
-                    diff = float(cupy.nanmax(cupy.abs(scores - base[0])))
-                    check = f"diff {diff:.1e}"
-                    if argmax:
-                        check += f" argmax-agree {float((got[1] == base[1]).mean()):.4f}"
-                ms = bench_forward._median_ms(torch, score, reps=reps)
-                print(f"{name:<22} {label:<24} {ms:9.3f} ms  floor {floor_ms:8.3f}  frac {floor_ms / ms:5.2f}  {check}",
-                      flush=True)
-            except Exception as error:  # noqa: BLE001
-                print(f"{name:<22} {label:<24} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
+            properties = device_properties if rotate else (lambda device: device_properties(device)[:4] + (0,))
+            settings = dict(USE_WGMMA=use_wgmma, USE_TMA=tma, WGMMA_TILE_ROWS=shape.pop("tile_rows", None),
+                            WGMMA_DOCS_ON_M=shape.pop("docs_on_m", False), WGMMA_SHAPE=shape,
+                            device_properties=properties)
+            with bench_forward.planner_settings(**settings):
+                try:
+                    got = score()
+                    scores = got[0] if argmax else got
+                    if base is None:
+                        base = (scores, got[1] if argmax else None)
+                        check = ""
+                    else:
+                        diff = float(cupy.nanmax(cupy.abs(scores - base[0])))
+                        check = f"diff {diff:.1e}"
+                        if argmax:
+                            check += f" argmax-agree {float((got[1] == base[1]).mean()):.4f}"
+                    ms = bench_forward._median_ms(torch, score, reps=reps)
+                    print(f"{name:<22} {label:<24} {ms:9.3f} ms  floor {floor_ms:8.3f}  frac {floor_ms / ms:5.2f}  {check}",
+                          flush=True)
+                except Exception as error:  # noqa: BLE001
+                    print(f"{name:<22} {label:<24} failed: {type(error).__name__}: {str(error)[:300]}", flush=True)
         del q, d, base, scores, got
         cupy.get_default_memory_pool().free_all_blocks()
-    _kernels.WGMMA_SHAPE, _kernels.device_properties = original
-    _kernels.WGMMA_TILE_ROWS = None
-    _kernels.USE_WGMMA = _kernels.USE_TMA = True
-    _api._mma_plan.cache_clear()
     return 0
 
 

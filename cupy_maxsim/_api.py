@@ -883,19 +883,14 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     corpus_bytes = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]]
     config = None
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
-        # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill (each owns
-        # 64 // Lq whole queries).
-        warpgroups = -(-num_queries // (64 // query_length))
-        # Enough queries for two warpgroups of 128 rows: documents on the MMA's M.
+        # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
+        # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
+        # 128 rows and no argmax, 128 // Lq on its N (documents on M, 64-row tiles).
         docs_on_m = _kernels.WGMMA_DOCS_ON_M and not argmax and num_queries > 128 // query_length
-        if docs_on_m:
-            config = _kernels.wgmma_config(ksteps, False, -(-num_queries // (128 // query_length)), 64,
-                                           docs_on_m=True)
-        else:
-            config = _kernels.wgmma_config(ksteps, argmax, warpgroups,
-                                           _kernels.wgmma_tile_rows(mean_doc_length, suffix == "int8", warpgroups < 2,
-                                                                    ksteps, 0 if packed else corpus_bytes),
-                                           num_queries * query_length)
+        warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
+        tile_rows = 64 if docs_on_m else _kernels.wgmma_tile_rows(
+            mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_bytes)
+        config = _kernels.wgmma_config(ksteps, argmax, warpgroups, tile_rows, num_queries * query_length, docs_on_m)
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None

@@ -300,10 +300,10 @@ template <> struct Mma16816<bf16_t> {
 // Whether a staged 16-bit query token holds NaN or inf (an exponent of all ones), and if so
 // zeroes it, so that it stays a valid witness for non-finite document elements (a non-finite
 // document element makes 0 * inf = NaN against a zero token too). `row`: 16-byte aligned,
-// `chunks` 16-byte chunks, 8 elements each, tested a word (two elements) at a time. Both
-// forward kernels check their query block this way, once.
-// A row in the 128-byte swizzle layout (atom_bytes > 0: chunk k of row r sits in atom k / 8 at
-// position (k % 8) ^ (r % 8); `row` points at the row's line in the first atom).
+// `chunks` 16-byte chunks, 8 elements each, tested a word (two elements) at a time; with
+// atom_bytes > 0 the row is in the 128-byte swizzle layout (chunk k of row r in atom k / 8 at
+// position (k % 8) ^ (r % 8); `row` points at its line in the first atom). Both forward
+// kernels check their query block this way, once.
 template <typename T>
 __device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks, int swizzle_row = 0, int atom_bytes = 0) {
     const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;

@@ -17,18 +17,21 @@
 //
 // Roles. A block has WARPGROUPS (2 or 3) consumer warpgroups and one producer warpgroup. The
 // producer streams the block's document tiles into a STAGES-deep ring (TMA or cp.async, below)
-// and publishes each one on its "full" mbarrier; consumers release a slot on its "empty" mbarrier once their MMAs
-// on it are done. There is no block-wide barrier in the main loop: a consumer warpgroup never
-// waits for another, nor for the loads of tiles it does not need yet. Each warpgroup owns
-// whole queries (64 / Lq of them, rows 64w + j * Lq + i) and sums its own scores with a
-// warpgroup-local named barrier per document. With one query group (SPLIT_DOCS, memory-bound)
-// the warpgroups hold the same queries instead and split the block's documents, each taking
-// them from a ring of its own (STAGES / WARPGROUPS slots) fed by a producer warp of its own,
-// which claims the block's next document whenever it opens one.
+// and publishes each one on its "full" mbarrier; consumers release a slot on its "empty"
+// mbarrier once their MMAs on it are done. There is no block-wide barrier in the main loop: a
+// consumer warpgroup never waits for another, nor for the loads of tiles it does not need yet.
+// Each warpgroup owns whole queries (GROUP_ROWS / Lq of them, query j's token i at row
+// query_row_of(j * Lq + i)) and sums its own scores with a warpgroup-local named barrier per
+// document. With one query group (SPLIT_DOCS, memory-bound) the warpgroups hold the same
+// queries instead and split the block's documents, each taking them from a ring of its own
+// (STAGES / WARPGROUPS slots) fed by a producer warp of its own, which claims the block's next
+// document whenever it opens one. With many queries (DOCS_ON_M, below) the document tiles are
+// the MMA's A and the queries its B.
 //
 // Mapping. grid.x is a contiguous range of documents (persistent), grid.y a query group of
-// WARPGROUPS * (64 / Lq) queries. Every document starts a new tile; its last tile is partial
-// and biased. A tile read from L2 serves every row of the block.
+// WARPGROUPS * (GROUP_ROWS / Lq) queries (one warpgroup's worth when splitting documents).
+// Every document starts a new tile; its last tile is partial and biased. A tile read from L2
+// serves every row of the block.
 //
 // Shared-memory tile layout (what the wgmma descriptor describes): K-major with the 128-byte
 // swizzle, as TMA would write it: the tile is split in k into atoms of 128 bytes per row, and
@@ -49,13 +52,16 @@
 // whatever those rows hold cannot leak; a document with no real token scores -inf; a
 // non-finite query token is flagged and zeroed once; a non-finite document element shows up in
 // every row's similarities with its column, so every thread sums one row over the document's
-// real columns as a witness; ties in the argmax go to the lowest
-// document-token index.
+// real columns as a witness (DOCS_ON_M: its real rows against one query column; int8 elements
+// are finite, so there the witness checks the document scales); ties in the argmax go to the
+// lowest document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
-// the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers), then
-// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + MAX_SLOTS + 2 * ARGMAX * BLOCK_ROWS + 4 * WARPS) for document scales, the row maxima (and argmax) of two
-// documents in flight, per-row query index, scale and non-finite flag, and per-warp document
+// the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers, or with
+// DOCS_ON_M held there in the swizzled layout, which needs less), then
+// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + MAX_SLOTS + 2 * ARGMAX * BLOCK_ROWS + 4 * WARPS) for
+// document scales, the row (DOCS_ON_M: per-warp column) maxima and argmax of two documents in
+// flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 8 * (STAGES + 1) for the document claims
 // (splitting documents); _kernels.WgmmaConfig mirrors this formula.
 //
@@ -123,7 +129,8 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // same swizzled layout). The max over a document's rows is then an element-wise running max
 // per query column across its tiles (each thread's two rows folded at once), and the reduction
 // across lanes and warps happens once per document instead of once per tile; each m64n128k16
-// does twice the work of an m64n64k16 per instruction. No argmax (see the entry).
+// does twice the work of an m64n64k16 per instruction. No argmax: its 32 indices per thread
+// would not fit beside the accumulators and maxima in three warpgroups' registers.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
@@ -448,7 +455,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 
     if (warp < CONSUMER_WARPS) {
         // Query block -> shared memory, once, by the consumers. Warpgroup w holds queries
-        // w * (64 / Lq) + j at rows 64w + query_row_of(j * Lq + i).
+        // w * (GROUP_ROWS / Lq) + j at rows GROUP_ROWS * w + query_row_of(j * Lq + i).
         for (int c = tid; c < QUERY_ROWS * CHUNKS; c += CONSUMER_THREADS) {
             const int row = c / CHUNKS, chunk = c % CHUNKS;
             const int f = group_row_of(row % GROUP_ROWS);  // -1: a padding row (no query)
@@ -645,6 +652,33 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         }
     };
 
+    // Per-document state of both consumer loops: whether a real token was seen, the witness of
+    // non-finite document elements (what it sums differs by loop), and the parity of the
+    // per-document buffers.
+    bool has_row = false;
+    float witness = 0.f;
+    int parity = 0;
+    // Whether row r of a tile that starts at token `first` of document `doc`, with `count` of
+    // the document's tokens in it, is a real token (in the document, not masked).
+    auto token_real = [&](i64 doc, int first, int count, int r) {
+        return r < count &&
+               (args.d_mask == nullptr || args.d_mask[doc * args.d_mask_doc_stride + (first + r) * args.d_mask_row_stride]);
+    };
+    // A document's maxima are published (by the caller): its warps' flags follow, then the
+    // warpgroup sums its queries' scores.
+    auto close_document = [&](i64 doc) {
+        const bool warp_has_row = __any_sync(0xffffffffu, has_row);
+        const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(witness) < MAXSIM_INF));
+        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
+        has_row = false;
+        witness = 0.f;
+        // Per-document buffers alternate by parity: a warp reaches this barrier for the next
+        // document only after it finished reading this one.
+        warpgroup_sync();
+        finish_document(doc, parity);
+        parity ^= 1;
+    };
+
     if constexpr (DOCS_ON_M) {
         // ---- Documents on M: one loop, one accumulator set (64 registers) ------------------
         // Tile t multiplies, then folds into the running column maxima; the block's other
@@ -652,7 +686,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // the block's single ring.
         DocCursor cursor;
         open_doc(cursor, 0);
-        int stage = 0, parity = 0;
+        int stage = 0;
         u32 phase = 0;
         const unsigned long long query_desc = tile_descriptor((unsigned char*)sQ + warpgroup * QUERY_BLOCK_BYTES);
         const int r0 = warp_in_group * 16 + (lane >> 2);  // this thread's tile rows: r0 and r0 + 8
@@ -661,8 +695,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         float best[ACC / 2];
 #pragma unroll
         for (int i = 0; i < ACC / 2; ++i) best[i] = MAXSIM_NEG_INF;
-        bool has_row = false;
-        float witness = 0.f;  // every real row of the document against query column 2 quad, summed
+        // The witness: every real row of the document against query column 2 quad, summed.
         Acc acc[ACC];
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
         // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
@@ -694,11 +727,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             const bool biased = args.d_mask != nullptr || rows < TILE_N, last = cursor.tile + 1 == cursor.tiles;
             if (++stage == STAGES) stage = 0, phase ^= 1;
             next_tile(cursor);
-            auto row_real = [&](int r) {
-                return r < rows && (args.d_mask == nullptr ||
-                                    args.d_mask[doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride]);
-            };
-            const bool real0 = !biased || row_real(r0), real1 = !biased || row_real(r0 + 8);
+            const bool real0 = !biased || token_real(doc, first_row, rows, r0);
+            const bool real1 = !biased || token_real(doc, first_row, rows, r0 + 8);
             float s0 = 1.f, s1 = 1.f;
             if constexpr (SCALED) s0 = sScale[slot * TILE_N + r0], s1 = sScale[slot * TILE_N + r0 + 8];
             wgmma_wait<0>();
@@ -731,14 +761,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 if (lane < 4) published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
                 best[i] = best[i + 1] = MAXSIM_NEG_INF;
             }
-            const bool warp_has_row = __any_sync(0xffffffffu, has_row);
-            const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(witness) < MAXSIM_INF));
-            if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
-            has_row = false;
-            witness = 0.f;
-            warpgroup_sync();  // per-document buffers alternate by parity (as in `fold` below)
-            finish_document(doc, parity);
-            parity ^= 1;
+            close_document(doc);
         }
         return;
     }
@@ -757,11 +780,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         bool biased, last;
     };
     TileInfo in_flight;
-    int parity = 0;
 
     RowBest best[2] = {{MAXSIM_NEG_INF, -1}, {MAXSIM_NEG_INF, -1}};  // rows lane/4 and lane/4 + 8
-    bool has_row = false;
-    float witness = 0.f;  // row lane/4 against every real column of the document, summed
+    // The witness here: row lane/4 against every real column of the document, summed.
 
     // Fold a finished tile's accumulators into the running row maxima. Columns that are not
     // real (padding, masked, past the document: a TMA tile holds whatever memory is there) are
@@ -770,9 +791,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // specialised copy, with no per-element branch).
     // Whether column `col` of a tile is a real token (in the document, not masked).
     auto column_real = [&](const TileInfo& info, int col) {
-        return col < info.columns &&
-               (args.d_mask == nullptr || args.d_mask[info.doc * args.d_mask_doc_stride +
-                                                      (info.first_column + col) * args.d_mask_row_stride]);
+        return token_real(info.doc, info.first_column, info.columns, col);
     };
     auto fold_tile = [&](const Acc (&acc)[ACC], const TileInfo& info, const bool BIASED) {
         const float* scale = sScale + info.stage * TILE_N;
@@ -854,16 +873,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             best[h].value = MAXSIM_NEG_INF;
             best[h].index = -1;
         }
-        const bool warp_has_row = __any_sync(0xffffffffu, has_row);
-        const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(witness) < MAXSIM_INF));
-        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
-        has_row = false;
-        witness = 0.f;
-        // Per-document buffers alternate by parity: a warp reaches this barrier for the next
-        // document only after it finished reading this one.
-        warpgroup_sync();
-        finish_document(info.doc, parity);
-        parity ^= 1;
+        close_document(info.doc);
     };
 
     // Hand the next tile to the tensor cores (asynchronously) and move the cursor on; false at
