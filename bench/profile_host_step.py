@@ -36,11 +36,35 @@ def host_us(torch, fn, calls=100, rounds=7):
     return min(runs), sorted(runs)[len(runs) // 2]
 
 
+_EmptyFunction = None
+
+
+def _empty_function(torch):
+    """An autograd.Function that allocates its outputs and launches nothing: the host floor of
+    any step built on torch.autograd.Function."""
+
+    class EmptyFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, d):
+            ctx.save_for_backward(q, d)
+            return q.new_empty((q.shape[0], d.shape[0]), dtype=torch.float32)
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, d = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(d)
+
+    return EmptyFunction
+
+
 def main() -> int:
     import torch
 
     import cupy_maxsim as cm
     import cupy_maxsim.torch as cmt
+
+    global _EmptyFunction
+    _EmptyFunction = _empty_function(torch)
 
     try:
         import flash_maxsim as fm
@@ -68,6 +92,7 @@ def main() -> int:
         }
         if fm is not None:
             pieces["step (flash-maxsim)"] = lambda: step(fm.flash_maxsim_batched_train)
+        pieces["step (empty Function)"] = lambda: step(_EmptyFunction.apply)
         print(f"== {name}")
         for label, fn in pieces.items():
             best, median = host_us(torch, fn)

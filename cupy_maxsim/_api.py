@@ -188,8 +188,8 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
         Only with ``return_argmax``: ``argmax[i, n, t]`` is the first ``j`` reaching the max
         for query token ``t``; -1 for a masked query token or a document with no real token.
     """
-    plain = q_mask is None and d_mask is None and q_scale is None and d_scale is None and not return_argmax
-    replay_key = _replay_key(q, d) if plain else None
+    plain = q_mask is None and d_mask is None and q_scale is None and d_scale is None
+    replay_key = _replay_key(q, d, return_argmax) if plain else None
     if replay_key is not None:
         replay = _replays.get(replay_key)
         if replay is not None:
@@ -218,8 +218,8 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
                         doc_length=d_op.shape[1], doc_stride=d_op.strides[0], offsets=None,
                         argmax_dtype=argmax_dtype, record=record)
     if record:
-        _remember_replay(replay_key, _Replay(like.with_changes(ptr=0, keepalive=None), shape,
-                                             _result_dtype(q_op.dtype), *record[0]))
+        _remember(_replays, replay_key, _Replay(like.with_changes(ptr=0, keepalive=None), shape,
+                                                _result_dtype(q_op.dtype), argmax_dtype, *record[0]))
     return result
 
 
@@ -348,8 +348,14 @@ def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True) -> "
     """The part of :func:`score_backward` that needs no gradient: validation and, on a GPU (with
     ``prepare``), the inverse CSR of the winners queued on the stream now. Autograd adapters call
     this in the forward, so that their backward only adds the gradient
-    (``plan.gradients(grad_scores)``): in a training step the backward's host path lies on the
-    critical path, the forward's overlaps the GPU."""
+    (``plan.gradients(grad_scores)``). A training step repeats one signature of operands: after a
+    GPU plan of padded documents, a later one of the same signature reuses its layout (see
+    "repeated calls" below) and reads only the pointers."""
+    key, pointers = _backward_key(q, d, argmax, pairs) if prepare and offsets is None else (None, None)
+    if key is not None:
+        template = _backward_templates.get(key)
+        if template is not None:
+            return template._rebound(pointers, (q, d, argmax))
     like = as_operand(q, "q")
     if like.dtype == "int8":
         raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
@@ -388,6 +394,8 @@ def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True) -> "
     plan = BackwardPlan(like, q3, d_op, argmax_op, o_op, pairs, single, scores_shape, longest, cover)
     if prepare and like.on_gpu:
         plan._prepare_gpu()
+        if key is not None and plan._reusable:
+            _remember(_backward_templates, key, plan._template())
     return plan
 
 
@@ -403,6 +411,10 @@ def _host_gradient(output: Output, array: np.ndarray, dtype: str):
 
 #: Most documents per dQ chunk (a warp walks a chunk's documents in order).
 DQ_DOCS_PER_CHUNK = 4096
+#: Where each field sits in the backward kernels' argument struct.
+_BWD_AT = {name: k for k, (name, _) in enumerate(_kernels.BACKWARD_ARGS)}
+#: The scratch's parts (4-byte words, each 16-byte aligned), in allocation order.
+_BWD_SCRATCH = ("sources", "row_ranges", "csr_counts", "partial")
 
 
 def _unit_dim_stride(operand: Operand) -> Operand:
@@ -425,8 +437,13 @@ class BackwardPlan:
     def __init__(self, like, q, d, argmax, offsets, pairs, single, scores_shape, longest, cover):
         self.like, self.q, self.d, self.argmax, self.offsets = like, q, d, argmax, offsets
         self.pairs, self.single, self.scores_shape, self.longest, self.cover = pairs, single, scores_shape, longest, cover
-        self._values = None  # GPU: the kernels' arguments, all but the gradient's and the outputs'
-        self._prepared = False
+        # GPU: the kernels' arguments in struct order (the gradient's and the outputs' left 0),
+        # the CSR launch and what gradients() launches (dQ, its reduction, dD), all settled in
+        # the forward: a training step's backward host path is on its critical path.
+        self._values = None
+        self._csr = self._launches = None
+        self._scratch_words, self._scratch_starts = 0, ()
+        self._prepared = self._reusable = False
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -450,7 +467,7 @@ class BackwardPlan:
         return self._gpu_gradients(grad, output)
 
     def _prepare_gpu(self) -> None:
-        """Scratch, launch geometry and the inverse CSR (it needs only the winners)."""
+        """Launch geometry, scratch and the inverse CSR (it needs only the winners)."""
         like, q, d, argmax, offsets, pairs, longest = (self.like, self.q, self.d, self.argmax, self.offsets,
                                                        self.pairs, self.longest)
         num_queries, query_length, dim = q.shape
@@ -469,6 +486,9 @@ class BackwardPlan:
                 count_warps = 1
                 csr_counts_stride = _kernels.bwd_csr_shared_bytes(1, longest) // 4
             self.q, self.d = q, d = _unit_dim_stride(q), _unit_dim_stride(d)
+            # A later plan of the same signature may reuse this one's layout unless operands were
+            # copied here (their pointers would not be the caller's).
+            self._reusable = q is self.q and d is self.d and offsets is None
             aligned = dim % 4 == 0 and all(
                 s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
             # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
@@ -487,71 +507,104 @@ class BackwardPlan:
             # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
             # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
             parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
-                     chunks * num_queries * query_length * dim if chunks > 1 else 0]
+                     chunks * num_tokens * dim if chunks > 1 else 0]
             starts, total = [], 0
             for n in parts:
-                starts.append(total)
+                starts.append(total if n else None)
                 total += -(-n // 4) * 4
-            self._scratch, scratch_ptr = Output(like).empty((total,), "int32")
-            sources_ptr, row_ranges_ptr, csr_counts_ptr, partial_ptr = (
-                scratch_ptr + 4 * start if n else 0 for start, n in zip(starts, parts))
+            self._scratch_words, self._scratch_starts = total, tuple(starts)
             argmax_strides = (argmax.strides[0], 0) if pairs else (
                 (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
-            self._values = dict(
-                q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
-                d=d.ptr, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
-                doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
-                argmax=argmax.ptr, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
+            values = dict(
+                q=0, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
+                d=0, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
+                doc_length=d.shape[1] if offsets is None else 0, offsets=0,
+                argmax=0, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
                 grad=0, grad_query_stride=0, grad_doc_stride=0, grad_q=0, grad_d=0,
-                sources=sources_ptr, row_ranges=row_ranges_ptr,
-                csr_counts=csr_counts_ptr, csr_counts_stride=csr_counts_stride,
-                partial=partial_ptr, num_docs=num_docs, sources_per_doc=sources_per_doc,
+                sources=0, row_ranges=0, csr_counts=0, csr_counts_stride=csr_counts_stride,
+                partial=0, num_docs=num_docs, sources_per_doc=sources_per_doc,
                 docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
                 offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
                 argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
                 vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
             )
-            self._chunks, self._sm_count = chunks, sm_count
+            self._values = [values[name] for name, _ in _kernels.BACKWARD_ARGS]
             shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
-            csr = _kernels.get_kernel(like.device, "maxsim_bwd", "maxsim_bwd_csr", _kernels.BWD_DEFINES, shared)
-            _kernels.launch(csr, (num_docs,), (_kernels.BWD_CSR_THREADS,), _kernels.backward_args(**self._values),
-                            shared, self._stream)
+            kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
+            self._csr = (kernel("maxsim_bwd_csr", shared_bytes=shared), (num_docs,), (_kernels.BWD_CSR_THREADS,),
+                         shared)
+            suffix, threads = _DTYPE_SUFFIX[like.dtype], _kernels.BWD_THREADS
+            launches = [(kernel(f"maxsim_bwd_dq_{suffix}"),
+                         (-(-num_tokens // (threads // 32)), -(-dim // _kernels.BWD_DIM_CHUNK), chunks), (threads,))]
+            if chunks > 1:
+                total = num_tokens * dim
+                launches.append((kernel(f"maxsim_bwd_dq_reduce_{suffix}"), (min(-(-total // 256), sm_count * 16),),
+                                 (256,)))
+            launches.append((kernel(f"maxsim_bwd_dd_{suffix}"),
+                             (num_docs, -(-longest // (threads // 32 * rows_per_warp))), (threads,)))
+            self._launches = tuple(launches)
+        self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
+
+    def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:
+        """Scratch for this forward's winners, the pointers in the arguments, the CSR launched."""
+        self._scratch, scratch_ptr = Output(self.like).empty((self._scratch_words,), "int32")
+        values = list(self._values)
+        values[_BWD_AT["q"]], values[_BWD_AT["d"]] = q_ptr, d_ptr
+        values[_BWD_AT["argmax"]], values[_BWD_AT["offsets"]] = argmax_ptr, offsets_ptr
+        for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
+            values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
+        self._values = values
+        kernel, grid, block, shared = self._csr
+        with _kernels.on_device(self.like.device):
+            _kernels.launch(kernel, grid, block, _kernels.backward_args.pack(values), shared, self._stream)
+
+    def _template(self) -> "BackwardPlan":
+        """This plan without its arrays: what a later plan of the same signature starts from."""
+        template = object.__new__(BackwardPlan)
+        template.__dict__.update(self.__dict__)
+        template.like = self.like.with_changes(ptr=0, keepalive=None)
+        template.q = self.q.with_changes(ptr=0, keepalive=None)
+        template.d = self.d.with_changes(ptr=0, keepalive=None)
+        template.argmax = self.argmax.with_changes(ptr=0, keepalive=None)
+        template._scratch = template._stream = None
+        return template
+
+    def _rebound(self, pointers: tuple, arrays: tuple) -> "BackwardPlan":
+        """A prepared plan of this template's signature for the arrays (q, d, argmax) at
+        ``pointers``."""
+        plan = object.__new__(BackwardPlan)
+        plan.__dict__.update(self.__dict__)
+        plan._keepalive = arrays
+        plan._stream = self.like.stream
+        if self._values is not None:
+            plan._bind(*pointers, 0)
+        return plan
 
     def _gpu_gradients(self, grad: Operand, output: Output):
         like, d, pairs = self.like, self.d, self.pairs
         grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
         grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
         wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
-        values = self._values
-        if values is None:  # an empty problem
+        if self._values is None:  # an empty problem
             output.fill(grad_q, 0)
             output.fill(grad_d, 0)
             return wrap()
-        num_queries, query_length, dim = self.q.shape
-        suffix = _DTYPE_SUFFIX[like.dtype]
         stream = self._stream
-        with _kernels.on_device(like.device), _kernels.on_stream(stream):
-            grad_f32 = grad if grad.dtype == "float32" else _cupy_or_host_operand(
-                grad.cupy().astype(np.float32), "grad_scores", grad)
+        with _kernels.on_device(like.device):
+            if grad.dtype != "float32":
+                with _kernels.on_stream(stream):
+                    grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
             if self.offsets is not None and not self.cover:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
-            grad_strides = (grad_f32.strides[0], 0) if pairs else (
-                (0, grad_f32.strides[0]) if grad_f32.ndim == 1 else tuple(grad_f32.strides))
-            args = _kernels.backward_args(**dict(values, grad=grad_f32.ptr, grad_query_stride=grad_strides[0],
-                                                 grad_doc_stride=grad_strides[1], grad_q=grad_q_ptr, grad_d=grad_d_ptr))
-            threads = _kernels.BWD_THREADS
-            dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
-            dq = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_{suffix}", _kernels.BWD_DEFINES)
-            _kernels.launch(dq, (-(-num_queries * query_length // (threads // 32)), dim_chunks, self._chunks),
-                            (threads,), args, 0, stream)
-            if self._chunks > 1:
-                reduce = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dq_reduce_{suffix}",
-                                             _kernels.BWD_DEFINES)
-                total = num_queries * query_length * dim
-                _kernels.launch(reduce, (min(-(-total // 256), self._sm_count * 16),), (256,), args, 0, stream)
-            dd = _kernels.get_kernel(like.device, "maxsim_bwd", f"maxsim_bwd_dd_{suffix}", _kernels.BWD_DEFINES)
-            groups = -(-self.longest // (threads // 32 * values["rows_per_warp"]))
-            _kernels.launch(dd, (values["num_docs"], groups), (threads,), args, 0, stream)
+            grad_strides = (grad.strides[0], 0) if pairs else (
+                (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
+            values = list(self._values)
+            values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = (
+                grad.ptr, grad_q_ptr, grad_d_ptr)
+            values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
+            args = _kernels.backward_args.pack(values)
+            for kernel, grid, block in self._launches:
+                _kernels.launch(kernel, grid, block, args, 0, stream)
         return wrap()
 
 
@@ -746,44 +799,63 @@ def _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, strea
 
 
 # ---- repeated calls -------------------------------------------------------------------------
-# A retrieval service calls score() with the same shapes over and over, and a small call is
-# host-bound (rerank-1k: the kernel takes ~25 us, the general path 40-60 us of Python). After a
-# plain call (no masks, scales or argmax) of torch CUDA tensors or CuPy arrays, the general path
-# leaves what its launch needed under the call's signature (types, shapes, strides, dtypes and
-# devices of q and d: everything its checks and its plan read, but the pointers); a later call
-# with the same signature reads only the pointers and the stream, allocates the result and
-# launches the same kernel.
+# A retrieval service calls score() with the same shapes over and over, and a training step
+# repeats its forward and backward; a small call is host-bound (rerank-1k: the kernel takes
+# ~25 us, the general path 40-60 us of Python). After a call without masks or scales, of torch
+# CUDA tensors or CuPy arrays, the general path leaves what its launch needed under the call's
+# signature (types, shapes, strides, dtypes and devices of q and d, and whether the winners are
+# wanted: everything its checks and its plan read, but the pointers); a later call with the same
+# signature reads only the pointers and the stream, allocates the results and launches the same
+# kernel. backward_plan does the same for the backward's layout (_backward_key).
 
 
-def _replay_key(q, d):
-    """The signature of a plain score(q, d) call, or None where the general path is as cheap."""
+def _replay_key(q, d, argmax: bool = False):
+    """The signature of a score(q, d) call without masks or scales, or None where the general
+    path is as cheap."""
     kind = type(q)
     if type(d) is not kind:
         return None
     module = kind.__module__
     if module == "torch":
-        return kind, q.shape, q.stride(), q.dtype, q.device, d.shape, d.stride(), d.dtype, d.device
+        return kind, q.shape, q.stride(), q.dtype, q.device, d.shape, d.stride(), d.dtype, d.device, argmax
     if module == "cupy":
-        return kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id
+        return kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id, argmax
     return None
+
+
+def _backward_key(q, d, argmax, pairs: bool):
+    """(signature, pointers of q, d and argmax) of a backward_plan(q, d, argmax) call of padded
+    documents, or (None, None). Whether q and d sit on 16 bytes is part of the signature (the
+    layout's vector loads need it)."""
+    key = _replay_key(q, d)
+    if key is None or type(argmax) is not key[0]:
+        return None, None
+    if key[0].__module__ == "torch":
+        pointers = q.data_ptr(), d.data_ptr(), argmax.data_ptr()
+        key += (argmax.shape, argmax.stride(), argmax.dtype, argmax.device)
+    else:
+        pointers = q.data.ptr, d.data.ptr, argmax.data.ptr
+        key += (argmax.shape, argmax.strides, argmax.dtype, argmax.device.id)
+    return key + (pairs, (pointers[0] | pointers[1]) % 16 == 0), pointers
 
 
 class _Replay:
     """A recorded forward launch, replayed with new pointers (see "repeated calls" above)."""
 
-    def __init__(self, like: Operand, shape: tuple, dtype: str, plan_args: tuple, plan: _ForwardPlan, values: dict,
-                 tile_map_shape: tuple | None):
+    def __init__(self, like: Operand, shape: tuple, dtype: str, argmax_dtype: str | None, plan_args: tuple,
+                 plan: _ForwardPlan, values: dict, tile_map_shape: tuple | None):
         self.like, self.shape, self.dtype = like, shape, dtype
+        self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan_args, self.plan, self.tile_map_shape = plan_args, plan, tile_map_shape
         self.grid = (plan.grid_x, plan.groups)
         names = [name for name, _ in _kernels.FORWARD_ARGS]
         self.values = [values[name] for name in names]
-        self.q_at, self.d_at, self.out_at = names.index("q"), names.index("d"), names.index("out")
+        self.q_at, self.d_at, self.out_at, self.argmax_at = (names.index(name) for name in ("q", "d", "out", "argmax"))
         self.torch = like.framework == "torch"
 
     def __call__(self, q, d):
-        """The scores, or None where the general path must answer: a pointer not aligned as the
-        kernel needs, or a plan the planner no longer gives (its cache was emptied)."""
+        """The scores (and winners), or None where the general path must answer: a pointer not
+        aligned as the kernel needs, or a plan the planner no longer gives (its cache was emptied)."""
         if self.torch:
             q_ptr, d_ptr = q.data_ptr(), d.data_ptr()
         else:
@@ -794,22 +866,28 @@ class _Replay:
         result, out_ptr = output.empty(self.shape, self.dtype)
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
+        if self.argmax_dtype is not None:
+            argmax, values[self.argmax_at] = output.empty(self.argmax_shape, self.argmax_dtype)
         args, plan = _kernels.forward_args.pack(values), self.plan
         with _kernels.on_device(self.like.device):
             if self.tile_map_shape is not None:
                 args = (args, _kernels.doc_tile_map(d_ptr, *self.tile_map_shape))
             _kernels.launch(plan.kernel, self.grid, (plan.threads,), args, plan.shared, self.like.stream)
-        return output.wrap(result)
+        if self.argmax_dtype is None:
+            return output.wrap(result)
+        return output.wrap(result), output.wrap(argmax)
 
 
 _replays: dict = {}
+_backward_templates: dict = {}
 REPLAY_LIMIT = 256
 
 
-def _remember_replay(key, replay: _Replay) -> None:
-    if len(_replays) >= REPLAY_LIMIT:
-        _replays.clear()
-    _replays[key] = replay
+def _remember(table: dict, key, entry) -> None:
+    """Keep ``entry`` under ``key`` in one of the tables above (emptied when full)."""
+    if len(table) >= REPLAY_LIMIT:
+        table.clear()
+    table[key] = entry
 
 
 def _mma_eligible(q: Operand, d: Operand, dim: int, query_length: int) -> bool:

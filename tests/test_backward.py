@@ -298,6 +298,50 @@ def test_gpu_backward_plan_serves_several_gradients(packed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
+    """A training step repeats one signature: the forward with winners is replayed and the
+    backward plan starts from a template ("repeated calls" in _api). New data under the same
+    signature must give the general path's winners and gradients bitwise; documents off 16-byte
+    alignment must go the general way (and leave a template of their own); the inputs stay as
+    passed."""
+    import cupy
+
+    from cupy_maxsim import _api, _kernels
+
+    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] < 80:
+        pytest.skip("launches are recorded for the tensor-core kernels (sm_80 and later)")
+    torch = pytest.importorskip("torch") if framework == "torch" else None
+    device = (lambda x: torch.from_numpy(x).cuda()) if torch else cupy.asarray
+    rebound = []
+    original = _api.BackwardPlan._rebound
+    monkeypatch.setattr(_api.BackwardPlan, "_rebound", lambda self, *a: rebound.append(1) or original(self, *a))
+    _api._replays.clear()
+    _api._backward_templates.clear()
+    rng = np.random.default_rng(13)
+    for step in range(4):
+        q = unit_rows(rng, (6, 32, 64), np.float16)
+        d = unit_rows(rng, (10, 70, 64), np.float16)
+        q_dev, d_dev = device(q), device(d)
+        if step == 3:  # the same signature with documents 2 bytes off 16-byte alignment
+            flat = device(np.zeros(d.size + 1, np.float16))
+            flat[1:] = device(d.ravel())
+            d_dev = flat[1:].reshape(d.shape)
+        scores, argmax = cm.score(q_dev, d_dev, return_argmax=True)
+        np.testing.assert_array_equal(to_numpy(argmax), reference.maxsim_argmax_reference(
+            q.astype(np.float64), d.astype(np.float64)))  # unit rows, dim 64: no fp16 near-ties here
+        plan = _api.backward_plan(q_dev, d_dev, argmax)
+        grad = device(rng.standard_normal((6, 10)).astype(np.float32))
+        got = plan.gradients(grad)
+        expected = cm.score_backward(grad, q_dev, d_dev, argmax)  # the general path, a plan of its own
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        assert np.array_equal(to_numpy(q_dev), q) and np.array_equal(to_numpy(d_dev), d)
+    assert len(rebound) == 2  # steps 1 and 2; step 3's alignment is a signature of its own
+    assert len(_api._replays) == 1 and len(_api._backward_templates) == 2
+
+
+@pytest.mark.gpu
 def test_gpu_hot_rows_pairs_packed_and_long_documents():
     import cupy
 

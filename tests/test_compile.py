@@ -188,7 +188,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     values = {name: 1000 + k for k, name in enumerate(names)}
     tile_map_shape = (2, 128, 300, 1_000, 256, 300 * 256, False, plan.tile_rows)
     like = Operand("q", "cupy", "float16", (1, 32, 128), (4096, 128, 1), 0)  # CuPy: its current stream
-    replay = _api._Replay(like, (1_000,), "float32", plan_args, plan, values, tile_map_shape)
+    replay = _api._Replay(like, (1_000,), "float32", None, plan_args, plan, values, tile_map_shape)
     device_array = lambda pointer: types.SimpleNamespace(data=types.SimpleNamespace(ptr=pointer))  # noqa: E731
     q, d = device_array(0x10000), device_array(0x200000)
 
@@ -200,6 +200,14 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     sent = dict(zip(names, _kernels.forward_args._pack.unpack(args)))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data)
     assert tile_map == ("map", 0x200000) + tile_map_shape
+
+    # With the winners: a second result, its pointer in the argmax field.
+    with_argmax = _api._Replay(like, (1_000,), "float32", "int16", plan_args, plan, values, tile_map_shape)
+    result, argmax = with_argmax(q, d)
+    assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
+    sent = dict(zip(names, _kernels.forward_args._pack.unpack(launches[-1][3][0])))
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
+    del launches[1:]
 
     assert replay(q, device_array(0x200002)) is None  # documents 2 bytes off alignment
     _api._mma_plan.cache_clear()

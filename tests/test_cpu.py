@@ -132,8 +132,8 @@ def test_torch_cpu_in_torch_out():
 
 
 def test_host_calls_are_never_replayed():
-    """Replayed launches (_api, "repeated calls") are for GPU arrays: a host call records
-    nothing, whatever its framework, and a repeated one still answers right."""
+    """Replayed launches and backward templates (_api, "repeated calls") are for GPU arrays: a
+    host call records nothing, whatever its framework, and a repeated one still answers right."""
     from cupy_maxsim import _api
 
     try:
@@ -142,13 +142,19 @@ def test_host_calls_are_never_replayed():
         torch = None
     rng = np.random.default_rng(21)
     _api._replays.clear()
+    _api._backward_templates.clear()
     for _ in range(2):
         q, d = unit_rows(rng, (2, 5, 16), np.float32), unit_rows(rng, (3, 7, 16), np.float32)
         expected = reference.maxsim_reference(q, d)
         assert_scores_match(cm.score(q, d), expected, atol=1e-5)
         if torch is not None:
-            assert_scores_match(cm.score(torch.from_numpy(q), torch.from_numpy(d)).numpy(), expected, atol=1e-5)
-    assert _api._replays == {}
+            tq, td = torch.from_numpy(q), torch.from_numpy(d)
+            assert_scores_match(cm.score(tq, td).numpy(), expected, atol=1e-5)
+            _, argmax = cm.score(tq, td, return_argmax=True)
+            grad_q, _ = _api.backward_plan(tq, td, argmax).gradients(torch.ones(2, 3))
+            expected_q, _ = reference.maxsim_backward_reference(np.ones((2, 3)), q, d, argmax.numpy())
+            np.testing.assert_allclose(grad_q.numpy(), expected_q, atol=1e-5)
+    assert _api._replays == {} and _api._backward_templates == {}
 
 
 def test_jax_cpu_in_jax_out():
