@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -63,8 +64,8 @@ def _unit(torch, shape, seed):
 
 
 def measure_step(torch, fn, q0, d0, grad, reps=30):
-    """(median ms, median ms synced, peak extra MB, grads) of forward + backward (the two timing
-    methods of bench_forward._median_ms)."""
+    """(median ms, median ms synced, host ms, peak extra MB, grads) of forward + backward (the two
+    timing methods of bench_forward._median_ms, and the host's time per step)."""
     q = q0.clone().requires_grad_(True)
     d = d0.clone().requires_grad_(True)
 
@@ -83,7 +84,15 @@ def measure_step(torch, fn, q0, d0, grad, reps=30):
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     ms = _median_ms(torch, step, reps=reps, warmup=3)
     synced = _median_ms(torch, step, reps=reps, warmup=3, synced=True)
-    return ms, synced, peak, (q.grad.float().clone(), d.grad.float().clone())
+    host = []  # host time per step (submitted without waiting; best of 5 x 20 steps)
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            step()
+        host.append((time.perf_counter() - start) / 20 * 1e3)
+    torch.cuda.synchronize()
+    return ms, synced, min(host), peak, (q.grad.float().clone(), d.grad.float().clone())
 
 
 def run(args):
@@ -105,11 +114,12 @@ def run(args):
                  "anchor_flash_ms": ANCHOR_MS.get(name), "providers": {}}
         for provider, fn in found.items():
             try:
-                ms, synced, peak, grads = measure_step(torch, fn, q0, d0, grad)
+                ms, synced, host, peak, grads = measure_step(torch, fn, q0, d0, grad)
             except Exception as error:  # noqa: BLE001 - report, keep going
                 entry["providers"][provider] = {"error": repr(error)[:300]}
                 continue
-            result = {"ms": ms, "ms_synced": synced, "peak_extra_mb": peak, "fraction_of_floor": floor / ms}
+            result = {"ms": ms, "ms_synced": synced, "ms_host": host, "peak_extra_mb": peak,
+                      "fraction_of_floor": floor / ms}
             if provider == "naive_torch_fp16":
                 reference = grads
             entry["providers"][provider] = result
@@ -177,26 +187,26 @@ def colpali_inbatch(torch, found):
 
 
 def table(report) -> str:
-    lines = ["| shape | floor ms | provider | step ms | step ms synced | frac of floor | peak extra MB | vs flash |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | floor ms | provider | step ms | step ms synced | host ms | frac of floor | peak extra MB "
+             "| vs flash |", "|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         flash = row["providers"].get("flash_maxsim_0.3.0", {}).get("ms")
         for provider, result in row["providers"].items():
             if "ms" not in result:
-                lines.append(f"| {row['shape']} | | {provider} | {result.get('error', '')[:60]} | | | | |")
+                lines.append(f"| {row['shape']} | | {provider} | {result.get('error', '')[:60]} | | | | | |")
                 continue
             speed = f"{flash / result['ms']:.2f}x" if flash else "-"
             lines.append(f"| {row['shape']} | {row['floor_ms']:.3f} | {provider} | {result['ms']:.3f} | "
-                         f"{result['ms_synced']:.3f} | {result['fraction_of_floor']:.2f} | "
+                         f"{result['ms_synced']:.3f} | {result['ms_host']:.3f} | {result['fraction_of_floor']:.2f} | "
                          f"{result['peak_extra_mb']:.1f} | {speed} |")
         lines.append(f"| {row['shape']} | | ours fwd / fwd+argmax / bwd | {row['ours_forward_ms']:.3f} / "
-                     f"{row['ours_forward_argmax_ms']:.3f} / {row['ours_backward_ms']:.3f} | | | | |")
+                     f"{row['ours_forward_argmax_ms']:.3f} / {row['ours_backward_ms']:.3f} | | | | | |")
     for provider, result in report["colpali_inbatch_128x128x1030"].items():
         if "ms" in result:
-            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['ms']:.3f} | | | "
+            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['ms']:.3f} | | | | "
                          f"{result['peak_extra_mb']:.1f} | |")
         else:
-            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['error'][:60]} | | | | |")
+            lines.append(f"| colpali in-batch 128x128x1030 | | {provider} | {result['error'][:60]} | | | | | |")
     return "\n".join(lines)
 
 
