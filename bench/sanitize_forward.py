@@ -34,13 +34,15 @@ try:
     q = torch.randn(2, 32, 128, device="cuda", dtype=torch.bfloat16)
     d = torch.randn(7, 50, 128, device="cuda", dtype=torch.bfloat16)
     cm.score(q, d)
-    # Many stacked queries (the Hopper warpgroup-MMA kernel on sm_90): queries straddling
-    # warpgroups (Lq 27), masks, packed documents, the argmax, dim 96.
+    # Many stacked queries (the Hopper warpgroup-MMA kernel on sm_90, documents on M): queries
+    # straddling warpgroups (Lq 27), masks, packed documents, the argmax, dim 96.
     q = torch.randn(13, 27, 128, device="cuda", dtype=torch.bfloat16)
     d = torch.randn(9, 150, 128, device="cuda", dtype=torch.bfloat16)
     d_mask = torch.rand(9, 150, device="cuda") < 0.7
     cm.score(q, d, d_mask=d_mask, return_argmax=True)
     cm.score_packed(q, d.reshape(-1, 128)[:1000], torch.tensor([0, 1, 64, 64, 500, 1000], device="cuda"))
+    cm.score_packed(q, d.reshape(-1, 128)[:1000], torch.tensor([0, 1, 64, 64, 500, 1000], device="cuda"),
+                    return_argmax=True)
     cm.score(q[..., :96].contiguous(), d[..., :96].contiguous())
     # One query against long documents, several per block (the split-document rings; TMA, and
     # cp.async with a mask), int8 too.

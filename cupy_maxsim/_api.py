@@ -963,8 +963,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
-        # 128 rows and no argmax, 128 // Lq on its N (documents on M, 64-row tiles).
-        docs_on_m = _kernels.WGMMA_DOCS_ON_M and not argmax and num_queries > 128 // query_length
+        # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles).
+        docs_on_m = _kernels.WGMMA_DOCS_ON_M and num_queries > 128 // query_length
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
         tile_rows = 64 if docs_on_m else _kernels.wgmma_tile_rows(
             mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_bytes)

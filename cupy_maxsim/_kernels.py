@@ -217,7 +217,7 @@ class WgmmaConfig:
         query_rows = 64 if self.split_docs else rows
         max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows
         return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + query_rows * (kpad + 8) * 2
-                + 4 * (self.stages * n + 3 * query_rows + max_slots + 2 * self.argmax * rows + 4 * warps)
+                + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 8 * (self.stages + 1))
 
     def defines(self) -> tuple[str, ...]:
@@ -278,14 +278,15 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
                  query_rows: int = 64, docs_on_m: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
-    kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, no argmax, at least two
-    warpgroups of 128 query rows wanted)."""
+    kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
+    128 query rows wanted; two warpgroups with the argmax, whose winners need 32 more registers
+    per thread)."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not WGMMA_SPLIT_DOCS):
         return None
     shape = dict(WGMMA_SHAPE)
     if docs_on_m:
-        assert not argmax and tile_n == 64 and warpgroups_wanted >= 2
-        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted))
+        assert tile_n == 64 and warpgroups_wanted >= 2
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, 2 if argmax else 3))
     elif warpgroups_wanted < 2:
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
@@ -714,8 +715,11 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                     for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
                         config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
                         variants.append(("maxsim_fwd_wgmma", config.defines()))
-        for warpgroups in (2, 3):  # documents on M
-            variants.append(("maxsim_fwd_wgmma", wgmma_config(ksteps, False, warpgroups, docs_on_m=True).defines()))
+        for warpgroups in (2, 3):  # documents on M (with the argmax: two warpgroups either way)
+            for argmax in (False, True):
+                config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True)
+                if ("maxsim_fwd_wgmma", config.defines()) not in variants:
+                    variants.append(("maxsim_fwd_wgmma", config.defines()))
     return variants
 
 

@@ -59,7 +59,7 @@
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
 // the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers, or with
 // DOCS_ON_M held there in the swizzled layout, which needs less), then
-// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + MAX_SLOTS + 2 * ARGMAX * BLOCK_ROWS + 4 * WARPS) for
+// 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) for
 // document scales, the row (DOCS_ON_M: per-warp column) maxima and argmax of two documents in
 // flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 8 * (STAGES + 1) for the document claims
@@ -129,8 +129,8 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // same swizzled layout). The max over a document's rows is then an element-wise running max
 // per query column across its tiles (each thread's two rows folded at once), and the reduction
 // across lanes and warps happens once per document instead of once per tile; each m64n128k16
-// does twice the work of an m64n64k16 per instruction. No argmax: its 32 indices per thread
-// would not fit beside the accumulators and maxima in three warpgroups' registers.
+// does twice the work of an m64n64k16 per instruction. With the argmax (32 more registers per
+// thread: a winning row per column) the block has two consumer warpgroups, not three.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
@@ -164,10 +164,11 @@ constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
-                             4 * (STAGES * TILE_N + 3 * QUERY_ROWS + MAX_SLOTS + 2 * ARGMAX * BLOCK_ROWS + 4 * WARPS) +
+                             4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
                              16 * STAGES + 8 * (STAGES + 1);
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
-static_assert(!DOCS_ON_M || (!SPLIT_DOCS && !ARGMAX && TILE_N == 64), "documents on M: many queries, 64-row tiles");
+static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
+static_assert(!(DOCS_ON_M && ARGMAX) || WARPGROUPS == 2, "documents on M with the argmax: registers for two warpgroups");
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
@@ -297,6 +298,12 @@ struct RowBest {
     int index;
 };
 
+// The winner of two partial maxima (value, its document row; -1: none): the larger value, and
+// on a tie the lower row (the first maximum; -1 as unsigned loses every tie).
+__device__ __forceinline__ int first_winner(float value, int index, float other, int other_index) {
+    return other > value || (other == value && (unsigned)other_index < (unsigned)index) ? other_index : index;
+}
+
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
@@ -373,8 +380,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     int* sRowBad = sRowQuery + QUERY_ROWS;              // query token holds NaN or inf
     int* sHasRow = sRowBad + QUERY_ROWS;                // [2 parities][WARPS]
     int* sDocBad = sHasRow + 2 * WARPS;                 // [2 parities][WARPS]
-    int* sRowArg = sDocBad + 2 * WARPS;                 // [2 parities][BLOCK_ROWS], ARGMAX only
-    unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? 2 * BLOCK_ROWS : 0));
+    int* sRowArg = sDocBad + 2 * WARPS;                 // [MAX_SLOTS] as sRowMax, ARGMAX only
+    unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? MAX_SLOTS : 0));
     unsigned long long* empty = full + STAGES;
     // Splitting documents: the block position of the document each slot's tile comes from
     // (-1: the ring's end), and the block's next unclaimed position.
@@ -629,16 +636,23 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     continue;
                 }
                 float m;
+                int winner = -1;
                 if constexpr (DOCS_ON_M) {  // the max over the warpgroup's 4 warps of its column
-                    const float* column = sRowMax + (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS + local;
-                    m = max_nan(max_nan(column[0], column[QUERY_COLS]),
-                                max_nan(column[2 * QUERY_COLS], column[3 * QUERY_COLS]));
+                    const int slot = (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS + local;
+                    m = sRowMax[slot];
+                    if constexpr (ARGMAX) winner = sRowArg[slot];
+#pragma unroll
+                    for (int w = 1; w < 4; ++w) {
+                        const float other = sRowMax[slot + w * QUERY_COLS];
+                        if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * QUERY_COLS]);
+                        m = max_nan(m, other);
+                    }
                 } else {
                     m = sRowMax[parity * BLOCK_ROWS + row];
                 }
                 if constexpr (ARGMAX)
                     store_argmax(args.argmax, args.argmax_is_32bit, argmax_index,
-                                 doc_has_row ? sRowArg[parity * BLOCK_ROWS + row] : -1);
+                                 !doc_has_row ? -1 : DOCS_ON_M ? winner : sRowArg[parity * BLOCK_ROWS + row]);
                 if constexpr (SCALED) m *= sRowScale[query_row];
                 non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sRowBad[query_row] || doc_bad;
                 sum += m;
@@ -693,13 +707,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // best[2j + c]: query column 8j + 2 quad + c, max over this thread's rows of the document
         // so far.
         float best[ACC / 2];
+        int winner[ARGMAX ? ACC / 2 : 1];  // ARGMAX: the document row of best[i]
 #pragma unroll
-        for (int i = 0; i < ACC / 2; ++i) best[i] = MAXSIM_NEG_INF;
+        for (int i = 0; i < ACC / 2; ++i) {
+            best[i] = MAXSIM_NEG_INF;
+            if constexpr (ARGMAX) winner[i] = -1;
+        }
         // The witness: every real row of the document against query column 2 quad, summed.
         Acc acc[ACC];
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
         // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
-        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, const bool BIASED) {
+        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED) {
 #pragma unroll
             for (int i = 0; i < ACC / 2; ++i) {
                 const int j = i / 2, c = i % 2;
@@ -707,7 +725,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 + c]);
                 if constexpr (SCALED) v0 *= s0, v1 *= s1;
                 if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
-                best[i] = max_nan(best[i], max_nan(v0, v1));
+                const float v = max_nan(v0, v1);
+                // Tiles come in increasing order, and strict >: the first maximum wins (a tie
+                // within the pair keeps the lower row).
+                if constexpr (ARGMAX)
+                    if (v > best[i]) winner[i] = first_row + (v1 > v0 ? r0 + 8 : r0);
+                best[i] = max_nan(best[i], v);
             }
         };
 #pragma unroll 1
@@ -743,23 +766,35 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             else
                 witness += (real0 ? (float)acc[0] : 0.f) + (real1 ? (float)acc[2] : 0.f);
             if (biased)
-                fold_rows(real0, real1, s0, s1, true);
+                fold_rows(real0, real1, s0, s1, first_row, true);
             else
-                fold_rows(real0, real1, s0, s1, false);
+                fold_rows(real0, real1, s0, s1, first_row, false);
             if (!last) continue;
             // The document's last tile: the max over the warp's 16 rows (the 8 lanes of a quad
             // hold the same columns), published per warp; the warpgroup sums its queries.
-            float2* published = (float2*)(sRowMax + (parity * CONSUMER_WARPS + warp) * QUERY_COLS);
+            const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
+            float2* published = (float2*)(sRowMax + slots);
 #pragma unroll
             for (int i = 0; i < ACC / 2; i += 2) {
                 float v0 = best[i], v1 = best[i + 1];
+                int w0 = ARGMAX ? winner[i] : -1, w1 = ARGMAX ? winner[i + 1] : -1;
 #pragma unroll
                 for (int offset = 4; offset < 32; offset <<= 1) {
-                    v0 = max_nan(v0, __shfl_xor_sync(0xffffffffu, v0, offset));
-                    v1 = max_nan(v1, __shfl_xor_sync(0xffffffffu, v1, offset));
+                    const float o0 = __shfl_xor_sync(0xffffffffu, v0, offset);
+                    const float o1 = __shfl_xor_sync(0xffffffffu, v1, offset);
+                    if constexpr (ARGMAX) {
+                        w0 = first_winner(v0, w0, o0, __shfl_xor_sync(0xffffffffu, w0, offset));
+                        w1 = first_winner(v1, w1, o1, __shfl_xor_sync(0xffffffffu, w1, offset));
+                    }
+                    v0 = max_nan(v0, o0);
+                    v1 = max_nan(v1, o1);
                 }
-                if (lane < 4) published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
+                if (lane < 4) {
+                    published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
+                    if constexpr (ARGMAX) ((int2*)(sRowArg + slots))[(8 * (i / 2) + 2 * quad) / 2] = make_int2(w0, w1);
+                }
                 best[i] = best[i + 1] = MAXSIM_NEG_INF;
+                if constexpr (ARGMAX) winner[i] = winner[i + 1] = -1;
             }
             close_document(doc);
         }
@@ -858,11 +893,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 #pragma unroll
             for (int offset = 1; offset < 4; offset <<= 1) {
                 const float other = __shfl_xor_sync(0xffffffffu, value, offset);
-                if constexpr (ARGMAX) {
-                    const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
-                    if (other > value || (other == value && (unsigned)other_index < (unsigned)index))
-                        index = other_index;
-                }
+                if constexpr (ARGMAX) index = first_winner(value, index, other, __shfl_xor_sync(0xffffffffu, index, offset));
                 value = max_nan(value, other);
             }
             if (quad == 0) {

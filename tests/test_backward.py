@@ -298,6 +298,24 @@ def test_gpu_backward_plan_serves_several_gradients(packed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_queries", [2, 8])  # Hopper: queries on the MMA's M; documents on M
+def test_gpu_ties_go_to_the_lowest_document_token(num_queries):
+    """Exact ties across lanes, warps and tiles: each query token is a row of document 0 that
+    also appears 50, 100 and 150 rows later; the winner is the first copy."""
+    import cupy
+
+    rng = np.random.default_rng(14)
+    d = unit_rows(rng, (3, 200, 64), np.float16)
+    sources = np.arange(46)
+    for shift in (50, 100, 150):
+        d[0, sources + shift] = d[0, sources]
+    picks = np.arange(32)[None, :] + 2 * np.arange(num_queries)[:, None]  # rows 0..45 of document 0
+    q = d[0][picks]
+    _, argmax = cm.score(cupy.asarray(q), cupy.asarray(d), return_argmax=True)
+    np.testing.assert_array_equal(to_numpy(argmax)[:, 0], picks)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
 def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
     """A training step repeats one signature: the forward with winners is replayed and the
