@@ -216,7 +216,9 @@ class WgmmaConfig:
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
         max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows
-        return (1024 + self.stages * -(-self.ksteps // 4) * n * 128 + query_rows * (kpad + 8) * 2
+        atoms = -(-self.ksteps // 4)
+        query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else query_rows * (kpad + 8) * 2
+        return (1024 + self.stages * atoms * n * 128 + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 8 * (self.stages + 1))
 

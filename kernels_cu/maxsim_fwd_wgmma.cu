@@ -57,8 +57,8 @@
 // lowest document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
-// the tile ring, QUERY_ROWS * LDS * 2 for the query block (read once into registers, or with
-// DOCS_ON_M held there in the swizzled layout, which needs less), then
+// the tile ring, QUERY_BYTES for the query block (QUERY_ROWS * LDS * 2, read once into
+// registers; or with DOCS_ON_M held there in the swizzled layout, WARPGROUPS * ATOMS * 16384), then
 // 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) for
 // document scales, the row (DOCS_ON_M: per-warp column) maxima and argmax of two documents in
 // flight, per-row query index, scale and non-finite flag, and per-warp document
@@ -162,15 +162,18 @@ constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix 
 constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
+// DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
+constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
+// The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
+// blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
+constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : QUERY_ROWS * LDS * 2;
 // Dynamic shared memory the kernel needs (the formula in the header comment).
-constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_ROWS * LDS * 2 +
+constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
                              16 * STAGES + 8 * (STAGES + 1);
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
 static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
 static_assert(!(DOCS_ON_M && ARGMAX) || WARPGROUPS == 2, "documents on M with the argmax: registers for two warpgroups");
-// DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
-constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
 // ... and back: the group row a warpgroup row holds, or -1 (a padding row).
@@ -372,8 +375,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // The swizzle atoms need 1024-byte alignment in the shared window (1024 bytes are budgeted).
     unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
     unsigned char* sD = smem;                           // [STAGES][TILE_BYTES]
-    u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [QUERY_ROWS][LDS]
-    float* sScale = (float*)(sQ + QUERY_ROWS * LDS);    // int8: [STAGES][TILE_N] document scales
+    u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [QUERY_BYTES]
+    float* sScale = (float*)((unsigned char*)sQ + QUERY_BYTES);  // int8: [STAGES][TILE_N] document scales
     float* sRowScale = sScale + STAGES * TILE_N;        // int8: per query row, its scale
     float* sRowMax = sRowScale + QUERY_ROWS;            // [MAX_SLOTS]: a document's maxima
     int* sRowQuery = (int*)(sRowMax + MAX_SLOTS);       // query of each query row, -1 if none
