@@ -438,8 +438,9 @@ class BackwardPlan:
         self.like, self.q, self.d, self.argmax, self.offsets = like, q, d, argmax, offsets
         self.pairs, self.single, self.scores_shape, self.longest, self.cover = pairs, single, scores_shape, longest, cover
         # GPU: the kernels' arguments in struct order (the gradient's and the outputs' left 0),
-        # the CSR launch and what gradients() launches (dQ, its reduction, dD), all settled in
-        # the forward: a training step's backward host path is on its critical path.
+        # the CSR launch and what gradients() launches (dQ, then dD with the sum of dQ's
+        # chunks), all settled in the forward: a training step's backward host path is on its
+        # critical path.
         self._values = None
         self._csr = self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
@@ -534,15 +535,13 @@ class BackwardPlan:
             self._csr = (kernel("maxsim_bwd_csr", shared_bytes=shared), (num_docs,), (_kernels.BWD_CSR_THREADS,),
                          shared)
             suffix, threads = _DTYPE_SUFFIX[like.dtype], _kernels.BWD_THREADS
-            launches = [(kernel(f"maxsim_bwd_dq_{suffix}"),
-                         (-(-num_tokens // (threads // 32)), -(-dim // _kernels.BWD_DIM_CHUNK), chunks), (threads,))]
-            if chunks > 1:
-                total = num_tokens * dim
-                launches.append((kernel(f"maxsim_bwd_dq_reduce_{suffix}"), (min(-(-total // 256), sm_count * 16),),
-                                 (256,)))
-            launches.append((kernel(f"maxsim_bwd_dd_{suffix}"),
-                             (num_docs, -(-longest // (threads // 32 * rows_per_warp))), (threads,)))
-            self._launches = tuple(launches)
+            dq_grid = (-(-num_tokens // (threads // 32)), -(-dim // _kernels.BWD_DIM_CHUNK), chunks)
+            # dD: a block per (document, row group); with several dQ chunks, blocks past the
+            # documents sum the chunks' partials (about 16 blocks' worth per SM).
+            groups = -(-longest // (threads // 32 * rows_per_warp))
+            reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
+            self._launches = ((kernel(f"maxsim_bwd_dq_{suffix}"), dq_grid, (threads,)),
+                              (kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups), (threads,)))
         self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
 
     def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:

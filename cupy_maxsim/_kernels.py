@@ -45,7 +45,7 @@ FAMILIES = {
     "maxsim_bwd": (
         "maxsim_bwd.cu",
         ("maxsim_bwd_csr",) + tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
-                                    for stage in ("dq", "dq_reduce", "dd")),
+                                    for stage in ("dq", "dd")),
     ),
 }
 

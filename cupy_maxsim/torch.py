@@ -40,7 +40,6 @@ class _MaxSim(torch.autograd.Function):
         # is done here, where it overlaps the GPU; the backward only adds the gradient.
         ctx.plan = _api.backward_plan(q, d, argmax, offsets=offsets, pairs=mode == "pairs")
         ctx.save_for_backward(q, d, argmax, offsets)  # autograd's check that they stay unmodified
-        ctx.mark_non_differentiable(argmax)
         return scores
 
     @staticmethod

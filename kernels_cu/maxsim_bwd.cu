@@ -10,9 +10,10 @@
 //
 // maxsim_bwd_dq_*: one warp per (query token, 128-wide dim chunk, document chunk). Lanes
 // read the argmax and g of 128 documents at once and broadcast them; each lane accumulates 4
-// dims, 8 document rows in flight (a weight of 0 marks a document the token has no winner in). With one document chunk the warp writes grad_q directly;
-// with several (very many documents) it writes fp32 partials that maxsim_bwd_dq_reduce_* sums
-// in chunk order.
+// dims, 8 document rows in flight (a weight of 0 marks a document the token has no winner in).
+// With one document chunk the warp writes grad_q directly; with several it writes fp32
+// partials, which blocks past the documents of the dD launch sum in chunk order (one launch
+// fewer per backward: a training step is host-bound).
 //
 // maxsim_bwd_csr: one block per document inverts its argmax into CSR in three phases (no
 // sort, no global atomics):
@@ -161,13 +162,13 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
     }
 }
 
-// Sums the dQ partials of gridDim-many document chunks in chunk order (fp32 inputs only use
-// it, never float64: the float64 path keeps one chunk).
+// Sums the dQ partials of the document chunks in chunk order, as block `block` of `blocks`
+// (never float64: the float64 path keeps one chunk).
 template <typename T>
-__device__ __forceinline__ void maxsim_bwd_dq_reduce(const BackwardArgs args) {
+__device__ __forceinline__ void maxsim_bwd_dq_reduce(const BackwardArgs& args, i64 block, i64 blocks) {
     const i64 total = (i64)args.num_queries * args.query_length * args.dim;
     const i64 chunks = (args.num_docs + args.docs_per_chunk - 1) / args.docs_per_chunk;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    for (i64 i = block * blockDim.x + threadIdx.x; i < total; i += blocks * blockDim.x) {
         float sum = 0.f;
         for (i64 c = 0; c < chunks; ++c) sum += args.partial[c * total + i];
         store_value((T*)args.grad_q + i, sum);
@@ -319,7 +320,8 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
     }
 }
 
-// dD rows of one (document, row group) block. Each warp owns rows_per_warp consecutive rows:
+// dD rows of one (document, row group) block; blocks past the documents (x >= num_docs) sum
+// the dQ partials instead (maxsim_bwd_dq_reduce). Each warp owns rows_per_warp consecutive rows:
 // their light sources are contiguous in the list, so the warp walks them as one segment, 32
 // list entries and 8 query rows in flight at a time, and writes each row once when the walk
 // passes its end (zeros for a row nobody chose). Then each hot row of the block is summed by
@@ -328,6 +330,11 @@ template <typename T>
 __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
+    if ((i64)blockIdx.x >= args.num_docs) {
+        maxsim_bwd_dq_reduce<T>(args, (blockIdx.x - args.num_docs) * (i64)gridDim.y + blockIdx.y,
+                                (gridDim.x - args.num_docs) * (i64)gridDim.y);
+        return;
+    }
     __shared__ __align__(16) A sPartial[WARPS * DIM_CHUNK];
     __shared__ int sHotRows[MAX_BLOCK_ROWS];  // this block's hot rows, in no particular order
     __shared__ int sHotCount;
@@ -436,8 +443,6 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dq<T>(args);                                                              \
     }
-#define MAXSIM_BWD_DQ_REDUCE_ENTRY(NAME, T) \
-    extern "C" __global__ void NAME(const BackwardArgs args) { maxsim_bwd_dq_reduce<T>(args); }
 #define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dd<T>(args);                                                              \
@@ -447,10 +452,6 @@ MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256, 1)  // registers
-MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp16, fp16_t)
-MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_bf16, bf16_t)
-MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp32, float)
-MAXSIM_BWD_DQ_REDUCE_ENTRY(maxsim_bwd_dq_reduce_fp64, double)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
