@@ -88,25 +88,28 @@ def planner_settings(recompile=False, **settings):
         empty()
 
 
-def _median_ms(torch, fn, reps=20, warmup=3, synced=False):
+def _median_ms(torch, fn, reps=20, warmup=3, synced=False, times=None):
     """Median milliseconds of one call of ``fn`` between CUDA events.
 
     Default: as ``triton.testing.do_bench`` (how ANCHORS.md measured the peers): a 256 MB write
     flushes the L2 before each call, and the host does not wait between calls, so a call's host
     path overlaps that flush (a host path longer than the flush still shows). ``synced``: each
-    call starts after the last one finished, its whole host path inside the events."""
+    call starts after the last one finished, its whole host path inside the events. ``times``: a
+    list that gets every call's milliseconds."""
     for _ in range(warmup):
         fn()
     if synced:
-        times = []
+        measured = []
         for _ in range(reps):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             stop.record()
             stop.synchronize()
-            times.append(start.elapsed_time(stop))
-        return float(np.median(times))
+            measured.append(start.elapsed_time(stop))
+        if times is not None:
+            times.extend(measured)
+        return float(np.median(measured))
     device = torch.cuda.current_device()
     if device not in _flush_buffers:
         _flush_buffers[device] = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
@@ -118,7 +121,10 @@ def _median_ms(torch, fn, reps=20, warmup=3, synced=False):
         fn()
         stop.record()
     torch.cuda.synchronize()
-    return float(np.median([start.elapsed_time(stop) for start, stop in events]))
+    measured = [start.elapsed_time(stop) for start, stop in events]
+    if times is not None:
+        times.extend(measured)
+    return float(np.median(measured))
 
 
 def _padded_comparison(torch, cm, q, packed, num_docs, doc_length):

@@ -64,8 +64,8 @@ def _unit(torch, shape, seed):
 
 
 def measure_step(torch, fn, q0, d0, grad, reps=30):
-    """(median ms, median ms synced, host ms, peak extra MB, grads) of forward + backward (the two
-    timing methods of bench_forward._median_ms, and the host's time per step)."""
+    """(median ms, median ms synced, host ms, peak extra MB, grads, diagnostics) of forward +
+    backward (the two timing methods of bench_forward._median_ms, and the host's time per step)."""
     q = q0.clone().requires_grad_(True)
     d = d0.clone().requires_grad_(True)
 
@@ -82,8 +82,14 @@ def measure_step(torch, fn, q0, d0, grad, reps=30):
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    ms = _median_ms(torch, step, reps=reps, warmup=3)
+    # Whether the caching allocator had to ask CUDA for memory while we timed (cudaMalloc in a
+    # step stalls it), and every step's time: a step's spread tells a stall from a slow path.
+    segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+    times = []
+    ms = _median_ms(torch, step, reps=reps, warmup=3, times=times)
     synced = _median_ms(torch, step, reps=reps, warmup=3, synced=True)
+    diagnostics = {"segments_allocated_while_timed": torch.cuda.memory_stats().get("segment.all.allocated", 0) - segments,
+                   "step_ms_min_max": [min(times), max(times)]}
     host = []  # host time per step (submitted without waiting; best of 5 x 20 steps)
     for _ in range(5):
         torch.cuda.synchronize()
@@ -92,7 +98,7 @@ def measure_step(torch, fn, q0, d0, grad, reps=30):
             step()
         host.append((time.perf_counter() - start) / 20 * 1e3)
     torch.cuda.synchronize()
-    return ms, synced, min(host), peak, (q.grad.float().clone(), d.grad.float().clone())
+    return ms, synced, min(host), peak, (q.grad.float().clone(), d.grad.float().clone()), diagnostics
 
 
 def run(args):
@@ -114,12 +120,12 @@ def run(args):
                  "anchor_flash_ms": ANCHOR_MS.get(name), "providers": {}}
         for provider, fn in found.items():
             try:
-                ms, synced, host, peak, grads = measure_step(torch, fn, q0, d0, grad)
+                ms, synced, host, peak, grads, diagnostics = measure_step(torch, fn, q0, d0, grad)
             except Exception as error:  # noqa: BLE001 - report, keep going
                 entry["providers"][provider] = {"error": repr(error)[:300]}
                 continue
             result = {"ms": ms, "ms_synced": synced, "ms_host": host, "peak_extra_mb": peak,
-                      "fraction_of_floor": floor / ms}
+                      "fraction_of_floor": floor / ms, **diagnostics}
             if provider == "naive_torch_fp16":
                 reference = grads
             entry["providers"][provider] = result
