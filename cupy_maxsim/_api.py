@@ -492,25 +492,19 @@ class BackwardPlan:
             self._reusable = q is self.q and d is self.d and offsets is None
             aligned = dim % 4 == 0 and all(
                 s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
-            # dD: a warp per rows_per_warp rows, for about 64 sources per warp on average (sparse
-            # ColPali rows get up to 64 rows per warp; dense ColBERT rows a handful); a block per
-            # document and row group.
-            threads = _kernels.BWD_THREADS
-            warps = threads // 32
-            rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
-            groups = -(-longest // (warps * rows_per_warp))
-            # dQ: a warp per query token, 128-wide dim chunk and document chunk. One chunk, in the
-            # same launch as dD, where their warps fill half the GPU; else chunks of at least 32
-            # documents, enough for about 64 warps per SM, summed in chunk order in a second launch.
-            num_tokens, dim_chunks = num_queries * query_length, -(-dim // _kernels.BWD_DIM_CHUNK)
-            together = num_tokens * dim_chunks + num_docs * groups * warps >= 16 * sm_count
-            if like.dtype == "float64" or pairs or (together and num_docs <= DQ_DOCS_PER_CHUNK):
+            # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
+            # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
+            num_tokens = num_queries * query_length
+            if like.dtype == "float64" or pairs:
                 docs_per_chunk = num_docs
             else:
                 wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
                 docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
             chunks = -(-num_docs // docs_per_chunk)
             num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
+            # dD: rows per warp for about 64 sources per warp on average (sparse ColPali rows get
+            # up to 64 rows per warp; dense ColBERT rows a handful).
+            rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
             # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
             # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
             parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
@@ -520,15 +514,6 @@ class BackwardPlan:
                 starts.append(total if n else None)
                 total += -(-n // 4) * 4
             self._scratch_words, self._scratch_starts = total, tuple(starts)
-            # maxsim_bwd_grads (maxsim_bwd.cu): dQ's blocks in the first columns of the
-            # (columns, groups) grid, then dD's; with chunks, dQ (stage 1) and then dD with the
-            # chunks' sum in about 16 blocks per SM past the documents (stage 2).
-            token_blocks = -(-num_tokens // warps)
-            dq_blocks = token_blocks * dim_chunks * chunks
-            dq_columns = -(-dq_blocks // groups)
-            reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
-            if max(dq_blocks + groups, num_docs + reduce_columns) * groups >= 2**31:
-                raise ValueError(f"too many query tokens and documents for one backward ({num_tokens} x {num_docs})")
             argmax_strides = (argmax.strides[0], 0) if pairs else (
                 (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
             values = dict(
@@ -542,20 +527,21 @@ class BackwardPlan:
                 docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
                 offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
                 argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
-                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, stage=0,
-                dq_columns=dq_columns, dq_blocks=dq_blocks, token_blocks=token_blocks, dim_chunks=dim_chunks,
+                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
             )
             self._values = [values[name] for name, _ in _kernels.BACKWARD_ARGS]
             shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
             kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
             self._csr = (kernel("maxsim_bwd_csr", shared_bytes=shared), (num_docs,), (_kernels.BWD_CSR_THREADS,),
                          shared)
-            grads = kernel(f"maxsim_bwd_grads_{_DTYPE_SUFFIX[like.dtype]}")
-            if chunks == 1:
-                self._launches = ((grads, (dq_columns + num_docs, groups), (threads,), 0),)
-            else:
-                self._launches = ((grads, (dq_columns, groups), (threads,), 1),
-                                  (grads, (num_docs + reduce_columns, groups), (threads,), 2))
+            suffix, threads = _DTYPE_SUFFIX[like.dtype], _kernels.BWD_THREADS
+            dq_grid = (-(-num_tokens // (threads // 32)), -(-dim // _kernels.BWD_DIM_CHUNK), chunks)
+            # dD: a block per (document, row group); with several dQ chunks, blocks past the
+            # documents sum the chunks' partials (about 16 blocks' worth per SM).
+            groups = -(-longest // (threads // 32 * rows_per_warp))
+            reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
+            self._launches = ((kernel(f"maxsim_bwd_dq_{suffix}"), dq_grid, (threads,)),
+                              (kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups), (threads,)))
         self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
 
     def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:
@@ -615,9 +601,9 @@ class BackwardPlan:
             values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = (
                 grad.ptr, grad_q_ptr, grad_d_ptr)
             values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
-            for kernel, grid, block, stage in self._launches:
-                values[_BWD_AT["stage"]] = stage
-                _kernels.launch(kernel, grid, block, _kernels.backward_args.pack(values), 0, stream)
+            args = _kernels.backward_args.pack(values)
+            for kernel, grid, block in self._launches:
+                _kernels.launch(kernel, grid, block, args, 0, stream)
         return wrap()
 
 

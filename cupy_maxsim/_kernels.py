@@ -44,7 +44,8 @@ FAMILIES = {
     ),
     "maxsim_bwd": (
         "maxsim_bwd.cu",
-        ("maxsim_bwd_csr",) + tuple(f"maxsim_bwd_grads_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")),
+        ("maxsim_bwd_csr",) + tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
+                                    for stage in ("dq", "dd")),
     ),
 }
 
@@ -72,8 +73,7 @@ BACKWARD_ARGS = (
     ("num_docs", "q"), ("sources_per_doc", "q"), ("docs_per_chunk", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("pairs", "i"), ("argmax_is_32bit", "i"), ("count_warps", "i"), ("vector_loads", "i"),
-    ("rows_per_warp", "i"), ("stage", "i"), ("dq_columns", "i"), ("dq_blocks", "i"), ("token_blocks", "i"),
-    ("dim_chunks", "i"),
+    ("rows_per_warp", "i"), ("reserved", "i"),
 )
 
 

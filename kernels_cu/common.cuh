@@ -122,10 +122,9 @@ struct BackwardArgs {
     i64 num_docs, sources_per_doc, docs_per_chunk;
     int num_queries, query_length, dim, offsets_are_64bit;
     int pairs, argmax_is_32bit, count_warps, vector_loads;
-    // maxsim_bwd_grads' launch (maxsim_bwd.cu): its stage, and where dQ's blocks lie in its grid.
-    int rows_per_warp, stage, dq_columns, dq_blocks, token_blocks, dim_chunks;
+    int rows_per_warp, reserved;
 };
-static_assert(sizeof(BackwardArgs) == 24 * 8 + 14 * 4, "BackwardArgs must have no padding");
+static_assert(sizeof(BackwardArgs) == 24 * 8 + 10 * 4, "BackwardArgs must have no padding");
 
 // float -> storage type, round to nearest even.
 __device__ __forceinline__ void store_value(fp16_t* p, float x) {

@@ -8,18 +8,12 @@
 // accumulated in fp32 (fp64 for float64 inputs) in a fixed order and written once, in the
 // input dtype: the same inputs give bitwise the same gradients.
 //
-// maxsim_bwd_grads_*: dQ and dD, in one launch (stage 0) or, with dQ in document chunks,
-// two (stage 1: dQ; stage 2: dD and the sum of dQ's chunks), ordered on the stream. The grid is
-// (columns, row groups of dD): the first columns hold dQ's blocks (column-major over the row
-// groups), the rest a column per document, then the columns that sum dQ's chunks. One launch
-// instead of three: a training step is host-bound, and dQ's and dD's gathers (both bound by
-// L2 round trips) overlap.
-//
-// dQ: one warp per (query token, 128-wide dim chunk, document chunk). Lanes read the argmax
-// and g of 64 documents at once and broadcast them; each lane accumulates 4 dims, INFLIGHT
-// document rows in flight (a weight of 0 marks a document the token has no winner in).
+// maxsim_bwd_dq_*: one warp per (query token, 128-wide dim chunk, document chunk). Lanes
+// read the argmax and g of 128 documents at once and broadcast them; each lane accumulates 4
+// dims, 8 document rows in flight (a weight of 0 marks a document the token has no winner in).
 // With one document chunk the warp writes grad_q directly; with several it writes fp32
-// partials, which the columns past the documents of stage 2 sum in chunk order.
+// partials, which blocks past the documents of the dD launch sum in chunk order (one launch
+// fewer per backward: a training step is host-bound).
 //
 // maxsim_bwd_csr: one block per document inverts its argmax into CSR in three phases (no
 // sort, no global atomics):
@@ -33,7 +27,7 @@
 // document; _kernels.py mirrors this formula. Documents too long for that (about 19,000
 // tokens) use a global scratch of that size per document (csr_counts) with one count warp.
 //
-// dD: one block per (document, row group). Each destination row is owned by one
+// maxsim_bwd_dd_*: one block per (document, row group). Each destination row is owned by one
 // warp, which sums its sources in list order and writes the row once (zeros for a token
 // nobody chose); a warp walks the light sources of rows_per_warp consecutive rows as one
 // contiguous segment, so that sparse rows (ColPali: about one source per patch) do not cost a
@@ -55,7 +49,7 @@ constexpr int HOT_ROW = 64;     // rows with more sources are split over the blo
 #define MAXSIM_BWD_INFLIGHT 4
 #endif
 #ifndef MAXSIM_BWD_MIN_BLOCKS
-#define MAXSIM_BWD_MIN_BLOCKS 3
+#define MAXSIM_BWD_MIN_BLOCKS 4
 #endif
 // Rows loaded before they are accumulated (2 for float64: registers) and blocks per SM: 4 and 4
 // measured best on the H200 (occupancy beats rows in flight; bench/results/tune-backward-*.log).
@@ -107,30 +101,28 @@ __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_w
     gather_rows<T, A>(base, my_offset, my_weight, count, dim0, valid, vector, acc, [](int) {});
 }
 
-// dQ block (token_block, dim_chunk, doc_chunk).
 template <typename T>
-__device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, int token_block, int dim_chunk, int doc_chunk) {
+__device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
     const int lane = threadIdx.x & 31;
-    const i64 token_index = (i64)token_block * (blockDim.x >> 5) + (threadIdx.x >> 5);  // query * Lq + t
+    const i64 token_index = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // query * Lq + t
     const i64 num_tokens = (i64)args.num_queries * args.query_length;
     if (token_index >= num_tokens) return;
     const i64 query = token_index / args.query_length;
     const int token = (int)(token_index % args.query_length);
-    const int dim0 = dim_chunk * DIM_CHUNK + lane * 4;
+    const int dim0 = blockIdx.y * DIM_CHUNK + lane * 4;
     const int valid = min(4, args.dim - dim0);
     const bool vector = args.vector_loads != 0;
     const T* d = (const T*)args.d;
 
-    i64 doc_begin = (i64)doc_chunk * args.docs_per_chunk;
+    i64 doc_begin = (i64)blockIdx.z * args.docs_per_chunk;
     i64 doc_end = min(doc_begin + args.docs_per_chunk, args.num_docs);
     if (args.pairs) doc_begin = query, doc_end = query + 1;
 
     // Lane l fetches the winner and weight of documents n0 + l, n0 + 32 + l, ... (PREFETCH
     // batches of 32, all loads in flight at once); the warp then walks them in order.
-    // 4 (2 for fp32) spill: dQ shares 64 registers per thread with dD's code.
-    constexpr int PREFETCH = sizeof(T) >= 4 ? 1 : 2;
+    constexpr int PREFETCH = 4;
     A acc[4] = {0, 0, 0, 0};
     for (i64 n0 = doc_begin; n0 < doc_end; n0 += 32 * PREFETCH) {
         A my_weight[PREFETCH];
@@ -162,7 +154,7 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, int toke
     if (valid <= 0) return;
     const i64 out = token_index * args.dim + dim0;
     if (args.partial != nullptr) {
-        float* partial = args.partial + (i64)doc_chunk * num_tokens * args.dim + out;
+        float* partial = args.partial + (i64)blockIdx.z * num_tokens * args.dim + out;
         for (int e = 0; e < valid; ++e) partial[e] = (float)acc[e];
     } else {
         T* grad_q = (T*)args.grad_q + out;
@@ -334,29 +326,27 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
 // list entries and 8 query rows in flight at a time, and writes each row once when the walk
 // passes its end (zeros for a row nobody chose). Then each hot row of the block is summed by
 // all warps in contiguous parts, added in warp order.
-// dD block (column, group) of `columns`: document `column`'s row group, or past the documents
-// a block that sums dQ's chunks.
 template <typename T>
-__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs& args, i64 column, int group, i64 columns) {
+__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
-    if (column >= args.num_docs) {
-        maxsim_bwd_dq_reduce<T>(args, (column - args.num_docs) * gridDim.y + group,
-                                (columns - args.num_docs) * gridDim.y);
+    if ((i64)blockIdx.x >= args.num_docs) {
+        maxsim_bwd_dq_reduce<T>(args, (blockIdx.x - args.num_docs) * (i64)gridDim.y + blockIdx.y,
+                                (gridDim.x - args.num_docs) * (i64)gridDim.y);
         return;
     }
     __shared__ __align__(16) A sPartial[WARPS * DIM_CHUNK];
     __shared__ int sHotRows[MAX_BLOCK_ROWS];  // this block's hot rows, in no particular order
     __shared__ int sHotCount;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const i64 doc = column;
+    const i64 doc = blockIdx.x;
     i64 doc_base, length64, first_token;
     bwd_doc_extent(args, doc, doc_base, length64, first_token);
     const int length = (int)length64;
     const int rows_per_warp = args.rows_per_warp;
     if (threadIdx.x == 0) sHotCount = 0;
     __syncthreads();
-    const int block_first = group * warps * rows_per_warp;
+    const int block_first = blockIdx.y * warps * rows_per_warp;
     if (block_first >= length) return;
 
     const int query_length = args.query_length;
@@ -448,32 +438,24 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs& args, i64 colu
     }
 }
 
-// Block (blockIdx.x, blockIdx.y) of maxsim_bwd_grads (see the top of this file).
-template <typename T>
-__device__ __forceinline__ void maxsim_bwd_grads(const BackwardArgs args) {
-    // The grid's layout, from Python: dQ's blocks (token blocks x dim chunks x document chunks)
-    // in the first dq_columns columns, none in stage 2.
-    const int dq_columns = args.stage == 2 ? 0 : args.dq_columns;
-    if ((int)blockIdx.x < dq_columns) {
-        const int b = blockIdx.x * gridDim.y + blockIdx.y;  // dQ block b: token block fastest
-        if (b < args.dq_blocks)
-            maxsim_bwd_dq<T>(args, b % args.token_blocks, b / args.token_blocks % args.dim_chunks,
-                             b / (args.token_blocks * args.dim_chunks));
-    } else if (args.stage != 1) {
-        maxsim_bwd_dd<T>(args, (int)blockIdx.x - dq_columns, blockIdx.y, (int)gridDim.x - dq_columns);
-    }
-}
-
 // THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS: per SM.
-#define MAXSIM_BWD_GRADS_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                   \
+#define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
-        maxsim_bwd_grads<T>(args);                                                           \
+        maxsim_bwd_dq<T>(args);                                                              \
+    }
+#define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
+        maxsim_bwd_dd<T>(args);                                                              \
     }
 
-MAXSIM_BWD_GRADS_ENTRY(maxsim_bwd_grads_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_GRADS_ENTRY(maxsim_bwd_grads_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_GRADS_ENTRY(maxsim_bwd_grads_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_GRADS_ENTRY(maxsim_bwd_grads_fp64, double, 256, 1)  // registers
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256, 1)  // registers
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256, 1)  // registers
 
 #define MAXSIM_BWD_CSR_ENTRY(NAME, THREADS) \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(const BackwardArgs args) { build_inverse_csr(args); }
