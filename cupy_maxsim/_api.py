@@ -951,10 +951,11 @@ class _ForwardPlan(typing.NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=False, mean_doc_length=0,
+def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax=0, mean_doc_length=0,
               packed=False):
     """Kernel and launch geometry of the tensor-core forward for one problem shape, cached:
-    a repeated call pays no configuration work (small calls are host-bound)."""
+    a repeated call pays no configuration work (small calls are host-bound). ``argmax``: the
+    bits of the winners saved (16 or 32), 0 for none."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
     corpus_bytes = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]]
@@ -962,12 +963,13 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
-        # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles).
-        docs_on_m = _kernels.WGMMA_DOCS_ON_M and num_queries > 128 // query_length
+        # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles; its winners are 16-bit).
+        docs_on_m = _kernels.WGMMA_DOCS_ON_M and num_queries > 128 // query_length and argmax != 32
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
         tile_rows = 64 if docs_on_m else _kernels.wgmma_tile_rows(
             mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_bytes)
-        config = _kernels.wgmma_config(ksteps, argmax, warpgroups, tile_rows, num_queries * query_length, docs_on_m)
+        config = _kernels.wgmma_config(ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
+                                       docs_on_m, suffix == "int8")
         if config is not None and config.shared_bytes > smem_limit:
             config = None
     wgmma = config is not None
@@ -975,7 +977,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
         kernel = _kernels.get_kernel(device, "maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config.defines(),
                                      config.shared_bytes)
     else:
-        config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, argmax)
+        config = _choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax))
         if config is None:
             return None
         kernel = _kernels.get_kernel(device, "maxsim_fwd", f"maxsim_fwd_{suffix}", config.defines(),
@@ -1035,8 +1037,8 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
     with _kernels.on_device(q.device):
         # Tokens of one (average) document: the Hopper tile rows, the L2 working-set estimate.
         mean_doc_length = d.shape[0] / max(1, num_docs) if offsets is not None else doc_length
-        plan_args = (q.device, suffix, num_queries, query_length, dim, num_docs, pairs, argmax is not None,
-                     mean_doc_length, offsets is not None)
+        plan_args = (q.device, suffix, num_queries, query_length, dim, num_docs, pairs,
+                     0 if argmax is None else 32 if argmax[2] else 16, mean_doc_length, offsets is not None)
         plan = _mma_plan(*plan_args) if _mma_eligible(q, d, dim, query_length) else None
         if plan is not None:
             kernel, threads, shared, group, groups, docs_per_block, grid_x, doc_rotation, tile_rows = plan

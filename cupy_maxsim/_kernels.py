@@ -277,18 +277,18 @@ USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"
 
 
 def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64,
-                 query_rows: int = 64, docs_on_m: bool = False) -> WgmmaConfig | None:
+                 query_rows: int = 64, docs_on_m: bool = False, int8: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
     kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
-    128 query rows wanted; two warpgroups with the argmax, whose winners need 32 more registers
-    per thread)."""
+    128 query rows wanted; int8 with the argmax in two warpgroups, whose registers its packed
+    winners would overflow in three: see the int8 entry of maxsim_fwd_wgmma.cu)."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not WGMMA_SPLIT_DOCS):
         return None
     shape = dict(WGMMA_SHAPE)
     if docs_on_m:
         assert tile_n == 64 and warpgroups_wanted >= 2
-        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, 2 if argmax else 3))
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, 2 if argmax and int8 else 3))
     elif warpgroups_wanted < 2:
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
@@ -694,8 +694,10 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     names = FAMILIES[family][1]
     if family == "maxsim_fwd_wgmma":
         value = dict(d[len("-D"):].split("=", 1) for d in defines)
-        if value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
-                value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"])):
+        if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
+                value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
+                value.get("MAXSIM_DOCS_ON_M") == "1" and value.get("MAXSIM_ARGMAX") == "1"
+                and value.get("MAXSIM_WARPGROUPS") == "3"):
             names = tuple(name for name in names if not name.endswith("_int8"))
     return names
 
@@ -717,11 +719,12 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                     for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
                         config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
                         variants.append(("maxsim_fwd_wgmma", config.defines()))
-        for warpgroups in (2, 3):  # documents on M (with the argmax: two warpgroups either way)
+        for warpgroups in (2, 3):  # documents on M (int8 with the argmax: two warpgroups either way)
             for argmax in (False, True):
-                config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True)
-                if ("maxsim_fwd_wgmma", config.defines()) not in variants:
-                    variants.append(("maxsim_fwd_wgmma", config.defines()))
+                for int8 in (False, True):
+                    config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8)
+                    if ("maxsim_fwd_wgmma", config.defines()) not in variants:
+                        variants.append(("maxsim_fwd_wgmma", config.defines()))
     return variants
 
 

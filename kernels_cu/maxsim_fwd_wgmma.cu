@@ -129,8 +129,9 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // same swizzled layout). The max over a document's rows is then an element-wise running max
 // per query column across its tiles (each thread's two rows folded at once), and the reduction
 // across lanes and warps happens once per document instead of once per tile; each m64n128k16
-// does twice the work of an m64n64k16 per instruction. With the argmax (32 more registers per
-// thread: a winning row per column) the block has two consumer warpgroups, not three.
+// does twice the work of an m64n64k16 per instruction. The argmax adds a winning row per
+// column, two 16-bit rows per register (only int16 winners are saved this way), which three
+// warpgroups' registers hold (int8's do not: two warpgroups there).
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
@@ -173,7 +174,6 @@ constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
                              16 * STAGES + 8 * (STAGES + 1);
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
 static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
-static_assert(!(DOCS_ON_M && ARGMAX) || WARPGROUPS == 2, "documents on M with the argmax: registers for two warpgroups");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
 // ... and back: the group row a warpgroup row holds, or -1 (a padding row).
@@ -710,12 +710,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // best[2j + c]: query column 8j + 2 quad + c, max over this thread's rows of the document
         // so far.
         float best[ACC / 2];
-        int winner[ARGMAX ? ACC / 2 : 1];  // ARGMAX: the document row of best[i]
+        // ARGMAX: the document rows of best[2j] and best[2j + 1], 16 bits each in winners[j]
+        // (0xffff: none). Rows fit: documents on M saves int16 winners only (every document
+        // shorter than 32768 tokens); packed, they leave registers for three warpgroups.
+        u32 winners[ARGMAX ? ACC / 4 : 1];
 #pragma unroll
-        for (int i = 0; i < ACC / 2; ++i) {
-            best[i] = MAXSIM_NEG_INF;
-            if constexpr (ARGMAX) winner[i] = -1;
-        }
+        for (int i = 0; i < ACC / 2; ++i) best[i] = MAXSIM_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < (ARGMAX ? ACC / 4 : 0); ++j) winners[j] = 0xffffffffu;
         // The witness: every real row of the document against query column 2 quad, summed.
         Acc acc[ACC];
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
@@ -732,7 +734,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 // Tiles come in increasing order, and strict >: the first maximum wins (a tie
                 // within the pair keeps the lower row).
                 if constexpr (ARGMAX)
-                    if (v > best[i]) winner[i] = first_row + (v1 > v0 ? r0 + 8 : r0);
+                    if (v > best[i]) {
+                        const u32 row = first_row + (v1 > v0 ? r0 + 8 : r0);
+                        winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (row << 16) : (winners[i / 2] & 0xffff0000u) | row;
+                    }
                 best[i] = max_nan(best[i], v);
             }
         };
@@ -780,7 +785,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 #pragma unroll
             for (int i = 0; i < ACC / 2; i += 2) {
                 float v0 = best[i], v1 = best[i + 1];
-                int w0 = ARGMAX ? winner[i] : -1, w1 = ARGMAX ? winner[i + 1] : -1;
+                int w0 = -1, w1 = -1;
+                if constexpr (ARGMAX) w0 = (short)(winners[i / 2] & 0xffffu), w1 = (short)(winners[i / 2] >> 16);
 #pragma unroll
                 for (int offset = 4; offset < 32; offset <<= 1) {
                     const float o0 = __shfl_xor_sync(0xffffffffu, v0, offset);
@@ -797,7 +803,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     if constexpr (ARGMAX) ((int2*)(sRowArg + slots))[(8 * (i / 2) + 2 * quad) / 2] = make_int2(w0, w1);
                 }
                 best[i] = best[i + 1] = MAXSIM_NEG_INF;
-                if constexpr (ARGMAX) winner[i] = winner[i + 1] = -1;
+                if constexpr (ARGMAX) winners[i / 2] = 0xffffffffu;
             }
             close_document(doc);
         }
@@ -1009,6 +1015,8 @@ MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
 // int8 takes 128-row tiles only splitting documents (one accumulator set) of dim <= 128: with
 // two sets, or 8 k-steps of query fragments, its consumers would need more registers than they
 // have (spills); with two sets it measured no faster either (tune-wgmma-2026-11-30-462151b.log).
-#if MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)
+// Documents on M with the argmax: int8 (its scales) spills in three warpgroups, takes two.
+#if (MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)) && \
+    !(MAXSIM_DOCS_ON_M && MAXSIM_ARGMAX && MAXSIM_WARPGROUPS == 3)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
 #endif

@@ -317,6 +317,22 @@ def test_gpu_ties_go_to_the_lowest_document_token(num_queries):
 
 
 @pytest.mark.gpu
+def test_gpu_int8_winners_with_many_queries():
+    """int8 queries and documents, enough queries for documents on the MMA's M (the Hopper
+    kernel), masked: the winners reach the max of the dequantised similarities."""
+    import cupy
+
+    rng = np.random.default_rng(15)
+    q64, d64 = _inputs(rng, 8, 32, 5, 90, 128)
+    d_mask = holey_mask(rng, (5, 90), 0.7)
+    (qv, qs), (dv, ds) = cm.quantize_int8(cupy.asarray(q64)), cm.quantize_int8(cupy.asarray(d64))
+    _, argmax = cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask), return_argmax=True)
+    q_deq = to_numpy(qv).astype(np.float64) * to_numpy(qs)[..., None]
+    d_deq = to_numpy(dv).astype(np.float64) * to_numpy(ds)[..., None]
+    _assert_valid_winners(argmax, q_deq, d_deq, np.ones((8, 32), bool), d_mask, "float32")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
 def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
     """A training step repeats one signature: the forward with winners is replayed and the

@@ -148,13 +148,20 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     # 128 fp16 fits the L2: rotated document ranges.
     assert defines["MAXSIM_DOCS_ON_M"] == "1"
     assert (many.group, many.groups, many.tile_rows) == (12, 3, 64) and many.doc_rotation > 0
-    # Saving the argmax keeps documents on M with two warpgroups (the winners' registers); four
-    # queries or fewer keep queries on M.
-    h200_planner.clear()
-    _api._mma_plan.cache_clear()
-    with_argmax = _api._mma_plan(0, "fp16", 32, 32, 128, 128, False, True, 300, False)
-    assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=2", "-DMAXSIM_ARGMAX=1"} <= set(h200_planner[-1][2])
-    assert (with_argmax.group, with_argmax.groups) == (8, 4)
+    # Saving 16-bit winners keeps documents on M, in three warpgroups (two for int8, whose
+    # registers they would overflow); 32-bit winners (a document of 32768 tokens or more) and
+    # four queries or fewer keep queries on M.
+    def plan_with_argmax(bits, suffix="fp16"):
+        h200_planner.clear()
+        _api._mma_plan.cache_clear()
+        result = _api._mma_plan(0, suffix, 32, 32, 128, 128, False, bits, 300, False)
+        return result, set(h200_planner[-1][2])
+
+    with_argmax, defines = plan_with_argmax(16)
+    assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=3", "-DMAXSIM_ARGMAX=1"} <= defines
+    assert (with_argmax.group, with_argmax.groups) == (12, 3)
+    assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=2"} <= plan_with_argmax(16, "int8")[1]
+    assert "-DMAXSIM_DOCS_ON_M=0" in plan_with_argmax(32)[1]
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
 
