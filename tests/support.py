@@ -38,3 +38,27 @@ def holey_mask(rng, shape, keep=0.7) -> np.ndarray:
     if mask.ndim == 2 and mask.shape[0] >= 3:
         mask[1] = False
     return mask
+
+
+def replay_device(framework: str):
+    """For tests of replayed launches ("repeated calls" in _api): a function putting a NumPy
+    array on the GPU as a torch tensor or a CuPy array; skips where launches are not recorded
+    (before sm_80) or torch is missing."""
+    import cupy
+    import pytest
+
+    from cupy_maxsim import _kernels
+
+    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] < 80:
+        pytest.skip("launches are recorded for the tensor-core kernels (sm_80 and later)")
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        return lambda x: torch.from_numpy(x).cuda()
+    return cupy.asarray
+
+
+def off_alignment(device, x: np.ndarray):
+    """``x`` on the GPU (through ``device``) 2 bytes past a 16-byte boundary, same shape."""
+    flat = device(np.zeros(x.size + 1, x.dtype))
+    flat[1:] = device(x.ravel())
+    return flat[1:].reshape(x.shape)

@@ -13,7 +13,7 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import _arrays, reference
-from support import holey_mask, to_numpy, unit_rows
+from support import holey_mask, off_alignment, replay_device, to_numpy, unit_rows
 
 
 def _inputs(rng, nq, lq, nd, ld, dim, dtype=np.float64):
@@ -340,14 +340,9 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
     signature must give the general path's winners and gradients bitwise; documents off 16-byte
     alignment must go the general way (and leave a template of their own); the inputs stay as
     passed."""
-    import cupy
+    from cupy_maxsim import _api
 
-    from cupy_maxsim import _api, _kernels
-
-    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] < 80:
-        pytest.skip("launches are recorded for the tensor-core kernels (sm_80 and later)")
-    torch = pytest.importorskip("torch") if framework == "torch" else None
-    device = (lambda x: torch.from_numpy(x).cuda()) if torch else cupy.asarray
+    device = replay_device(framework)
     rebound = []
     original = _api.BackwardPlan._rebound
     monkeypatch.setattr(_api.BackwardPlan, "_rebound", lambda self, *a: rebound.append(1) or original(self, *a))
@@ -359,9 +354,7 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
         d = unit_rows(rng, (10, 70, 64), np.float16)
         q_dev, d_dev = device(q), device(d)
         if step == 3:  # the same signature with documents 2 bytes off 16-byte alignment
-            flat = device(np.zeros(d.size + 1, np.float16))
-            flat[1:] = device(d.ravel())
-            d_dev = flat[1:].reshape(d.shape)
+            d_dev = off_alignment(device, d)
         scores, argmax = cm.score(q_dev, d_dev, return_argmax=True)
         np.testing.assert_array_equal(to_numpy(argmax), reference.maxsim_argmax_reference(
             q.astype(np.float64), d.astype(np.float64)))  # unit rows, dim 64: no fp16 near-ties here

@@ -10,7 +10,7 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import _arrays, reference
-from support import assert_scores_match, holey_mask, to_numpy, unit_rows
+from support import assert_scores_match, holey_mask, off_alignment, replay_device, to_numpy, unit_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -235,14 +235,9 @@ def test_repeated_calls_replay_the_launch(framework, monkeypatch):
     """After a plain call, later calls with the same signature replay its launch (_api,
     "repeated calls"): new data must give new scores; a pointer the kernel cannot take, under the
     same signature, and an emptied planner cache must go the general way; inputs stay as passed."""
-    import cupy
+    from cupy_maxsim import _api
 
-    from cupy_maxsim import _api, _kernels
-
-    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] < 80:
-        pytest.skip("launches are recorded for the tensor-core kernels (sm_80 and later)")
-    torch = pytest.importorskip("torch") if framework == "torch" else None
-    device = (lambda x: torch.from_numpy(x).cuda()) if torch else cupy.asarray
+    device = replay_device(framework)
     replayed = []
     original_call = _api._Replay.__call__
     monkeypatch.setattr(_api._Replay, "__call__", lambda self, q, d: replayed.append(1) or original_call(self, q, d))
@@ -255,9 +250,7 @@ def test_repeated_calls_replay_the_launch(framework, monkeypatch):
         if step == 2:  # the same signature with an emptied planner cache
             _api._mma_plan.cache_clear()
         if step == 3:  # ... and with documents 2 bytes off 16-byte alignment
-            flat = device(np.zeros(d.size + 1, np.float16))
-            flat[1:] = device(d.ravel())
-            d_dev = flat[1:].reshape(d.shape)
+            d_dev = off_alignment(device, d)
         got = cm.score(q_dev, d_dev)
         assert_scores_match(got, reference.maxsim_reference(q, d), atol=1e-2)
         assert np.array_equal(to_numpy(q_dev), q) and np.array_equal(to_numpy(d_dev), d)
