@@ -62,3 +62,11 @@ def off_alignment(device, x: np.ndarray):
     flat = device(np.zeros(x.size + 1, x.dtype))
     flat[1:] = device(x.ravel())
     return flat[1:].reshape(x.shape)
+
+
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """A list that grows by one each time ``owner.name`` is called (which still runs)."""
+    calls = []
+    original = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    return calls

@@ -13,7 +13,7 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import _arrays, reference
-from support import holey_mask, off_alignment, replay_device, to_numpy, unit_rows
+from support import count_calls, holey_mask, off_alignment, replay_device, to_numpy, unit_rows
 
 
 def _inputs(rng, nq, lq, nd, ld, dim, dtype=np.float64):
@@ -343,9 +343,7 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
     from cupy_maxsim import _api
 
     device = replay_device(framework)
-    rebound = []
-    original = _api.BackwardPlan._rebound
-    monkeypatch.setattr(_api.BackwardPlan, "_rebound", lambda self, *a: rebound.append(1) or original(self, *a))
+    rebound = count_calls(monkeypatch, _api.BackwardPlan, "_rebound")
     _api._replays.clear()
     _api._backward_templates.clear()
     rng = np.random.default_rng(13)

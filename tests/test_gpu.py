@@ -10,7 +10,8 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import _arrays, reference
-from support import assert_scores_match, holey_mask, off_alignment, replay_device, to_numpy, unit_rows
+from support import (assert_scores_match, count_calls, holey_mask, off_alignment, replay_device, to_numpy,
+                     unit_rows)
 
 pytestmark = pytest.mark.gpu
 
@@ -238,9 +239,7 @@ def test_repeated_calls_replay_the_launch(framework, monkeypatch):
     from cupy_maxsim import _api
 
     device = replay_device(framework)
-    replayed = []
-    original_call = _api._Replay.__call__
-    monkeypatch.setattr(_api._Replay, "__call__", lambda self, q, d: replayed.append(1) or original_call(self, q, d))
+    replayed = count_calls(monkeypatch, _api._Replay, "__call__")
     _api._replays.clear()
     rng = np.random.default_rng(12)
     for step in range(4):
