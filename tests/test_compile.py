@@ -1,6 +1,6 @@
 """Every kernel variant compiles through NVRTC for sm_80, sm_86, sm_89 and sm_90, with no GPU,
-and the ptxas report shows no spills; the forward's planner and its replayed launches, checked
-on an H200's properties with the kernels and launches stubbed."""
+and the ptxas report shows no spills; the forward's planner, its replayed launches and the
+backward's templates, checked on an H200's properties with the kernels and launches stubbed."""
 
 import contextlib
 import os
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cupy_maxsim import _kernels
+from support import count_calls
 
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
 
@@ -221,3 +222,84 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     assert replay(q, device_array(0x200002)) is None  # documents 2 bytes off alignment
     _api._mma_plan.cache_clear()
     assert replay(q, d) is None and len(launches) == 1
+
+
+class _FakeCupyArray:
+    """What _api reads of a C-contiguous CuPy array (shape, strides, dtype, device, pointer), at
+    a made-up device address: the GPU paths' host logic, run without a GPU."""
+
+    __module__ = "cupy"
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * self.dtype.itemsize
+                             for k in range(len(shape)))
+        self.device = types.SimpleNamespace(id=0)
+        self.data = types.SimpleNamespace(ptr=ptr)
+
+
+def test_backward_templates_without_a_gpu(monkeypatch):
+    """backward_plan on an H200's properties, kernels and launches stubbed: the general path
+    launches the CSR and leaves a template; a later plan of the same signature at new pointers
+    starts from it (the same arguments, its own pointers and scratch); gradients() launches dQ,
+    then dD with the sum of dQ's document chunks past the documents; documents off 16-byte
+    alignment are a signature of their own (no vector loads)."""
+    from cupy_maxsim import _api
+
+    class HostOutput:  # results in host memory instead of CuPy's
+        def __init__(self, like):
+            pass
+
+        def empty(self, shape, dtype):
+            array = np.empty(shape, dtype)
+            return array, array.ctypes.data
+
+        def wrap(self, array, dtype=None):
+            return array
+
+    launches = []
+    h200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: h200)
+    monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
+    monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
+    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_api, "Output", HostOutput)
+    monkeypatch.setattr(_api, "_backward_templates", {})
+    rebound = count_calls(monkeypatch, _api.BackwardPlan, "_rebound")
+    sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args._pack.unpack(call[3])))  # noqa: E731
+    pointers = ("q", "d", "argmax", "sources", "row_ranges", "partial", "grad", "grad_q", "grad_d")
+
+    def plan_at(base):
+        q = _FakeCupyArray((8, 32, 128), np.float16, base)
+        d = _FakeCupyArray((40, 70, 128), np.float16, base + 0x100000 + (base & 2))
+        argmax = _FakeCupyArray((8, 40, 32), np.int16, base + 0x800000)
+        launches.clear()
+        plan = _api.backward_plan(q, d, argmax)
+        (csr,) = launches
+        return plan, q, d, argmax, sent(csr)
+
+    first, q, d, argmax, csr_first = plan_at(0x10000000)
+    assert (csr_first["q"], csr_first["d"], csr_first["argmax"]) == (q.data.ptr, d.data.ptr, argmax.data.ptr)
+    assert len(_api._backward_templates) == 1 and csr_first["vector_loads"] == 1
+    again, q2, d2, argmax2, csr_again = plan_at(0x20000000)
+    assert len(_api._backward_templates) == 1 and len(rebound) == 1  # the same signature: from the template
+    assert {k: v for k, v in csr_again.items() if k not in pointers} == {
+        k: v for k, v in csr_first.items() if k not in pointers}
+    assert (csr_again["q"], csr_again["d"], csr_again["argmax"]) == (q2.data.ptr, d2.data.ptr, argmax2.data.ptr)
+    scratch = again._scratch.ctypes.data  # its own scratch: CSR first, then the row lists, then dQ's partials
+    assert scratch != first._scratch.ctypes.data and csr_again["sources"] == scratch
+    assert scratch < csr_again["row_ranges"] < csr_again["partial"] < scratch + 4 * again._scratch.size
+
+    launches.clear()
+    grad = _FakeCupyArray((8, 40), np.float32, 0x30000000)
+    grad_q, grad_d = again.gradients(grad)
+    (dq, dd) = launches
+    assert (dq[0], dd[0]) == ("maxsim_bwd_dq_fp16", "maxsim_bwd_dd_fp16")
+    args = sent(dd)
+    assert (args["grad"], args["grad_q"], args["grad_d"]) == (grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data)
+    assert sent(dq) == args and grad_q.shape == (8, 32, 128) and grad_d.shape == (40, 70, 128)
+    chunks = -(-40 // args["docs_per_chunk"])
+    assert chunks == 2 and dq[1] == (32, 1, chunks) and dd[1][0] > 40  # blocks past the documents sum dQ's chunks
+
+    _, _, _, _, csr_off = plan_at(0x40000002)  # documents 2 bytes off 16-byte alignment
+    assert len(_api._backward_templates) == 2 and len(rebound) == 1 and csr_off["vector_loads"] == 0
