@@ -36,9 +36,6 @@ def host_us(torch, fn, calls=100, rounds=7):
     return min(runs), sorted(runs)[len(runs) // 2]
 
 
-_EmptyFunction = None
-
-
 def _empty_function(torch):
     """An autograd.Function that allocates its outputs and launches nothing: the host floor of
     any step built on torch.autograd.Function."""
@@ -62,9 +59,7 @@ def main() -> int:
 
     import cupy_maxsim as cm
     import cupy_maxsim.torch as cmt
-
-    global _EmptyFunction
-    _EmptyFunction = _empty_function(torch)
+    empty_function = _empty_function(torch)
 
     try:
         import flash_maxsim as fm
@@ -92,7 +87,7 @@ def main() -> int:
         }
         if fm is not None:
             pieces["step (flash-maxsim)"] = lambda: step(fm.flash_maxsim_batched_train)
-        pieces["step (empty Function)"] = lambda: step(_EmptyFunction.apply)
+        pieces["step (empty Function)"] = lambda: step(empty_function.apply)
         print(f"== {name}")
         for label, fn in pieces.items():
             best, median = host_us(torch, fn)

@@ -269,8 +269,8 @@ WGMMA_SPLIT_DOCS = True
 WGMMA_SPLIT_STAGES = 30  # cut to what fits, in whole rings
 #: False folds both accumulator rows of each thread for every query (A/B measurements).
 WGMMA_HALF_ROWS = True
-#: Many queries on Hopper put the documents on the MMA's M (maxsim_fwd_wgmma.cu, DOCS_ON_M) when
-#: no argmax is wanted; CUPY_MAXSIM_DOCS_ON_M=0 keeps queries on M (for A/B measurements).
+#: Many queries on Hopper put the documents on the MMA's M (maxsim_fwd_wgmma.cu, DOCS_ON_M) unless
+#: 32-bit winners are saved; CUPY_MAXSIM_DOCS_ON_M=0 keeps queries on M (for A/B measurements).
 WGMMA_DOCS_ON_M = os.environ.get("CUPY_MAXSIM_DOCS_ON_M", "1") != "0"
 #: Set CUPY_MAXSIM_WGMMA=0 to keep Hopper on the mma.sync kernel (for A/B measurements).
 USE_WGMMA = os.environ.get("CUPY_MAXSIM_WGMMA", "1") != "0"

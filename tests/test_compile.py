@@ -94,6 +94,22 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
 
 
 
+#: An H200's device_properties: SMs, shared memory per block and per SM, capability, L2 bytes.
+_H200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
+
+
+class _HostOutput:  # results in host memory instead of CuPy's (_api.Output stubbed)
+    def __init__(self, like):
+        pass
+
+    def empty(self, shape, dtype):
+        array = np.empty(shape, dtype)
+        return array, array.ctypes.data
+
+    def wrap(self, array, dtype=None):
+        return array
+
+
 class _StubKernel:  # what the planner reads of a compiled kernel
     num_regs = 128
 
@@ -110,8 +126,7 @@ def h200_planner(monkeypatch):
         kernels_asked.append((family, name, defines))
         return _StubKernel()
 
-    h200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
-    monkeypatch.setattr(_kernels, "device_properties", lambda device: h200)
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
     monkeypatch.setattr(_kernels, "get_kernel", get_kernel)
     _api._mma_plan.cache_clear()
     yield kernels_asked
@@ -176,19 +191,8 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     from cupy_maxsim import _api
     from cupy_maxsim._arrays import Operand
 
-    class HostOutput:  # results in host memory instead of CuPy's
-        def __init__(self, like):
-            pass
-
-        def empty(self, shape, dtype):
-            array = np.empty(shape, dtype)
-            return array, array.ctypes.data
-
-        def wrap(self, array):
-            return array
-
     launches = []
-    monkeypatch.setattr(_api, "Output", HostOutput)
+    monkeypatch.setattr(_api, "Output", _HostOutput)
     monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
     monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(_kernels, "doc_tile_map", lambda pointer, *shape: ("map", pointer) + shape)
@@ -246,24 +250,12 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     alignment are a signature of their own (no vector loads)."""
     from cupy_maxsim import _api
 
-    class HostOutput:  # results in host memory instead of CuPy's
-        def __init__(self, like):
-            pass
-
-        def empty(self, shape, dtype):
-            array = np.empty(shape, dtype)
-            return array, array.ctypes.data
-
-        def wrap(self, array, dtype=None):
-            return array
-
     launches = []
-    h200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
-    monkeypatch.setattr(_kernels, "device_properties", lambda device: h200)
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
     monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
     monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
     monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_api, "Output", HostOutput)
+    monkeypatch.setattr(_api, "Output", _HostOutput)
     monkeypatch.setattr(_api, "_backward_templates", {})
     rebound = count_calls(monkeypatch, _api.BackwardPlan, "_rebound")
     sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args._pack.unpack(call[3])))  # noqa: E731
