@@ -59,6 +59,7 @@ def main() -> int:
 
     import cupy_maxsim as cm
     import cupy_maxsim.torch as cmt
+
     empty_function = _empty_function(torch)
 
     try:
