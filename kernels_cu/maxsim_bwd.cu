@@ -9,8 +9,9 @@
 // input dtype: the same inputs give bitwise the same gradients.
 //
 // maxsim_bwd_dq_*: one warp per (query token, 128-wide dim chunk, document chunk). Lanes
-// read the argmax and g of 128 documents at once and broadcast them; each lane accumulates 4
-// dims, 8 document rows in flight (a weight of 0 marks a document the token has no winner in).
+// read the argmax and g of 64 documents at once and broadcast them; each lane accumulates 4
+// dims, 8 document rows in flight (16-bit rows; 4 otherwise; a weight of 0 marks a document
+// the token has no winner in).
 // With one document chunk the warp writes grad_q directly; with several it writes fp32
 // partials, which blocks past the documents of the dD launch sum in chunk order (one launch
 // fewer per backward: a training step is host-bound).
@@ -67,11 +68,43 @@ __device__ __forceinline__ void bwd_doc_extent(const BackwardArgs& args, i64 doc
 
 // The gather both gradients are made of: lane l holds the offset (elements, from `base`) and
 // the weight of the l-th of `count` rows; the warp adds weight * row[dim0, dim0 + 4) for each
-// row in lane order into acc, Inflight rows loaded before they are accumulated. before_row(j)
+// row in lane order into acc, Inflight rows (16-bit vector rows: twice that) loaded before they
+// are accumulated, in the same order either way. before_row(j)
 // runs (warp-uniformly) just before row j is added: the dD walk closes finished rows there.
 template <typename T, typename A, typename BeforeRow>
 __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_weight, int count, int dim0,
                                             int valid, bool vector, A (&acc)[4], BeforeRow before_row) {
+    if constexpr (sizeof(T) == 2) {
+        // 16-bit rows with 8-byte loads (vector: dim % 4 == 0, so a lane has 4 dims or none):
+        // rows stay raw until they are added, 2 registers each instead of 4 converted ones, so
+        // twice the rows are in flight in the same registers (the gathers wait on L2 round trips).
+        if (vector) {
+            constexpr int RAW_ROWS = 2 * bwd::INFLIGHT;
+            for (int j0 = 0; j0 < count; j0 += RAW_ROWS) {
+                uint2 rows[RAW_ROWS];
+#pragma unroll
+                for (int u = 0; u < RAW_ROWS; ++u) {
+                    const int src = j0 + u;
+                    const i64 offset = __shfl_sync(0xffffffffu, my_offset, src & 31);
+                    rows[u] = src < count && valid > 0 ? *(const uint2*)(base + offset + dim0) : make_uint2(0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < RAW_ROWS; ++u) {
+                    if (j0 + u >= count) break;  // count is the warp's: no lane leaves a shuffle
+                    before_row(j0 + u);
+                    const A weight = __shfl_sync(0xffffffffu, my_weight, j0 + u);  // (the weights: no registers held)
+                    const u32 words[2] = {rows[u].x, rows[u].y};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        T t;
+                        t.bits = (u16)(words[e / 2] >> (16 * (e % 2)));
+                        acc[e] += weight * convert<A, T>(t);
+                    }
+                }
+            }
+            return;
+        }
+    }
     constexpr int INFLIGHT_ROWS = bwd::Inflight<A>::value;
     for (int j0 = 0; j0 < count; j0 += INFLIGHT_ROWS) {
         A rows[INFLIGHT_ROWS][4];
@@ -122,7 +155,7 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
 
     // Lane l fetches the winner and weight of documents n0 + l, n0 + 32 + l, ... (PREFETCH
     // batches of 32, all loads in flight at once); the warp then walks them in order.
-    constexpr int PREFETCH = 4;
+    constexpr int PREFETCH = 2;  // 4 spilled beside the raw rows in flight (gather_rows); chunks are mostly <= 64 documents
     A acc[4] = {0, 0, 0, 0};
     for (i64 n0 = doc_begin; n0 < doc_end; n0 += 32 * PREFETCH) {
         A my_weight[PREFETCH];
