@@ -131,14 +131,14 @@ def _check_offsets(offsets: Operand, num_tokens: int) -> tuple[int, int, int]:
         raise TypeError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
     if offsets.ndim != 1 or offsets.shape[0] < 1:
         raise ValueError(f"offsets must have shape (num_docs + 1,), got {offsets.shape}")
-    xp = module_of(offsets)
-    values = offsets.host if offsets.host is not None else offsets.cupy()
-    steps = values[1:].astype(np.int64) - values[:-1].astype(np.int64)
-    longest = steps.max() if steps.shape[0] else xp.zeros((), np.int64)
-    # One summary, one device-to-host read: (first, last, decreasing steps, longest document).
-    summary = xp.stack([values[0].astype(np.int64), values[-1].astype(np.int64),
-                        (steps < 0).sum().astype(np.int64), longest.astype(np.int64)])
-    first, last, decreasing, longest = (int(v) for v in (summary.get() if hasattr(summary, "get") else summary))
+    if offsets.host is not None:
+        values = offsets.host.astype(np.int64)
+        steps = values[1:] - values[:-1]
+        first, last = int(values[0]), int(values[-1])
+        decreasing, longest = int((steps < 0).sum()), int(steps.max()) if steps.shape[0] else 0
+    else:
+        first, last, decreasing, longest = _kernels.offsets_summary(
+            offsets.ptr, offsets.shape[0], offsets.strides[0], offsets.dtype == "int64", offsets.device, offsets.stream)
     if first < 0 or last > num_tokens or decreasing:
         raise ValueError(
             f"offsets must be non-decreasing and within [0, {num_tokens}] (tokens has {num_tokens} rows), "

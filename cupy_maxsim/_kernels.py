@@ -47,6 +47,7 @@ FAMILIES = {
         ("maxsim_bwd_csr",) + tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
                                     for stage in ("dq", "dd")),
     ),
+    "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
 }
 
 #: Field order of ``ForwardArgs`` and ``BackwardArgs`` in common.cuh (Q = pointer, q = int64,
@@ -220,7 +221,7 @@ class WgmmaConfig:
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else query_rows * (kpad + 8) * 2
         return (1024 + self.stages * atoms * n * 128 + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
-                + 16 * self.stages + 8 * (self.stages + 1))
+                + 16 * self.stages + 16 * self.stages + 8)
 
     def defines(self) -> tuple[str, ...]:
         return (
@@ -551,6 +552,22 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     return result
 
 
+def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, device: int,
+                    stream_ptr: int | None) -> tuple[int, int, int, int]:
+    """(first, last, number of decreasing steps, longest step) of ``count`` device-resident
+    packed-document offsets (``stride`` in elements), on the caller's stream: one launch and one
+    read back (maxsim_offsets.cu)."""
+    import cupy
+
+    with on_device(device), on_stream(stream_ptr):
+        summary = cupy.zeros(4, cupy.int64)
+        blocks = max(1, min(2 * device_properties(device)[0], -(-(count - 1) // 256)))
+        launch(get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary"), (blocks,), (256,),
+               (struct.pack("<Q", pointer), struct.pack("<q", count), struct.pack("<q", stride),
+                struct.pack("<i", int(is_64bit)), struct.pack("<Q", summary.data.ptr)), 0, stream_ptr)
+        return tuple(int(v) for v in summary.get())
+
+
 def device_properties(device: int) -> tuple[int, int, int, int, int]:
     """(multiprocessor count, opt-in shared memory per block, shared memory per SM, compute
     capability as 10 * major + minor, L2 cache bytes) of a CUDA device, cached."""
@@ -705,7 +722,7 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
     with and without the argmax."""
-    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", BWD_DEFINES)]
+    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", BWD_DEFINES), ("maxsim_offsets", ())]
     for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
             config = mma_config(width, ksteps)

@@ -188,26 +188,32 @@ __device__ __forceinline__ DocLayout make_doc_layout(i64 doc_stride, i64 row_str
     return layout;
 }
 
-// first_token: index of the document's first token in the packed array (0 when padded).
+// A document's token range [begin, end): loaded from the offsets when packed, else [0, Ld).
+// Split from doc_extent so that a caller can issue the loads a while before it needs them.
+__device__ __forceinline__ void doc_bounds(const DocLayout& L, i64 doc, i64& begin, i64& end) {
+    if (L.offsets == nullptr) {
+        begin = 0, end = L.padded_length;
+    } else if (L.offsets_are_64bit) {
+        begin = ((const i64*)L.offsets)[doc], end = ((const i64*)L.offsets)[doc + 1];
+    } else {
+        begin = ((const int*)L.offsets)[doc], end = ((const int*)L.offsets)[doc + 1];
+    }
+}
+
+// base: element offset of the document's first token; first_token: its index in the packed
+// array (0 when padded).
+__device__ __forceinline__ void extent_of_bounds(const DocLayout& L, i64 doc, i64 begin, i64 end, i64& base,
+                                                 i64& length, i64& first_token) {
+    base = L.offsets == nullptr ? doc * L.doc_stride : begin * L.row_stride;
+    length = end - begin;
+    first_token = begin;
+}
+
 __device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& base, i64& length,
                                            i64& first_token) {
-    first_token = 0;
-    if (L.offsets == nullptr) {
-        base = doc * L.doc_stride;
-        length = L.padded_length;
-    } else {
-        i64 begin, end;
-        if (L.offsets_are_64bit) {
-            begin = ((const i64*)L.offsets)[doc];
-            end = ((const i64*)L.offsets)[doc + 1];
-        } else {
-            begin = ((const int*)L.offsets)[doc];
-            end = ((const int*)L.offsets)[doc + 1];
-        }
-        base = begin * L.row_stride;
-        length = end - begin;
-        first_token = begin;
-    }
+    i64 begin, end;
+    doc_bounds(L, doc, begin, end);
+    extent_of_bounds(L, doc, begin, end, base, length, first_token);
 }
 
 // ---- sm_80+ tensor-core and async-copy helpers -------------------------------------------

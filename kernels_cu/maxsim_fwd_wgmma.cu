@@ -62,8 +62,9 @@
 // 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) for
 // document scales, the row (DOCS_ON_M: per-warp column) maxima and argmax of two documents in
 // flight, per-row query index, scale and non-finite flag, and per-warp document
-// flags, then 16 * STAGES for the mbarriers and 8 * (STAGES + 1) for the document claims
-// (splitting documents); _kernels.WgmmaConfig mirrors this formula.
+// flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
+// (splitting documents: each slot's document position and length, the block's counter);
+// _kernels.WgmmaConfig mirrors this formula.
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
 // and <= 8; not pairs mode.
@@ -171,7 +172,7 @@ constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : QUERY_R
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
-                             16 * STAGES + 8 * (STAGES + 1);
+                             16 * STAGES + 16 * STAGES + 8;
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
 static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
@@ -387,11 +388,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? MAX_SLOTS : 0));
     unsigned long long* empty = full + STAGES;
     // Splitting documents: the block position of the document each slot's tile comes from
-    // (-1: the ring's end), and the block's next unclaimed position.
+    // (-1: the ring's end) and its length (the consumers read no offsets from global memory:
+    // a packed corpus of short documents would stall them on one load per document), and the
+    // block's next unclaimed position.
     long long* sSlotDoc = (long long*)(empty + STAGES);
+    long long* sSlotLength = sSlotDoc + STAGES;
     // 32 bits: a 64-bit shared atomicAdd compiles to a compare-and-swap loop (ATOMS.CAST.SPIN),
     // a 32-bit one to a single ATOMS.ADD. A block's range of documents is far below 2^32.
-    unsigned* sNextDoc = (unsigned*)(sSlotDoc + STAGES);
+    unsigned* sNextDoc = (unsigned*)(sSlotLength + STAGES);
 
     // A launch that disagrees with this build (_kernels.WgmmaConfig) stops here, not in a
     // corrupted ring.
@@ -422,12 +426,13 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         i64 position, doc, base, length, first_token;  // base: element offset of the document
         int tiles, tile;
     };
+    auto doc_tiles = [](i64 length) { return max(1, (int)((length + TILE_N - 1) / TILE_N)); };
     auto open_doc = [&](DocCursor& c, i64 position) {
         c.position = position, c.tile = 0;
         if (position >= doc_count) return;
         c.doc = doc_at(position);
         doc_extent(layout, c.doc, c.base, c.length, c.first_token);
-        c.tiles = max(1, (int)((c.length + TILE_N - 1) / TILE_N));
+        c.tiles = doc_tiles(c.length);
     };
     // Moves to the next tile (of the next document after the last).
     auto next_tile = [&](DocCursor& c) {
@@ -517,8 +522,19 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             if (lane == 0) position = atomicAdd(sNextDoc, 1u);
             return (i64)__shfl_sync(0xffffffffu, position, 0);
         };
+        // Splitting, the producer claims a document ahead of the one it copies, so that the
+        // next document's extent (packed: two offsets from global memory) has arrived when its
+        // first tile is issued, instead of stalling the ring once per document.
+        // (Only its raw bounds are kept until then: anything computed from them at once would
+        // wait for the loads there.)
         DocCursor load;
         open_doc(load, SPLIT_DOCS ? claim() : 0);
+        i64 ahead = 0, ahead_begin = 0, ahead_end = 0;
+        auto claim_ahead = [&]() {
+            ahead = claim();
+            if (ahead < doc_count) doc_bounds(layout, doc_at(ahead), ahead_begin, ahead_end);
+        };
+        if constexpr (SPLIT_DOCS) claim_ahead();
         int stage = ring_first;  // the ring slot
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
@@ -526,7 +542,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         int t = 0;
         for (; load.position < doc_count; ++t) {
             if (t >= RING) mbarrier_wait(empty + stage, phase ^ 1);
-            if (SPLIT_DOCS && lane == 0) sSlotDoc[stage] = load.position;  // published by lane 0's arrival
+            if (SPLIT_DOCS && lane == 0)  // published by lane 0's arrival
+                sSlotDoc[stage] = load.position, sSlotLength[stage] = load.length;
             const int first_row = load.tile * TILE_N;
             const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
             unsigned char* tile = sD + stage * TILE_BYTES;
@@ -578,7 +595,16 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             }
             if (++stage == ring_end) stage = ring_first, phase ^= 1;
             if constexpr (SPLIT_DOCS) {
-                if (++load.tile == load.tiles) open_doc(load, claim());
+                if (++load.tile == load.tiles) {
+                    load.position = ahead, load.tile = 0;
+                    if (ahead < doc_count) {
+                        load.doc = doc_at(ahead);
+                        extent_of_bounds(layout, load.doc, ahead_begin, ahead_end, load.base, load.length,
+                                         load.first_token);
+                        load.tiles = doc_tiles(load.length);
+                    }
+                    claim_ahead();
+                }
             } else {
                 next_tile(load);
             }
@@ -924,7 +950,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             if (cursor.tile == 0) {
                 const i64 position = sSlotDoc[stage];
                 if (position < 0) return false;
-                open_doc(cursor, position);
+                cursor.position = position, cursor.doc = doc_at(position);
+                cursor.length = sSlotLength[stage], cursor.tiles = doc_tiles(cursor.length);
             }
         }
         // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA

@@ -337,6 +337,33 @@ def test_errors_come_before_any_launch():
         cm.score(q, np.zeros((3, 4, 64), np.float16))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_device_offsets_summary_matches_numpy(dtype):
+    """The one-launch check of device-resident offsets (first, last, decreasing steps, longest)
+    against NumPy: one offset, a ragged corpus of a million documents, strided and reversed
+    views, exact counts of decreasing steps; and score_packed's error from it."""
+    import cupy
+
+    from cupy_maxsim import _kernels
+
+    rng = np.random.default_rng(5)
+    ragged = np.concatenate([[3], 3 + np.cumsum(rng.integers(0, 300, 1_000_000))])
+    bumpy = rng.integers(-50, 1000, 5001)
+    for host in (np.array([7]), ragged, bumpy):
+        device = cupy.asarray(host.astype(dtype))
+        for view in (device, device[::3], device[::-1]):
+            values = cupy.asnumpy(view).astype(np.int64)
+            steps = np.diff(values)
+            expected = (values[0], values[-1], int((steps < 0).sum()), max(0, int(steps.max())) if steps.size else 0)
+            operand = _arrays.as_operand(view, "offsets")
+            got = _kernels.offsets_summary(operand.ptr, operand.shape[0], operand.strides[0], dtype == np.int64,
+                                           operand.device, operand.stream)
+            assert got == expected
+    q = cupy.zeros((1, 8, 64), cupy.float16)
+    with pytest.raises(ValueError, match="and 2 decreasing steps"):
+        cm.score_packed(q, cupy.zeros((20, 64), cupy.float16), cupy.asarray([0, 4, 3, 9, 8, 20], dtype=dtype))
+
+
 @pytest.mark.parametrize("tile_n", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
 def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch):
