@@ -209,11 +209,28 @@ __device__ __forceinline__ void extent_of_bounds(const DocLayout& L, i64 doc, i6
     first_token = begin;
 }
 
+// first_token: index of the document's first token in the packed array (0 when padded).
+// (The loads written out here, not through doc_bounds: that form made the backward's CSR kernel
+// spill registers on sm_80.)
 __device__ __forceinline__ void doc_extent(const DocLayout& L, i64 doc, i64& base, i64& length,
                                            i64& first_token) {
-    i64 begin, end;
-    doc_bounds(L, doc, begin, end);
-    extent_of_bounds(L, doc, begin, end, base, length, first_token);
+    first_token = 0;
+    if (L.offsets == nullptr) {
+        base = doc * L.doc_stride;
+        length = L.padded_length;
+    } else {
+        i64 begin, end;
+        if (L.offsets_are_64bit) {
+            begin = ((const i64*)L.offsets)[doc];
+            end = ((const i64*)L.offsets)[doc + 1];
+        } else {
+            begin = ((const int*)L.offsets)[doc];
+            end = ((const int*)L.offsets)[doc + 1];
+        }
+        base = begin * L.row_stride;
+        length = end - begin;
+        first_token = begin;
+    }
 }
 
 // ---- sm_80+ tensor-core and async-copy helpers -------------------------------------------
