@@ -1,9 +1,11 @@
 """One forward call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
 compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
 
-    python bench/profile_one.py NQ LQ ND LD [argmax]
+    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed]
 
-CUPY_MAXSIM_WGMMA=0 profiles the mma.sync kernel on Hopper.
+``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
+with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
+the mma.sync kernel on Hopper.
 """
 
 import sys
@@ -13,9 +15,21 @@ import cupy
 import cupy_maxsim as cm
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
+flags = set(sys.argv[5:])
 rng = cupy.random.default_rng(0)
 q = (rng.standard_normal((nq, lq, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
 d = (rng.standard_normal((nd, ld, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
+extra = {}
+if "packed" in flags:
+    lengths = rng.integers(16, ld + 1, nd)
+    offsets = cupy.concatenate([cupy.zeros(1, cupy.int64), cupy.cumsum(lengths)])
+    d = cupy.ascontiguousarray(d.reshape(-1, 128)[: int(offsets[-1])])
+if "int8" in flags:
+    (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
+    extra = dict(q_scale=q_scale, d_scale=d_scale)
 for _ in range(3):
-    cm.score(q, d, return_argmax="argmax" in sys.argv)
+    if "packed" in flags:
+        cm.score_packed(q, d, offsets, return_argmax="argmax" in flags, **extra)
+    else:
+        cm.score(q, d, return_argmax="argmax" in flags, **extra)
 cupy.cuda.Device().synchronize()
