@@ -131,11 +131,13 @@ def _check_offsets(offsets: Operand, num_tokens: int) -> tuple[int, int, int]:
         raise TypeError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
     if offsets.ndim != 1 or offsets.shape[0] < 1:
         raise ValueError(f"offsets must have shape (num_docs + 1,), got {offsets.shape}")
+    # Decreases are found by comparing neighbours, not by the sign of their difference (which
+    # wraps past int64); non-decreasing offsets in [0, num_tokens] give steps that cannot wrap.
     if offsets.host is not None:
         values = offsets.host.astype(np.int64)
-        steps = values[1:] - values[:-1]
         first, last = int(values[0]), int(values[-1])
-        decreasing, longest = int((steps < 0).sum()), int(steps.max()) if steps.shape[0] else 0
+        decreasing = int((values[1:] < values[:-1]).sum())
+        longest = int((values[1:] - values[:-1]).max()) if values.shape[0] > 1 else 0
     else:
         first, last, decreasing, longest = _kernels.offsets_summary(
             offsets.ptr, offsets.shape[0], offsets.strides[0], offsets.dtype == "int64", offsets.device, offsets.stream)

@@ -32,6 +32,11 @@ D = np.zeros((3, 5, 8), np.float32)
                      "decreasing", id="offsets-decreasing"),
         pytest.param(lambda: cm.score_packed(Q, D[0], np.array([-1, 2])), ValueError, "within",
                      id="offsets-negative"),
+        # Steps that overflow int64: 2^62 + 1 -> -2^62 is a step of -2^63 - 1, which wraps to
+        # +2^63 - 1; only a comparison of neighbours sees the decrease (the kernels would read
+        # before the tokens).
+        pytest.param(lambda: cm.score_packed(Q, D[0], np.array([0, 2**62 + 1, -2**62, 5])), ValueError,
+                     "1 decreasing step", id="offsets-decreasing-past-int64"),
         pytest.param(lambda: cm.score_packed(Q, D[0], np.array([0.0, 2.0])), TypeError,
                      "offsets must have dtype int32 or int64", id="offsets-float"),
         pytest.param(lambda: cm.score_packed(Q, D[0], np.zeros((2, 2), np.int64)), ValueError,
