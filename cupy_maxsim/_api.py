@@ -289,6 +289,13 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None,
     scores : array, shape (Nd,) or (Nq, Nd)
         Same rules as :func:`score`; an empty document scores ``-inf``.
     """
+    return _score_packed(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)[0]
+
+
+def _score_packed(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax):
+    """(:func:`score_packed`'s result, its offsets' checked bounds (first, last, longest)): an
+    adapter hands the bounds on to :func:`backward_plan`, which then need not check (and, on a
+    GPU, wait for the stream) again."""
     like, t_op = _scored_operand(q, "q"), _scored_operand(tokens, "tokens")
     o_op = as_operand(offsets, "offsets")
     _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
@@ -296,7 +303,8 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None,
     q_op, q_scale_op, d_scale_op = _resolve_int8(like, t_op, q_scale, d_scale)
     _check_pair(q_op, t_op)
     _check_device(q_op, o_op)
-    longest = _check_offsets(o_op, t_op.shape[0])[2]
+    bounds = _check_offsets(o_op, t_op.shape[0])
+    longest = bounds[2]
     q_mask_op = _mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
     single = q_op.ndim == 2
     q3, q_mask3 = _as_query_batch(q_op, q_mask_op)
@@ -307,9 +315,9 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None,
     if not q_op.on_gpu:
         out = _cpu.score_packed(q3.host, t_op.host, o_op.host, _host(q_mask3), _host(q_scale3), _host(d_scale_op),
                                 with_argmax=return_argmax)
-        return _host_result(like, out, single, argmax_dtype)
+        return _host_result(like, out, single, argmax_dtype), bounds
     return _gpu_score(like, q3, t_op, q_mask3, None, q_scale3, d_scale_op, shape, pairs=False, doc_length=0,
-                      doc_stride=0, offsets=o_op, argmax_dtype=argmax_dtype)
+                      doc_stride=0, offsets=o_op, argmax_dtype=argmax_dtype), bounds
 
 
 def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
@@ -346,13 +354,14 @@ def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
     return backward_plan(q, d, argmax, offsets=offsets, pairs=pairs, prepare=False).gradients(grad_scores)
 
 
-def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True) -> "BackwardPlan":
+def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True, _checked_offsets=None) -> "BackwardPlan":
     """The part of :func:`score_backward` that needs no gradient: validation and, on a GPU (with
     ``prepare``), the inverse CSR of the winners queued on the stream now. Autograd adapters call
     this in the forward, so that their backward only adds the gradient
     (``plan.gradients(grad_scores)``). A training step repeats one signature of operands: after a
     GPU plan of padded documents, a later one of the same signature reuses its layout (see
-    "repeated calls" below) and reads only the pointers."""
+    "repeated calls" below) and reads only the pointers. ``_checked_offsets``: the bounds
+    ``_score_packed`` returned for these very offsets, in the same adapter call."""
     key, pointers = _backward_key(q, d, argmax, pairs) if prepare and offsets is None else (None, None)
     if key is not None:
         template = _backward_templates.get(key)
@@ -380,7 +389,8 @@ def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True) -> "
     if offsets is not None:
         o_op = as_operand(offsets, "offsets")
         _check_device(like, o_op)
-        first, last, longest = _check_offsets(o_op, d_op.shape[0])
+        first, last, longest = (_checked_offsets if _checked_offsets is not None
+                                else _check_offsets(o_op, d_op.shape[0]))
         cover = first == 0 and last == d_op.shape[0]
     single = like.ndim == 2
     q3 = _as_query_batch(like, None)[0]

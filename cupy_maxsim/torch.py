@@ -27,8 +27,9 @@ class _MaxSim(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, d, offsets, q_mask, d_mask, mode):
         wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        bounds = None  # packed: the offsets' checked bounds, handed to the backward plan
         if mode == "packed":
-            result = _api.score_packed(q, d, offsets, q_mask=q_mask, return_argmax=wants_grad)
+            result, bounds = _api._score_packed(q, d, offsets, q_mask, None, None, wants_grad)
         elif mode == "pairs":
             result = _api.score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=wants_grad)
         else:
@@ -38,7 +39,7 @@ class _MaxSim(torch.autograd.Function):
         scores, argmax = result
         # The backward's work that needs no gradient (checks, the inverse CSR of the winners)
         # is done here, where it overlaps the GPU; the backward only adds the gradient.
-        ctx.plan = _api.backward_plan(q, d, argmax, offsets=offsets, pairs=mode == "pairs")
+        ctx.plan = _api.backward_plan(q, d, argmax, offsets=offsets, pairs=mode == "pairs", _checked_offsets=bounds)
         ctx.save_for_backward(q, d, argmax, offsets)  # autograd's check that they stay unmodified
         return scores
 

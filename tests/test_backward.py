@@ -153,6 +153,30 @@ def test_torch_gradcheck_float64_cpu():
     assert torch.autograd.gradcheck(lambda q, t: cmt.maxsim_packed(q, t, offsets, q_mask), (q, tokens))
 
 
+def test_torch_packed_step_checks_its_offsets_once(monkeypatch):
+    """The packed forward hands its offsets' checked bounds to the backward plan (on a GPU a
+    second check would wait for the forward kernel), and the gradients equal the NumPy-level
+    path's, which checks them twice."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+    from cupy_maxsim import _api
+
+    torch.manual_seed(1)
+    q = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randn(20, 8, dtype=torch.float64, requires_grad=True)
+    offsets = torch.tensor([0, 4, 4, 13, 18])  # an empty document, tokens past the last one
+    grad = torch.randn(2, 4, dtype=torch.float64)
+    checks = count_calls(monkeypatch, _api, "_check_offsets")
+    cmt.maxsim_packed(q, tokens, offsets).backward(grad)
+    assert len(checks) == 1
+    _, argmax = cm.score_packed(q.detach(), tokens.detach(), offsets, return_argmax=True)
+    grad_q, grad_t = cm.score_backward(grad, q.detach(), tokens.detach(), argmax, offsets=offsets)
+    assert len(checks) == 3
+    torch.testing.assert_close(q.grad, grad_q, rtol=0, atol=0)
+    torch.testing.assert_close(tokens.grad, grad_t, rtol=0, atol=0)
+    assert (tokens.grad[18:] == 0).all()
+
+
 def test_torch_no_grad_saves_nothing():
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
