@@ -15,10 +15,12 @@ __device__ __forceinline__ void offsets_summary(const void* offsets, i64 count, 
     };
     unsigned long long decreasing = 0;
     i64 longest = 0;
+    // A decrease is a comparison of neighbours, not the sign of their difference (which wraps
+    // past int64); non-decreasing offsets in [0, T] give steps that cannot wrap.
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i + 1 < count; i += (i64)gridDim.x * blockDim.x) {
-        const i64 step = at(i + 1) - at(i);
-        decreasing += step < 0;
-        longest = step > longest ? step : longest;
+        const i64 here = at(i), next = at(i + 1);
+        decreasing += next < here;
+        longest = next - here > longest ? next - here : longest;
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {

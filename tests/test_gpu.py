@@ -349,12 +349,14 @@ def test_device_offsets_summary_matches_numpy(dtype):
     rng = np.random.default_rng(5)
     ragged = np.concatenate([[3], 3 + np.cumsum(rng.integers(0, 300, 1_000_000))])
     bumpy = rng.integers(-50, 1000, 5001)
-    for host in (np.array([7]), ragged, bumpy):
+    wrapping = np.array([0, 2**62 + 1, -2**62, 5])  # a step of -2^63 - 1 wraps to +2^63 - 1
+    for host in (np.array([7]), ragged, bumpy) + ((wrapping,) if dtype == np.int64 else ()):
         device = cupy.asarray(host.astype(dtype))
         for view in (device, device[::3], device[::-1]):
             values = cupy.asnumpy(view).astype(np.int64)
             steps = np.diff(values)
-            expected = (values[0], values[-1], int((steps < 0).sum()), max(0, int(steps.max())) if steps.size else 0)
+            expected = (values[0], values[-1], int((values[1:] < values[:-1]).sum()),
+                        max(0, int(steps.max())) if steps.size else 0)
             operand = _arrays.as_operand(view, "offsets")
             got = _kernels.offsets_summary(operand.ptr, operand.shape[0], operand.strides[0], dtype == np.int64,
                                            operand.device, operand.stream)
