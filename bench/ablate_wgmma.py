@@ -19,6 +19,21 @@ FOLD = ("        if (info.biased)\n            fold_tile(acc, info, true);\n    
 MMA = ("for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);",
        "if (desc == 1) WgmmaTile<T>::run(acc, a_regs[0], desc, 0);")  # never true: no MMA issued
 PATCHES = {"base": [], "no-fold": [FOLD], "no-mma": [MMA], "no-fold-no-mma": [FOLD, MMA]}
+# The same with documents on M (many queries), and with half of each tile's k-steps (does the
+# time follow the MMAs?).
+DOCS_FOLD = ("            if (tile.biased)\n                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, true, FIRST);\n"
+             "            else\n                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, false, FIRST);\n", "")
+DOCS_MMA = ("WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks), query_desc + query_kstep_offset(ks), ks);",
+            "if (doc_desc == 1) WgmmaDocsOnM<T>::run(acc, doc_desc, query_desc, 0);")
+DOCS_HALF_K = ("            for (int ks = 0; ks < KSTEPS; ++ks)\n                WgmmaDocsOnM",
+               "            for (int ks = 0; ks < KSTEPS / 2; ++ks)\n                WgmmaDocsOnM")
+# ... and without a finished document's reductions and sums (scores wrong by design).
+DOCS_CLOSE = [("                keep_max_of_halves<16>(best, lane);", "if (doc_count < 0) {"),
+              ("                keep_max_of_halves<4>(best, lane);", "}"),
+              ("            close_document(tile.doc);\n", "")]
+DOCS_ON_M_PATCHES = {"base": [], "no-fold": [DOCS_FOLD], "no-mma": [DOCS_MMA], "no-fold-no-mma": [DOCS_FOLD, DOCS_MMA],
+                     "half-k": [DOCS_HALF_K], "half-k-no-fold": [DOCS_HALF_K, DOCS_FOLD],
+                     "no-close": DOCS_CLOSE, "no-fold-no-mma-no-close": [DOCS_FOLD, DOCS_MMA] + DOCS_CLOSE}
 # One query: block b takes documents b, b + grid, b + 2 grid, ... (the blocks read neighbouring
 # documents at the same time) instead of a contiguous range.
 INTERLEAVED = [("    const i64 doc_count = doc_end - doc_begin;",
@@ -42,7 +57,8 @@ INT8_PATCHES = {"no-scale-copies": NO_SCALES, "no-scale-copies-no-fold": NO_SCAL
 SHAPES = {"inbatch-128": (128, 32, 128, 300, None, False), "colpali-32q-10k": (32, 32, 10_000, 1030, None, False),
           "corpus-10k N64": (1, 32, 10_000, 300, 64, False), "corpus-10k N128": (1, 32, 10_000, 300, 128, False),
           "corpus-10k-int8 N64": (1, 32, 10_000, 300, 64, True), "corpus-10k-int8 N128": (1, 32, 10_000, 300, 128, True),
-          "colbert-1q-200k-int8 N128": (1, 32, 200_000, 128, 128, True)}
+          "colbert-1q-200k-int8 N128": (1, 32, 200_000, 128, 128, True),
+          "colpali-32q-10k-int8": (32, 32, 10_000, 1030, None, True)}
 #: One query: the base kernel with rings of fewer slots (the stages of all three rings).
 SPLIT_STAGES = (12, 9, 6)
 
@@ -68,8 +84,9 @@ def main() -> int:
             score = lambda: cm.score(q, d, q_scale=q_scale, d_scale=d_scale)  # noqa: E731
         else:
             score = lambda: cm.score(q, d)  # noqa: E731
-        variants = [(label, patch, original_stages) for label, patch in PATCHES.items()]
-        if int8:
+        docs_on_m = nq > 1 and _kernels.WGMMA_DOCS_ON_M  # the planner's choice for these shapes
+        variants = [(label, patch, original_stages) for label, patch in (DOCS_ON_M_PATCHES if docs_on_m else PATCHES).items()]
+        if int8 and not docs_on_m:
             variants += [(label, patch, original_stages) for label, patch in INT8_PATCHES.items()]
         if nq == 1:
             variants += [(label, patch, original_stages) for label, patch in ONE_QUERY_PATCHES.items()]

@@ -282,14 +282,14 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
     kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
-    128 query rows wanted; int8 with the argmax in two warpgroups, whose registers its packed
-    winners would overflow in three: see the int8 entry of maxsim_fwd_wgmma.cu)."""
+    128 query rows wanted; int8 in at most int8_docs_on_m_warpgroups)."""
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not WGMMA_SPLIT_DOCS):
         return None
     shape = dict(WGMMA_SHAPE)
     if docs_on_m:
         assert tile_n == 64 and warpgroups_wanted >= 2
-        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, 2 if argmax and int8 else 3))
+        most = int8_docs_on_m_warpgroups(argmax, ksteps) if int8 else 3
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, most))
     elif warpgroups_wanted < 2:
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
@@ -304,6 +304,13 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages - step >= max(3, 2 * step):
         config = dataclasses.replace(config, stages=config.stages - step)
     return config
+
+
+def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:
+    """Warpgroups the Hopper kernel's int8 entry has with documents on M: two where three would
+    spill (its packed winners with the argmax; dim 256's k-steps), else three (the #if before its
+    entry in maxsim_fwd_wgmma.cu)."""
+    return 2 if argmax or ksteps > 4 else 3
 
 
 def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:
@@ -631,6 +638,8 @@ class CompileReport:
     spill_store_bytes: int = 0
     spill_load_bytes: int = 0
     static_shared_bytes: int = 0
+    stack_frame_bytes: int = 0  # local memory: an array indexed at run time, or a call's frame
+    serialized_wgmma: bool = False  # ptxas serialized the asynchronous MMAs (its C7518 advice)
 
 
 def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) -> list[CompileReport]:
@@ -665,8 +674,15 @@ def _parse_ptxas(log: str, arch: str, defines: tuple[str, ...]) -> list[CompileR
             name = entry.group(1) or entry.group(2)
             current = reports.setdefault(name, CompileReport(name, arch, defines))
             continue
+        serialized = re.search(r"C7518.*in the function '(\w+)'", line)  # ahead of its function's report
+        if serialized:
+            reports.setdefault(serialized.group(1), CompileReport(serialized.group(1), arch, defines)).serialized_wgmma = True
+            continue
         if current is None:
             continue
+        stack = re.search(r"(\d+) bytes stack frame", line)
+        if stack:
+            current.stack_frame_bytes = int(stack.group(1))
         spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if spill:
             current.spill_store_bytes = int(spill.group(1))
@@ -713,8 +729,8 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
         value = dict(d[len("-D"):].split("=", 1) for d in defines)
         if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
                 value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
-                value.get("MAXSIM_DOCS_ON_M") == "1" and value.get("MAXSIM_ARGMAX") == "1"
-                and value.get("MAXSIM_WARPGROUPS") == "3"):
+                value.get("MAXSIM_DOCS_ON_M") == "1" and int(value["MAXSIM_WARPGROUPS"]) > int8_docs_on_m_warpgroups(
+                    value.get("MAXSIM_ARGMAX") == "1", int(value["MAXSIM_KSTEPS"]))):
             names = tuple(name for name in names if not name.endswith("_int8"))
     return names
 
@@ -736,7 +752,7 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                     for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
                         config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
                         variants.append(("maxsim_fwd_wgmma", config.defines()))
-        for warpgroups in (2, 3):  # documents on M (int8 with the argmax: two warpgroups either way)
+        for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups)
             for argmax in (False, True):
                 for int8 in (False, True):
                     config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8)

@@ -296,6 +296,20 @@ template <> struct WgmmaDocsOnM<i8> {
     }
 };
 
+// One round of a reduce-scatter of running maxima across the lanes HALF apart: the lane whose
+// bit HALF is set keeps the upper HALF of values[0, 2 HALF), the other the lower, each the max
+// of its own and its partner's (which it receives for the one it sends) in values[0, HALF).
+template <int HALF, int N> __device__ __forceinline__ void keep_max_of_halves(float (&values)[N], int lane) {
+    static_assert(2 * HALF <= N, "a round halves the values held");
+    const bool upper = lane & HALF;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+        const float send = upper ? values[i] : values[i + HALF];
+        const float keep = upper ? values[i + HALF] : values[i];
+        values[i] = max_nan(keep, __shfl_xor_sync(0xffffffffu, send, HALF));
+    }
+}
+
 // Running max (and argmax) of one accumulator row over the document's columns so far.
 struct RowBest {
     float value;
@@ -740,15 +754,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // (0xffff: none). Rows fit: documents on M saves int16 winners only (every document
         // shorter than 32768 tokens); packed, they leave registers for three warpgroups.
         u32 winners[ARGMAX ? ACC / 4 : 1];
-#pragma unroll
-        for (int i = 0; i < ACC / 2; ++i) best[i] = MAXSIM_NEG_INF;
-#pragma unroll
-        for (int j = 0; j < (ARGMAX ? ACC / 4 : 0); ++j) winners[j] = 0xffffffffu;
         // The witness: every real row of the document against query column 2 quad, summed.
         Acc acc[ACC];
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
         // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
-        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED) {
+        // FIRST (a document's first tile): the maxima start from this tile, so that they are
+        // dead between documents (the registers of a closing document's next tile).
+        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
+                             const bool FIRST) {
 #pragma unroll
             for (int i = 0; i < ACC / 2; ++i) {
                 const int j = i / 2, c = i % 2;
@@ -758,17 +771,28 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
                 const float v = max_nan(v0, v1);
                 // Tiles come in increasing order, and strict >: the first maximum wins (a tie
-                // within the pair keeps the lower row).
-                if constexpr (ARGMAX)
-                    if (v > best[i]) {
-                        const u32 row = first_row + (v1 > v0 ? r0 + 8 : r0);
+                // within the pair keeps the lower row). From a first tile: as if from -inf.
+                if constexpr (ARGMAX) {
+                    const u32 row = first_row + (v1 > v0 ? r0 + 8 : r0);
+                    if (FIRST) {
+                        const u32 won = v > MAXSIM_NEG_INF ? row : 0xffffu;
+                        winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (won << 16) : 0xffff0000u | won;
+                    } else if (v > best[i]) {
                         winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (row << 16) : (winners[i / 2] & 0xffff0000u) | row;
                     }
-                best[i] = max_nan(best[i], v);
+                }
+                best[i] = FIRST ? v : max_nan(best[i], v);
             }
         };
-#pragma unroll 1
-        while (cursor.position < doc_count) {
+        // A tile in the tensor cores' hands, and what its fold needs (read while they work).
+        struct TileFold {
+            i64 doc;
+            int first_row, slot;
+            bool biased, last, real0, real1;
+            float s0, s1;
+        };
+        // Hand the cursor's tile to the tensor cores and move the cursor on.
+        auto issue = [&]() -> TileFold {
             mbarrier_wait(full + stage, phase);
             if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
             const unsigned long long doc_desc = tile_descriptor(sD + stage * TILE_BYTES);
@@ -777,61 +801,82 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             for (int ks = 0; ks < KSTEPS; ++ks)
                 WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks), query_desc + query_kstep_offset(ks), ks);
             wgmma_commit();
-            // What the fold needs, while the MMAs run.
-            const i64 doc = cursor.doc;
-            const int first_row = cursor.tile * TILE_N, slot = stage;
-            const int rows = (int)min(cursor.length - first_row, (i64)TILE_N);
-            const bool biased = args.d_mask != nullptr || rows < TILE_N, last = cursor.tile + 1 == cursor.tiles;
+            TileFold tile;
+            tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N, tile.slot = stage;
+            const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
+            tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
             if (++stage == STAGES) stage = 0, phase ^= 1;
             next_tile(cursor);
-            const bool real0 = !biased || token_real(doc, first_row, rows, r0);
-            const bool real1 = !biased || token_real(doc, first_row, rows, r0 + 8);
-            float s0 = 1.f, s1 = 1.f;
-            if constexpr (SCALED) s0 = sScale[slot * TILE_N + r0], s1 = sScale[slot * TILE_N + r0 + 8];
+            tile.real0 = !tile.biased || token_real(tile.doc, tile.first_row, rows, r0);
+            tile.real1 = !tile.biased || token_real(tile.doc, tile.first_row, rows, r0 + 8);
+            tile.s0 = tile.s1 = 1.f;
+            if constexpr (SCALED) tile.s0 = sScale[tile.slot * TILE_N + r0], tile.s1 = sScale[tile.slot * TILE_N + r0 + 8];
+            return tile;
+        };
+        // The tile's MMAs are done: free its slot and fold it (FIRST: a constant, as BIASED).
+        auto take = [&](const TileFold& tile, const bool FIRST) {
             wgmma_wait<0>();
             pin(acc);
             __syncwarp();
-            if (lane == 0) mbarrier_arrive(empty + slot);  // the slot is free (scales already read)
+            if (lane == 0) mbarrier_arrive(empty + tile.slot);  // the slot is free (scales already read)
+            const bool real0 = tile.real0, real1 = tile.real1;
             has_row |= real0 | real1;
             // The witness: a non-finite document element makes its row's similarities non-finite
             // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
             if constexpr (SCALED)
-                witness += (real0 ? 0.f * s0 : 0.f) + (real1 ? 0.f * s1 : 0.f);
+                witness += (real0 ? 0.f * tile.s0 : 0.f) + (real1 ? 0.f * tile.s1 : 0.f);
             else
                 witness += (real0 ? (float)acc[0] : 0.f) + (real1 ? (float)acc[2] : 0.f);
-            if (biased)
-                fold_rows(real0, real1, s0, s1, first_row, true);
+            if (tile.biased)
+                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, true, FIRST);
             else
-                fold_rows(real0, real1, s0, s1, first_row, false);
-            if (!last) continue;
-            // The document's last tile: the max over the warp's 16 rows (the 8 lanes of a quad
-            // hold the same columns), published per warp; the warpgroup sums its queries.
+                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, false, FIRST);
+        };
+        TileFold tile = issue();  // every block has at least one tile
+#pragma unroll 1
+        for (;;) {  // a document: its first tile, the others, then its maxima published
+            take(tile, true);
+#pragma unroll 1
+            while (!tile.last) {
+                tile = issue();
+                take(tile, false);
+            }
+            // The max over the warp's 16 rows, published per warp: the 8 lanes of a quad hold the
+            // same columns, and reduce them by halves (reduce-scatter: each round a lane sends the
+            // half of its columns its partner keeps, 28 shuffles in all instead of 96), so that
+            // lane l ends with column pairs 8 b4 + 4 b3 + 2 b2 + {0, 1} (b: the bits of l).
             const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
             float2* published = (float2*)(sRowMax + slots);
+            if constexpr (!ARGMAX) {
+                keep_max_of_halves<16>(best, lane);  // the lanes 16 apart: pairs 8 b4 + 0..7
+                keep_max_of_halves<8>(best, lane);   // 8 apart: 8 b4 + 4 b3 + 0..3
+                keep_max_of_halves<4>(best, lane);   // 4 apart: 8 b4 + 4 b3 + 2 b2 + 0..1
+                const int pair = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
+                published[4 * pair + quad] = make_float2(best[0], best[1]);
+                published[4 * (pair + 1) + quad] = make_float2(best[2], best[3]);
+            } else {
 #pragma unroll
-            for (int i = 0; i < ACC / 2; i += 2) {
-                float v0 = best[i], v1 = best[i + 1];
-                int w0 = -1, w1 = -1;
-                if constexpr (ARGMAX) w0 = (short)(winners[i / 2] & 0xffffu), w1 = (short)(winners[i / 2] >> 16);
+                for (int i = 0; i < ACC / 2; i += 2) {
+                    float v0 = best[i], v1 = best[i + 1];
+                    int w0 = (short)(winners[i / 2] & 0xffffu), w1 = (short)(winners[i / 2] >> 16);
 #pragma unroll
-                for (int offset = 4; offset < 32; offset <<= 1) {
-                    const float o0 = __shfl_xor_sync(0xffffffffu, v0, offset);
-                    const float o1 = __shfl_xor_sync(0xffffffffu, v1, offset);
-                    if constexpr (ARGMAX) {
+                    for (int offset = 4; offset < 32; offset <<= 1) {
+                        const float o0 = __shfl_xor_sync(0xffffffffu, v0, offset);
+                        const float o1 = __shfl_xor_sync(0xffffffffu, v1, offset);
                         w0 = first_winner(v0, w0, o0, __shfl_xor_sync(0xffffffffu, w0, offset));
                         w1 = first_winner(v1, w1, o1, __shfl_xor_sync(0xffffffffu, w1, offset));
+                        v0 = max_nan(v0, o0);
+                        v1 = max_nan(v1, o1);
                     }
-                    v0 = max_nan(v0, o0);
-                    v1 = max_nan(v1, o1);
+                    if (lane < 4) {
+                        published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
+                        ((int2*)(sRowArg + slots))[(8 * (i / 2) + 2 * quad) / 2] = make_int2(w0, w1);
+                    }
                 }
-                if (lane < 4) {
-                    published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
-                    if constexpr (ARGMAX) ((int2*)(sRowArg + slots))[(8 * (i / 2) + 2 * quad) / 2] = make_int2(w0, w1);
-                }
-                best[i] = best[i + 1] = MAXSIM_NEG_INF;
-                if constexpr (ARGMAX) winners[i / 2] = 0xffffffffu;
             }
-            close_document(doc);
+            close_document(tile.doc);
+            if (cursor.position >= doc_count) break;
+            tile = issue();
         }
         return;
     }
@@ -1042,8 +1087,9 @@ MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
 // int8 takes 128-row tiles only splitting documents (one accumulator set) of dim <= 128: with
 // two sets, or 8 k-steps of query fragments, its consumers would need more registers than they
 // have (spills); with two sets it measured no faster either (tune-wgmma-2026-11-30-462151b.log).
-// Documents on M with the argmax: int8 (its scales) spills in three warpgroups, takes two.
+// Documents on M with the argmax, or dim 256 (8 k-steps): int8 (its scales) spills in three
+// warpgroups, takes two (_kernels.int8_docs_on_m_warpgroups).
 #if (MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)) && \
-    !(MAXSIM_DOCS_ON_M && MAXSIM_ARGMAX && MAXSIM_WARPGROUPS == 3)
+    !(MAXSIM_DOCS_ON_M && (MAXSIM_ARGMAX || MAXSIM_KSTEPS > 4) && MAXSIM_WARPGROUPS == 3)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
 #endif

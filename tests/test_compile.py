@@ -41,6 +41,11 @@ def test_compiles_without_spills(arch, family, defines):
     for report in reports:
         assert report.registers > 0, report
         assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report
+        # Local memory (an array ptxas could not keep in registers) and serialized wgmma
+        # compile silently and cost much: a documents-on-M reduction indexed at run time once
+        # put the maxima in a 128-byte stack frame, and an MMA issued before divergent code
+        # serialized every wgmma of the kernel (both measured slower on the H200).
+        assert report.stack_frame_bytes == 0 and not report.serialized_wgmma, report
 
 
 @pytest.mark.parametrize("query_length", [1, 5, 27, 31, 32, 33, 64, 100, 256])
@@ -177,6 +182,13 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=3", "-DMAXSIM_ARGMAX=1"} <= defines
     assert (with_argmax.group, with_argmax.groups) == (12, 3)
     assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=2"} <= plan_with_argmax(16, "int8")[1]
+    # int8 of dim 256 without the argmax: two warpgroups too (three would spill); dim 128: three.
+    for dim, warpgroups in ((128, "3"), (256, "2")):
+        h200_planner.clear()
+        _api._mma_plan.cache_clear()
+        _api._mma_plan(0, "int8", 32, 32, dim, 128, False, 0, 300, False)
+        int8_defines = dict(d.lstrip("-D").split("=") for d in h200_planner[-1][2])
+        assert (int8_defines["MAXSIM_DOCS_ON_M"], int8_defines["MAXSIM_WARPGROUPS"]) == ("1", warpgroups)
     assert "-DMAXSIM_DOCS_ON_M=0" in plan_with_argmax(32)[1]
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
