@@ -296,6 +296,18 @@ template <> struct WgmmaDocsOnM<i8> {
     }
 };
 
+// Running max (and argmax) of one accumulator row over the document's columns so far.
+struct RowBest {
+    float value;
+    int index;
+};
+
+// The winner of two partial maxima (value, its document row; -1: none): the larger value, and
+// on a tie the lower row (the first maximum; -1 as unsigned loses every tie).
+__device__ __forceinline__ int first_winner(float value, int index, float other, int other_index) {
+    return other > value || (other == value && (unsigned)other_index < (unsigned)index) ? other_index : index;
+}
+
 // One round of a reduce-scatter of running maxima across the lanes HALF apart: the lane whose
 // bit HALF is set keeps the upper HALF of values[0, 2 HALF), the other the lower, each the max
 // of its own and its partner's (which it receives for the one it sends) in values[0, HALF).
@@ -310,16 +322,38 @@ template <int HALF, int N> __device__ __forceinline__ void keep_max_of_halves(fl
     }
 }
 
-// Running max (and argmax) of one accumulator row over the document's columns so far.
-struct RowBest {
-    float value;
-    int index;
-};
-
-// The winner of two partial maxima (value, its document row; -1: none): the larger value, and
-// on a tie the lower row (the first maximum; -1 as unsigned loses every tie).
-__device__ __forceinline__ int first_winner(float value, int index, float other, int other_index) {
-    return other > value || (other == value && (unsigned)other_index < (unsigned)index) ? other_index : index;
+// The same with winners: values[2p], values[2p + 1] are the maxima of column pair p, and
+// winners[p] their rows, 16 bits each (0xffff: none); a round keeps HALF pairs of 2 HALF.
+template <int HALF, int N> __device__ __forceinline__ void keep_best_of_halves(float (&values)[N], u32 (&winners)[N / 2],
+                                                                              int lane) {
+    static_assert(4 * HALF <= N, "a round halves the pairs held");
+    const int offset = 2 * HALF;  // lanes 16, 8, 4 apart for 8, 4, 2 pairs kept
+    const bool upper = lane & offset;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+        // Selected by value, never by a run-time index: the arrays stay in registers.
+        float v[2], o[2];
+        u32 w = 0, ow;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const float sent = upper ? values[2 * i + c] : values[2 * (i + HALF) + c];
+            v[c] = upper ? values[2 * (i + HALF) + c] : values[2 * i + c];
+            o[c] = __shfl_xor_sync(0xffffffffu, sent, offset);
+        }
+        {
+            const u32 sent = upper ? winners[i] : winners[i + HALF];
+            w = upper ? winners[i + HALF] : winners[i];
+            ow = __shfl_xor_sync(0xffffffffu, sent, offset);
+        }
+        u32 won = 0;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int mine = (short)(w >> (16 * c)), theirs = (short)(ow >> (16 * c));
+            won |= ((u32)first_winner(v[c], mine, o[c], theirs) & 0xffffu) << (16 * c);
+            values[2 * i + c] = max_nan(v[c], o[c]);
+        }
+        winners[i] = won;
+    }
 }
 
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
@@ -753,7 +787,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // ARGMAX: the document rows of best[2j] and best[2j + 1], 16 bits each in winners[j]
         // (0xffff: none). Rows fit: documents on M saves int16 winners only (every document
         // shorter than 32768 tokens); packed, they leave registers for three warpgroups.
-        u32 winners[ARGMAX ? ACC / 4 : 1];
+        u32 winners[ACC / 4];  // (unused without the argmax: no registers)
         // The witness: every real row of the document against query column 2 quad, summed.
         Acc acc[ACC];
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
@@ -847,33 +881,21 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             // lane l ends with column pairs 8 b4 + 4 b3 + 2 b2 + {0, 1} (b: the bits of l).
             const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
             float2* published = (float2*)(sRowMax + slots);
+            const int pair = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
             if constexpr (!ARGMAX) {
                 keep_max_of_halves<16>(best, lane);  // the lanes 16 apart: pairs 8 b4 + 0..7
                 keep_max_of_halves<8>(best, lane);   // 8 apart: 8 b4 + 4 b3 + 0..3
                 keep_max_of_halves<4>(best, lane);   // 4 apart: 8 b4 + 4 b3 + 2 b2 + 0..1
-                const int pair = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
-                published[4 * pair + quad] = make_float2(best[0], best[1]);
-                published[4 * (pair + 1) + quad] = make_float2(best[2], best[3]);
             } else {
-#pragma unroll
-                for (int i = 0; i < ACC / 2; i += 2) {
-                    float v0 = best[i], v1 = best[i + 1];
-                    int w0 = (short)(winners[i / 2] & 0xffffu), w1 = (short)(winners[i / 2] >> 16);
-#pragma unroll
-                    for (int offset = 4; offset < 32; offset <<= 1) {
-                        const float o0 = __shfl_xor_sync(0xffffffffu, v0, offset);
-                        const float o1 = __shfl_xor_sync(0xffffffffu, v1, offset);
-                        w0 = first_winner(v0, w0, o0, __shfl_xor_sync(0xffffffffu, w0, offset));
-                        w1 = first_winner(v1, w1, o1, __shfl_xor_sync(0xffffffffu, w1, offset));
-                        v0 = max_nan(v0, o0);
-                        v1 = max_nan(v1, o1);
-                    }
-                    if (lane < 4) {
-                        published[(8 * (i / 2) + 2 * quad) / 2] = make_float2(v0, v1);
-                        ((int2*)(sRowArg + slots))[(8 * (i / 2) + 2 * quad) / 2] = make_int2(w0, w1);
-                    }
-                }
+                keep_best_of_halves<8>(best, winners, lane);
+                keep_best_of_halves<4>(best, winners, lane);
+                keep_best_of_halves<2>(best, winners, lane);
+                int2* published_rows = (int2*)(sRowArg + slots);
+                published_rows[4 * pair + quad] = make_int2((short)(winners[0] & 0xffffu), (short)(winners[0] >> 16));
+                published_rows[4 * (pair + 1) + quad] = make_int2((short)(winners[1] & 0xffffu), (short)(winners[1] >> 16));
             }
+            published[4 * pair + quad] = make_float2(best[0], best[1]);
+            published[4 * (pair + 1) + quad] = make_float2(best[2], best[3]);
             close_document(tile.doc);
             if (cursor.position >= doc_count) break;
             tile = issue();
