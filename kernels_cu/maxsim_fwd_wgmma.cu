@@ -128,11 +128,16 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // the wgmma's A (its 64 rows the M dimension, read by descriptor from the ring) and a
 // warpgroup's QUERY_COLS query rows its B (N = 128: four 32-token queries, staged once in the
 // same swizzled layout). The max over a document's rows is then an element-wise running max
-// per query column across its tiles (each thread's two rows folded at once), and the reduction
-// across lanes and warps happens once per document instead of once per tile; each m64n128k16
-// does twice the work of an m64n64k16 per instruction. The argmax adds a winning row per
-// column, two 16-bit rows per register (only int16 winners are saved this way), which three
-// warpgroups' registers hold (int8's do not: two warpgroups there).
+// per query column across its tiles (each thread's two rows folded at once; a document's first
+// tile starts them), and the reduction across lanes and warps happens once per document instead
+// of once per tile (across the 8 lanes of a quad by halves: keep_max_of_halves); each
+// m64n128k16 does twice the work of an m64n64k16 per instruction. The argmax adds a winning row
+// per column, two 16-bit rows per register (only int16 winners are saved this way), which three
+// warpgroups' registers hold (int8's do not: two warpgroups there, and for dim 256).
+// A document's close (the reduction, the warpgroup barrier, the sums) leaves the tensor cores
+// idle, since every warpgroup reaches a document's end at the same time; issuing the next
+// tile's MMAs before it would overlap the two, but ptxas then serializes every wgmma of the
+// kernel (a wgmma in flight across the close's divergent code: C7518), which measured slower.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
@@ -774,7 +779,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // ---- Documents on M: one loop, one accumulator set (64 registers) ------------------
         // Tile t multiplies, then folds into the running column maxima; the block's other
         // warpgroups keep the tensor cores busy meanwhile. Every warpgroup reads every tile of
-        // the block's single ring.
+        // the block's single ring. A document's first tile is folded apart (peeled), so that
+        // its maxima are dead between documents: nothing resets them.
         DocCursor cursor;
         open_doc(cursor, 0);
         int stage = 0;
@@ -877,7 +883,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             }
             // The max over the warp's 16 rows, published per warp: the 8 lanes of a quad hold the
             // same columns, and reduce them by halves (reduce-scatter: each round a lane sends the
-            // half of its columns its partner keeps, 28 shuffles in all instead of 96), so that
+            // half of its columns its partner keeps: 28 shuffles instead of 96; with the argmax, its
+            // winners beside them, 42 instead of 192), so that
             // lane l ends with column pairs 8 b4 + 4 b3 + 2 b2 + {0, 1} (b: the bits of l).
             const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
             float2* published = (float2*)(sRowMax + slots);
