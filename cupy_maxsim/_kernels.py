@@ -310,7 +310,7 @@ def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:
     """Warpgroups the Hopper kernel's int8 entry has with documents on M: two where three would
     spill (its packed winners with the argmax; dim 256's k-steps), else three (the #if before its
     entry in maxsim_fwd_wgmma.cu)."""
-    return 2 if argmax or ksteps > 4 else 3
+    return 2 if argmax or ksteps > 6 else 3
 
 
 def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:

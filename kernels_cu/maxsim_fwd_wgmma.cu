@@ -1119,6 +1119,6 @@ MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
 // Documents on M with the argmax, or dim 256 (8 k-steps): int8 (its scales) spills in three
 // warpgroups, takes two (_kernels.int8_docs_on_m_warpgroups).
 #if (MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)) && \
-    !(MAXSIM_DOCS_ON_M && (MAXSIM_ARGMAX || MAXSIM_KSTEPS > 4) && MAXSIM_WARPGROUPS == 3)
+    !(MAXSIM_DOCS_ON_M && (MAXSIM_ARGMAX || MAXSIM_KSTEPS > 6) && MAXSIM_WARPGROUPS == 3)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
 #endif
