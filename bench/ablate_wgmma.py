@@ -15,7 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_forward  # noqa: E402
 
-FOLD = ("        if (info.biased)\n            fold_tile(acc, info, true);\n        else\n            fold_tile(acc, info, false);\n", "")
+FOLD = ("        if (!info.biased)\n            fold_tile(acc, info, false, false);\n        else if (args.d_mask == nullptr)\n"
+        "            fold_tile(acc, info, true, false);\n        else\n            fold_tile(acc, info, true, true);\n", "")
 MMA = ("for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);",
        "if (desc == 1) WgmmaTile<T>::run(acc, a_regs[0], desc, 0);")  # never true: no MMA issued
 PATCHES = {"base": [], "no-fold": [FOLD], "no-mma": [MMA], "no-fold-no-mma": [FOLD, MMA]}

@@ -933,11 +933,14 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // replaced by -FLT_MAX, never added to, so that their contents cannot leak. Tiles with no
     // such column skip the test (called with a constant: each call inlines into its own
     // specialised copy, with no per-element branch).
-    // Whether column `col` of a tile is a real token (in the document, not masked).
-    auto column_real = [&](const TileInfo& info, int col) {
-        return token_real(info.doc, info.first_column, info.columns, col);
+    // Whether column `col` of a tile is a real token (in the document; MASKED: and not masked).
+    // Without a mask, a document's last tile tests its length only: the mask's address
+    // arithmetic, predicated off, would still issue for every column (about 300 integer
+    // instructions per tile and warp, the most executed in one-query int8 profiles).
+    auto column_real = [&](const TileInfo& info, int col, const bool MASKED) {
+        return MASKED ? token_real(info.doc, info.first_column, info.columns, col) : col < info.columns;
     };
-    auto fold_tile = [&](const Acc (&acc)[ACC], const TileInfo& info, const bool BIASED) {
+    auto fold_tile = [&](const Acc (&acc)[ACC], const TileInfo& info, const bool BIASED, const bool MASKED) {
         const float* scale = sScale + info.stage * TILE_N;
         if (!BIASED) has_row = true;
         if constexpr (SCALED) {
@@ -945,7 +948,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             // scale, so the witness checks the tile's scales of real columns (one per thread)
             // instead of summing every similarity (0 * x is 0 unless x is inf or NaN).
             const int c = threadIdx.x % 128;
-            if (c < TILE_N && (BIASED ? column_real(info, c) : true)) witness += 0.f * scale[c];
+            if (c < TILE_N && (BIASED ? column_real(info, c, MASKED) : true)) witness += 0.f * scale[c];
         }
 #pragma unroll
         for (int chunk = 0; chunk < TILE_N / 64; ++chunk) {  // 64 columns at a time: 16 temporaries
@@ -956,7 +959,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 bool real0 = true, real1 = true;
                 float2 sc = make_float2(1.f, 1.f);
                 if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
-                    real0 = column_real(info, col), real1 = column_real(info, col + 1);
+                    real0 = column_real(info, col, MASKED), real1 = column_real(info, col + 1, MASKED);
                     has_row |= real0 | real1;
                 }
                 if constexpr (SCALED) sc = *(const float2*)(scale + col);
@@ -990,10 +993,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
     // maxima to the warpgroup and sum its queries' scores.
     auto fold = [&](const Acc (&acc)[ACC], const TileInfo& info) {
-        if (info.biased)
-            fold_tile(acc, info, true);
+        if (!info.biased)
+            fold_tile(acc, info, false, false);
+        else if (args.d_mask == nullptr)
+            fold_tile(acc, info, true, false);
         else
-            fold_tile(acc, info, false);
+            fold_tile(acc, info, true, true);
         if (!info.last) return;
 #pragma unroll
         for (int h = 0; h < ROW_HALVES; ++h) {
