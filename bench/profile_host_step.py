@@ -84,7 +84,7 @@ def main() -> int:
             "step (ours)": step,
             "forward + winners": lambda: cm.score(qd, dd, return_argmax=True),
             "forward, no winners": lambda: cm.score(qd, dd),
-            "backward_plan (CSR launch)": lambda: cm._api.backward_plan(qd, dd, argmax),
+            "backward_plan (layout)": lambda: cm._api.backward_plan(qd, dd, argmax),
             "plan.gradients": lambda: plan.gradients(grad),
             "score_backward": lambda: cm.score_backward(grad, qd, dd, argmax),
         }

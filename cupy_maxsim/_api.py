@@ -356,8 +356,8 @@ def score_backward(grad_scores, q, d, argmax, *, offsets=None, pairs=False):
 
 def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True, _checked_offsets=None) -> "BackwardPlan":
     """The part of :func:`score_backward` that needs no gradient: validation and, on a GPU (with
-    ``prepare``), the inverse CSR of the winners queued on the stream now. Autograd adapters call
-    this in the forward, so that their backward only adds the gradient
+    ``prepare``), the launches' layout and arguments. Autograd adapters call this in the
+    forward, so that their backward only launches the kernels
     (``plan.gradients(grad_scores)``). A training step repeats one signature of operands: after a
     GPU plan of padded documents, a later one of the same signature reuses its layout (see
     "repeated calls" below) and reads only the pointers. ``_checked_offsets``: the bounds
@@ -411,6 +411,35 @@ def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True, _che
     return plan
 
 
+def score_with_plan(q, d, *, q_mask=None, d_mask=None, offsets=None, pairs=False):
+    """(scores, plan): the scores with winners and :func:`backward_plan` of them, an autograd
+    adapter's forward (``offsets``: packed documents as in :func:`score_packed`; ``pairs``: as
+    :func:`score_pairs`). A training step repeats one signature: after a GPU call of padded
+    documents without masks, both launches are replayed under a single lookup (see "repeated
+    calls" below), the step's host path being on its critical path."""
+    if offsets is not None:
+        (scores, argmax), bounds = _score_packed(q, d, offsets, q_mask, None, None, True)
+        return scores, backward_plan(q, d, argmax, offsets=offsets, _checked_offsets=bounds)
+    if pairs:
+        scores, argmax = score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
+        return scores, backward_plan(q, d, argmax, pairs=True)
+    key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
+    if key is not None:
+        replay = _replays.get(key)
+        if replay is not None:
+            result = replay(q, d)
+            if result is not None:
+                return result
+    scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
+    plan = backward_plan(q, d, argmax)
+    if key is not None:
+        forward = _replays.get(_replay_key(q, d, True))
+        template = _backward_templates.get(_backward_key(q, d, argmax, False)[0])
+        if forward is not None and template is not None:
+            _remember(_replays, key, forward.with_backward(template))
+    return scores, plan
+
+
 def _host_gradient(output: Output, array: np.ndarray, dtype: str):
     """A CPU-backend gradient (compute dtype) in the caller's dtype and framework."""
     if dtype != "bfloat16":
@@ -442,19 +471,20 @@ def _unit_dim_stride(operand: Operand) -> Operand:
 
 class BackwardPlan:
     """:func:`score_backward` for one forward's operands and winners (from
-    :func:`backward_plan`): on a GPU the inverse CSR is already queued on the forward's stream,
-    and :meth:`gradients` adds dQ and dD for a gradient of the scores. Holds the scratch (CSR,
-    row lists, dQ partial sums) until it is dropped."""
+    :func:`backward_plan`): on a GPU the checks and the launches' layout are settled, and
+    :meth:`gradients` launches the inverse CSR with dQ, then dD, for a gradient of the scores.
+    Holds the scratch (CSR, row lists, dQ partial sums) of its last gradients until it is
+    dropped."""
 
     def __init__(self, like, q, d, argmax, offsets, pairs, single, scores_shape, longest, cover):
         self.like, self.q, self.d, self.argmax, self.offsets = like, q, d, argmax, offsets
         self.pairs, self.single, self.scores_shape, self.longest, self.cover = pairs, single, scores_shape, longest, cover
-        # GPU: the kernels' arguments in struct order (the gradient's and the outputs' left 0),
-        # the CSR launch and what gradients() launches (dQ, then dD with the sum of dQ's
-        # chunks), all settled in the forward: a training step's backward host path is on its
-        # critical path.
+        # GPU: the kernels' arguments in struct order (the gradient's, the scratch's and the
+        # outputs' left 0) and what gradients() launches (the CSR with dQ, then dD with the sum
+        # of dQ's chunks), all settled in the forward: a training step's backward host path is
+        # on its critical path.
         self._values = None
-        self._csr = self._launches = None
+        self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
         self._prepared = self._reusable = False
 
@@ -492,12 +522,8 @@ class BackwardPlan:
         if sources_per_doc >= 2**31:
             raise ValueError(f"at most 2^31 - 1 query tokens per backward, got {sources_per_doc}")
         with _kernels.on_device(like.device), _kernels.on_stream(self._stream):
-            sm_count, smem_limit = _kernels.device_properties(like.device)[:2]
-            count_warps = min(16, (smem_limit - _kernels.bwd_csr_shared_bytes(0, longest)) // (4 * longest))
-            csr_counts_stride = 0
-            if count_warps < 1:  # too long for shared memory: per-document counts in global scratch
-                count_warps = 1
-                csr_counts_stride = _kernels.bwd_csr_shared_bytes(1, longest) // 4
+            sm_count, smem_limit, smem_per_sm = _kernels.device_properties(like.device)[:3]
+            count_warps, csr_counts_stride = _kernels.bwd_csr_layout(longest, smem_limit, smem_per_sm)
             self.q, self.d = q, d = _unit_dim_stride(q), _unit_dim_stride(d)
             # A later plan of the same signature may reuse this one's layout unless operands were
             # copied here (their pointers would not be the caller's).
@@ -544,30 +570,27 @@ class BackwardPlan:
             self._values = [values[name] for name, _ in _kernels.BACKWARD_ARGS]
             shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
             kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
-            self._csr = (kernel("maxsim_bwd_csr", shared_bytes=shared), (num_docs,), (_kernels.BWD_CSR_THREADS,),
-                         shared)
+            prepared = functools.partial(_kernels.PreparedLaunch, struct=_kernels.backward_args)
             suffix, threads = _DTYPE_SUFFIX[like.dtype], _kernels.BWD_THREADS
-            dq_grid = (-(-num_tokens // (threads // 32)), -(-dim // _kernels.BWD_DIM_CHUNK), chunks)
+            # The CSR's blocks (one per document), then dQ's (query tokens, dim chunks, document
+            # chunks), in one launch.
+            dq_blocks = -(-num_tokens // (threads // 32)) * -(-dim // _kernels.BWD_DIM_CHUNK) * chunks
             # dD: a block per (document, row group); with several dQ chunks, blocks past the
             # documents sum the chunks' partials (about 16 blocks' worth per SM).
             groups = -(-longest // (threads // 32 * rows_per_warp))
             reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
-            self._launches = ((kernel(f"maxsim_bwd_dq_{suffix}"), dq_grid, (threads,)),
-                              (kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups), (threads,)))
+            self._launches = (prepared(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
+                                       (num_docs + dq_blocks,), (threads,), shared),
+                              prepared(kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups),
+                                       (threads,), 0))
         self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
 
     def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:
-        """Scratch for this forward's winners, the pointers in the arguments, the CSR launched."""
-        self._scratch, scratch_ptr = Output(self.like).empty((self._scratch_words,), "int32")
+        """The pointers of this forward's arrays in the arguments."""
         values = list(self._values)
         values[_BWD_AT["q"]], values[_BWD_AT["d"]] = q_ptr, d_ptr
         values[_BWD_AT["argmax"]], values[_BWD_AT["offsets"]] = argmax_ptr, offsets_ptr
-        for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
-            values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
         self._values = values
-        kernel, grid, block, shared = self._csr
-        with _kernels.on_device(self.like.device):
-            _kernels.launch(kernel, grid, block, _kernels.backward_args.pack(values), shared, self._stream)
 
     def _template(self) -> "BackwardPlan":
         """This plan without its arrays: what a later plan of the same signature starts from."""
@@ -609,13 +632,17 @@ class BackwardPlan:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
             grad_strides = (grad.strides[0], 0) if pairs else (
                 (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
+            # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
+            # lists' starts, global CSR counts of very long documents, dQ's partial sums.
+            self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
             values = list(self._values)
+            for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
+                values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
             values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = (
                 grad.ptr, grad_q_ptr, grad_d_ptr)
             values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
-            args = _kernels.backward_args.pack(values)
-            for kernel, grid, block in self._launches:
-                _kernels.launch(kernel, grid, block, args, 0, stream)
+            for launch in self._launches:
+                launch(values, stream)
         return wrap()
 
 
@@ -863,10 +890,23 @@ class _Replay:
         self.values = [values[name] for name in names]
         self.q_at, self.d_at, self.out_at, self.argmax_at = (names.index(name) for name in ("q", "d", "out", "argmax"))
         self.torch = like.framework == "torch"
+        self.backward = None  # a BackwardPlan template: calls answer (scores, plan) (with_backward)
+        self.launch = _kernels.PreparedLaunch(plan.kernel, self.grid, (plan.threads,), plan.shared,
+                                              _kernels.forward_args,
+                                              0 if tile_map_shape is None else _kernels.DOC_TILE_MAP_BYTES)
+
+    def with_backward(self, template: "BackwardPlan") -> "_Replay":
+        """This replay of a forward with winners, answering (scores, the backward plan of the
+        winners from ``template``): score_with_plan replayed."""
+        replay = object.__new__(_Replay)
+        replay.__dict__.update(self.__dict__)
+        replay.backward = template
+        return replay
 
     def __call__(self, q, d):
-        """The scores (and winners), or None where the general path must answer: a pointer not
-        aligned as the kernel needs, or a plan the planner no longer gives (its cache was emptied)."""
+        """The scores (and winners, or their backward plan), or None where the general path must
+        answer: a pointer not aligned as the kernel needs, or a plan the planner no longer gives
+        (its cache was emptied)."""
         if self.torch:
             q_ptr, d_ptr = q.data_ptr(), d.data_ptr()
         else:
@@ -878,14 +918,15 @@ class _Replay:
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
         if self.argmax_dtype is not None:
-            argmax, values[self.argmax_at] = output.empty(self.argmax_shape, self.argmax_dtype)
-        args, plan = _kernels.forward_args.pack(values), self.plan
+            argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
+            values[self.argmax_at] = argmax_ptr
         with _kernels.on_device(self.like.device):
-            if self.tile_map_shape is not None:
-                args = (args, _kernels.doc_tile_map(d_ptr, *self.tile_map_shape))
-            _kernels.launch(plan.kernel, self.grid, (plan.threads,), args, plan.shared, self.like.stream)
+            tile_map = None if self.tile_map_shape is None else _kernels.doc_tile_map(d_ptr, *self.tile_map_shape)
+            self.launch(values, self.like.stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)
+        if self.backward is not None:
+            return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
         return output.wrap(result), output.wrap(argmax)
 
 

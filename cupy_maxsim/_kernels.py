@@ -44,8 +44,7 @@ FAMILIES = {
     ),
     "maxsim_bwd": (
         "maxsim_bwd.cu",
-        ("maxsim_bwd_csr",) + tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64")
-                                    for stage in ("dq", "dd")),
+        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64") for stage in ("csr_dq", "dd")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
 }
@@ -84,18 +83,18 @@ class ArgStruct:
 
     def __init__(self, fields):
         self.fields = fields
-        self._pack = struct.Struct("<" + "".join(code for _, code in fields))
+        self.layout = struct.Struct("<" + "".join(code for _, code in fields))
 
     @property
     def size(self) -> int:
-        return self._pack.size
+        return self.layout.size
 
     def __call__(self, **values) -> bytes:
         return self.pack([values[name] for name, _ in self.fields])
 
     def pack(self, values: list) -> bytes:
         """The struct of ``values`` given in field order."""
-        return self._pack.pack(*values)
+        return self.layout.pack(*values)
 
 
 forward_args = ArgStruct(FORWARD_ARGS)
@@ -345,10 +344,10 @@ def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> 
     return (rows_per_chunk * dim + SIMT_THREADS + rows_per_chunk) * accumulator_bytes + rows_per_chunk + SIMT_THREADS
 
 
-#: Threads per block of the backward kernels: the CSR build (one block per document) and the
-#: gathers (launch bounds in maxsim_bwd.cu); the hot-row partials hold at most 16 warps.
-BWD_CSR_THREADS = 512
+#: Threads per block of the backward kernels (launch bounds in maxsim_bwd.cu), and blocks per SM
+#: (MAXSIM_BWD_MIN_BLOCKS there); the hot-row partials hold at most 16 warps.
 BWD_THREADS = 256
+BWD_BLOCKS_PER_SM = 4
 BWD_DIM_CHUNK = 128
 #: Compile-time tunables of maxsim_bwd.cu (rows in flight, blocks per SM), chosen by
 #: bench/tune_backward.py on the H200.
@@ -358,6 +357,17 @@ BWD_DEFINES: tuple[str, ...] = ()
 def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
     # Mirrors the formula at the top of maxsim_bwd.cu.
     return 4 * (count_warps * longest_doc + 2 * longest_doc + 2)
+
+
+def bwd_csr_layout(longest_doc: int, smem_limit: int, smem_per_sm: int) -> tuple[int, int]:
+    """(count warps, global counts stride in words (0: counts in shared memory)) of the CSR
+    build for documents of up to ``longest_doc`` tokens. Its launch gives dQ's blocks the same
+    shared memory, so it stays within a quarter of an SM (their occupancy) where it can."""
+    for budget in (min(smem_limit, smem_per_sm // BWD_BLOCKS_PER_SM - 1024), smem_limit):
+        warps = min(BWD_THREADS // 32, (budget - bwd_csr_shared_bytes(0, longest_doc)) // (4 * longest_doc))
+        if warps >= 1:
+            return warps, 0
+    return 1, bwd_csr_shared_bytes(1, longest_doc) // 4
 
 
 # ---- CuPy side ------------------------------------------------------------------------------
@@ -499,6 +509,43 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
     values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
+
+
+class PreparedLaunch:
+    """A launch whose kernel and geometry are settled, so that only the arguments change from
+    call to call (a replayed call, a training step): the argument bytes go into buffers held
+    here, which cuLaunchKernel copies at the launch, so a launch allocates nothing. ``struct``
+    packs the first argument; ``extra_bytes``: the size of a second one given whole to each
+    call (the Hopper kernel's tensor map). A lock keeps two threads (torch runs backward on a
+    thread of its own) from filling the buffers at once."""
+
+    def __init__(self, kernel, grid, block, shared_bytes: int, struct: ArgStruct, extra_bytes: int = 0):
+        self.kernel = kernel  # holds the module, so that the function pointer stays valid
+        self._function = kernel.kernel.ptr
+        self._geometry = (tuple(grid) + (1,) * (3 - len(grid)) + tuple(block) + (1,) * (3 - len(block))
+                          + (shared_bytes,))
+        self._pack_into = struct.layout.pack_into
+        self._args = ctypes.create_string_buffer(struct.size)
+        self._extra = ctypes.create_string_buffer(extra_bytes) if extra_bytes else None
+        buffers = [self._args] + ([self._extra] if extra_bytes else [])
+        self._params = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
+        self._params_address = ctypes.addressof(self._params)
+        self._lock = threading.Lock()
+
+    def __call__(self, values: list, stream_ptr: int | None, extra: bytes | None = None) -> None:
+        """Launch with the first argument's ``values`` in field order (and ``extra``'s bytes) on
+        ``stream_ptr`` (None: CuPy's current stream)."""
+        from cupy_backends.cuda.api import driver
+
+        if stream_ptr is None:
+            import cupy
+
+            stream_ptr = cupy.cuda.get_current_stream().ptr
+        with self._lock:
+            self._pack_into(self._args, 0, *values)
+            if extra is not None:
+                ctypes.memmove(self._extra, extra, len(extra))
+            driver.launchKernel(self._function, *self._geometry, stream_ptr, self._params_address, 0)
 
 
 #: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is

@@ -26,27 +26,22 @@ class _MaxSim(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, d, offsets, q_mask, d_mask, mode):
-        wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        bounds = None  # packed: the offsets' checked bounds, handed to the backward plan
-        if mode == "packed":
-            result, bounds = _api._score_packed(q, d, offsets, q_mask, None, None, wants_grad)
-        elif mode == "pairs":
-            result = _api.score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=wants_grad)
-        else:
-            result = _api.score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=wants_grad)
-        if not wants_grad:
-            return result
-        scores, argmax = result
-        # The backward's work that needs no gradient (checks, the inverse CSR of the winners)
-        # is done here, where it overlaps the GPU; the backward only adds the gradient.
-        ctx.plan = _api.backward_plan(q, d, argmax, offsets=offsets, pairs=mode == "pairs", _checked_offsets=bounds)
-        ctx.save_for_backward(q, d, argmax, offsets)  # autograd's check that they stay unmodified
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            if mode == "packed":
+                return _api.score_packed(q, d, offsets, q_mask=q_mask)
+            score = _api.score_pairs if mode == "pairs" else _api.score
+            return score(q, d, q_mask=q_mask, d_mask=d_mask)
+        # The winners' backward plan (checks, the inverse CSR of the winners) is made here,
+        # where it overlaps the GPU; the backward only adds the gradient.
+        scores, ctx.plan = _api.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
+                                                pairs=mode == "pairs")
+        ctx.save_for_backward(q, d, offsets)  # autograd's check that they stay unmodified
         return scores
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_scores):
-        ctx.saved_tensors  # noqa: B018 (raises if q, d or the winners changed in place since the forward)
+        ctx.saved_tensors  # noqa: B018 (raises if q, d or the offsets changed in place since the forward)
         grad_q, grad_d = ctx.plan.gradients(grad_scores)
         return (grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None,
                 None, None, None, None)

@@ -8,16 +8,12 @@
 // accumulated in fp32 (fp64 for float64 inputs) in a fixed order and written once, in the
 // input dtype: the same inputs give bitwise the same gradients.
 //
-// maxsim_bwd_dq_*: one warp per (query token, 128-wide dim chunk, document chunk). Lanes
-// read the argmax and g of 64 documents at once and broadcast them; each lane accumulates 4
-// dims, 8 document rows in flight (16-bit rows; 4 otherwise; a weight of 0 marks a document
-// the token has no winner in).
-// With one document chunk the warp writes grad_q directly; with several it writes fp32
-// partials, which blocks past the documents of the dD launch sum in chunk order (one launch
-// fewer per backward: a training step is host-bound).
+// A backward is two launches: maxsim_bwd_csr_dq_* (the inverse CSR of the winners, then dQ),
+// and maxsim_bwd_dd_* (dD, then the sum of dQ's document chunks): a training step is
+// host-bound, each launch costing microseconds of host time.
 //
-// maxsim_bwd_csr: one block per document inverts its argmax into CSR in three phases (no
-// sort, no global atomics):
+// maxsim_bwd_csr_dq_*, first blocks: one block per document inverts its argmax into CSR in
+// three phases (no sort, no global atomics):
 //   count: count_warps warps each count their contiguous share of the document's (i, t)
 //          sources per destination token, in shared memory (integer atomics: exact);
 //   scan:  per token, an exclusive scan over warps, then over tokens, gives each warp a cursor
@@ -25,8 +21,17 @@
 //   fill:  each warp walks its share in order, ranks equal destinations with __match_any_sync
 //          and writes the source at cursor + rank: lists come out in (i, t) order, every run.
 // Shared memory (dynamic, bytes): 4 * (count_warps * L + 2 * L + 2), L = the longest
-// document; _kernels.py mirrors this formula. Documents too long for that (about 19,000
-// tokens) use a global scratch of that size per document (csr_counts) with one count warp.
+// document; _kernels.py mirrors this formula. The launch gives every block that much, dQ's
+// too, so Python keeps it within a quarter of an SM where it can (documents up to about
+// 4,800 tokens on the H200; longer ones take up to the block limit, then, past about 19,000
+// tokens, a global scratch of that size per document (csr_counts) with one count warp).
+//
+// maxsim_bwd_csr_dq_*, the other blocks: dQ, one warp per (query token, 128-wide dim chunk,
+// document chunk). Lanes read the argmax and g of 64 documents at once and broadcast them;
+// each lane accumulates 4 dims, 8 document rows in flight (16-bit rows; 4 otherwise; a weight
+// of 0 marks a document the token has no winner in). With one document chunk the warp writes
+// grad_q directly; with several it writes fp32 partials, which blocks past the documents of
+// the dD launch sum in chunk order.
 //
 // maxsim_bwd_dd_*: one block per (document, row group). Each destination row is owned by one
 // warp, which sums its sources in list order and writes the row once (zeros for a token
@@ -134,22 +139,23 @@ __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_w
     gather_rows<T, A>(base, my_offset, my_weight, count, dim0, valid, vector, acc, [](int) {});
 }
 
+// dQ block (block_x, block_y, block_z): query tokens, dim chunk, document chunk.
 template <typename T>
-__device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
+__device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 block_x, int block_y, i64 block_z) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
     const int lane = threadIdx.x & 31;
-    const i64 token_index = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // query * Lq + t
+    const i64 token_index = block_x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // query * Lq + t
     const i64 num_tokens = (i64)args.num_queries * args.query_length;
     if (token_index >= num_tokens) return;
     const i64 query = token_index / args.query_length;
     const int token = (int)(token_index % args.query_length);
-    const int dim0 = blockIdx.y * DIM_CHUNK + lane * 4;
+    const int dim0 = block_y * DIM_CHUNK + lane * 4;
     const int valid = min(4, args.dim - dim0);
     const bool vector = args.vector_loads != 0;
     const T* d = (const T*)args.d;
 
-    i64 doc_begin = (i64)blockIdx.z * args.docs_per_chunk;
+    i64 doc_begin = block_z * args.docs_per_chunk;
     i64 doc_end = min(doc_begin + args.docs_per_chunk, args.num_docs);
     if (args.pairs) doc_begin = query, doc_end = query + 1;
 
@@ -187,7 +193,7 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs args) {
     if (valid <= 0) return;
     const i64 out = token_index * args.dim + dim0;
     if (args.partial != nullptr) {
-        float* partial = args.partial + (i64)blockIdx.z * num_tokens * args.dim + out;
+        float* partial = args.partial + block_z * num_tokens * args.dim + out;
         for (int e = 0; e < valid; ++e) partial[e] = (float)acc[e];
     } else {
         T* grad_q = (T*)args.grad_q + out;
@@ -259,10 +265,9 @@ __device__ __forceinline__ void source_winners(const BackwardArgs& args, i64 doc
 // the hot rows' (more than HOT_ROW sources). Per document, entry j = row0 + doc + k of
 // row_ranges (k = 0 .. L, the last one holding the totals) is the pair (light start, hot
 // start) of row k: light row k owns [light[k], light[k + 1]), hot row k [hot[k], hot[k + 1]).
-__device__ __forceinline__ void build_inverse_csr(const BackwardArgs args) {
+__device__ __forceinline__ void build_inverse_csr(const BackwardArgs& args, i64 doc) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const i64 doc = blockIdx.x;
     i64 doc_base, length64, first_token;
     bwd_doc_extent(args, doc, doc_base, length64, first_token);
     const int length = (int)length64;
@@ -471,25 +476,39 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     }
 }
 
+// The first launch of a backward: blocks [0, num_docs) invert one document's winners each
+// (build_inverse_csr, which needs only the winners), the blocks after them compute dQ, the
+// grid (x: query tokens, y: dim chunks, z: document chunks) flattened in that order. One
+// launch instead of two, and the CSR's latency-bound blocks run beside dQ's gathers.
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
+    if ((i64)blockIdx.x < args.num_docs) {
+        build_inverse_csr(args, blockIdx.x);
+        return;
+    }
+    // 32-bit: the whole grid is under 2^31 blocks (64-bit division costs registers dQ has not).
+    const u32 dq_block = blockIdx.x - (u32)args.num_docs;
+    const u32 tokens_per_block = blockDim.x >> 5;
+    const u32 grid_x = (u32)(((i64)args.num_queries * args.query_length + tokens_per_block - 1) / tokens_per_block);
+    const u32 grid_y = (args.dim + bwd::DIM_CHUNK - 1) / bwd::DIM_CHUNK;
+    maxsim_bwd_dq<T>(args, dq_block % grid_x, (int)(dq_block / grid_x % grid_y), dq_block / (grid_x * grid_y));
+}
+
 // THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS: per SM.
-#define MAXSIM_BWD_DQ_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
+#define MAXSIM_BWD_CSR_DQ_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
-        maxsim_bwd_dq<T>(args);                                                              \
+        maxsim_bwd_csr_dq<T>(args);                                                          \
     }
 #define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
         maxsim_bwd_dd<T>(args);                                                              \
     }
 
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_DQ_ENTRY(maxsim_bwd_dq_fp64, double, 256, 1)  // registers
+MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp64, double, 256, 1)  // registers
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256, 1)  // registers
-
-#define MAXSIM_BWD_CSR_ENTRY(NAME, THREADS) \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const BackwardArgs args) { build_inverse_csr(args); }
-MAXSIM_BWD_CSR_ENTRY(maxsim_bwd_csr, 512)

@@ -115,6 +115,22 @@ class _HostOutput:  # results in host memory instead of CuPy's (_api.Output stub
         return array
 
 
+def _record_launches(monkeypatch, launches: list) -> None:
+    """Launches stubbed: each one, general or prepared (_kernels.PreparedLaunch), appends
+    (kernel, grid, block, argument bytes or (bytes, tensor map), shared bytes, stream)."""
+    class Recorded:
+        def __init__(self, kernel, grid, block, shared_bytes, struct, extra_bytes=0):
+            self.fixed = kernel, tuple(grid), tuple(block), shared_bytes, struct
+
+        def __call__(self, values, stream_ptr, extra=None):
+            kernel, grid, block, shared, struct = self.fixed
+            args = struct.pack(values)
+            launches.append((kernel, grid, block, args if extra is None else (args, extra), shared, stream_ptr))
+
+    monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
+    monkeypatch.setattr(_kernels, "PreparedLaunch", Recorded)
+
+
 class _StubKernel:  # what the planner reads of a compiled kernel
     num_regs = 128
 
@@ -200,7 +216,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
 
     launches = []
     monkeypatch.setattr(_api, "Output", _HostOutput)
-    monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
+    _record_launches(monkeypatch, launches)
     monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(_kernels, "doc_tile_map", lambda pointer, *shape: ("map", pointer) + shape)
     plan_args = (0, "fp16", 1, 32, 128, 1_000, False, False, 300, False)
@@ -218,7 +234,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     (kernel, grid, block, (args, tile_map), shared, stream), = launches
     assert (kernel, grid, block, shared, stream) == (plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
                                                      plan.shared, None)
-    sent = dict(zip(names, _kernels.forward_args._pack.unpack(args)))
+    sent = dict(zip(names, _kernels.forward_args.layout.unpack(args)))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data)
     assert tile_map == ("map", 0x200000) + tile_map_shape
 
@@ -226,7 +242,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     with_argmax = _api._Replay(like, (1_000,), "float32", "int16", plan_args, plan, values, tile_map_shape)
     result, argmax = with_argmax(q, d)
     assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
-    sent = dict(zip(names, _kernels.forward_args._pack.unpack(launches[-1][3][0])))
+    sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
     del launches[1:]
 
@@ -251,54 +267,78 @@ class _FakeCupyArray:
 
 def test_backward_templates_without_a_gpu(monkeypatch):
     """backward_plan on an H200's properties, kernels and launches stubbed: the general path
-    launches the CSR and leaves a template; a later plan of the same signature at new pointers
-    starts from it (the same arguments, its own pointers and scratch); gradients() launches dQ,
-    then dD with the sum of dQ's document chunks past the documents; documents off 16-byte
-    alignment are a signature of their own (no vector loads)."""
+    launches nothing and leaves a template; a later plan of the same signature at new pointers
+    starts from it (the same arguments, its own pointers); gradients() launches the CSR with dQ
+    (one block per document, then dQ's), then dD with the sum of dQ's document chunks past the
+    documents, with its own scratch; documents off 16-byte alignment are a signature of their
+    own (no vector loads)."""
     from cupy_maxsim import _api
 
     launches = []
     monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
     monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
-    monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
+    _record_launches(monkeypatch, launches)
     monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(_api, "Output", _HostOutput)
     monkeypatch.setattr(_api, "_backward_templates", {})
     rebound = count_calls(monkeypatch, _api.BackwardPlan, "_rebound")
-    sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args._pack.unpack(call[3])))  # noqa: E731
+    sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args.layout.unpack(call[3])))  # noqa: E731
     pointers = ("q", "d", "argmax", "sources", "row_ranges", "partial", "grad", "grad_q", "grad_d")
 
-    def plan_at(base):
+    def gradients_at(base):
         q = _FakeCupyArray((8, 32, 128), np.float16, base)
         d = _FakeCupyArray((40, 70, 128), np.float16, base + 0x100000 + (base & 2))
         argmax = _FakeCupyArray((8, 40, 32), np.int16, base + 0x800000)
+        grad = _FakeCupyArray((8, 40), np.float32, base + 0x900000)
         launches.clear()
         plan = _api.backward_plan(q, d, argmax)
-        (csr,) = launches
-        return plan, q, d, argmax, sent(csr)
+        assert not launches  # the forward's part launches nothing
+        grad_q, grad_d = plan.gradients(grad)
+        csr_dq, dd = launches
+        assert sent(csr_dq) == sent(dd)
+        assert (grad_q.shape, grad_d.shape) == ((8, 32, 128), (40, 70, 128))
+        return plan, (q, d, argmax, grad, grad_q, grad_d), csr_dq, dd
 
-    first, q, d, argmax, csr_first = plan_at(0x10000000)
-    assert (csr_first["q"], csr_first["d"], csr_first["argmax"]) == (q.data.ptr, d.data.ptr, argmax.data.ptr)
-    assert len(_api._backward_templates) == 1 and csr_first["vector_loads"] == 1
-    again, q2, d2, argmax2, csr_again = plan_at(0x20000000)
-    assert len(_api._backward_templates) == 1 and len(rebound) == 1  # the same signature: from the template
-    assert {k: v for k, v in csr_again.items() if k not in pointers} == {
-        k: v for k, v in csr_first.items() if k not in pointers}
-    assert (csr_again["q"], csr_again["d"], csr_again["argmax"]) == (q2.data.ptr, d2.data.ptr, argmax2.data.ptr)
-    scratch = again._scratch.ctypes.data  # its own scratch: CSR first, then the row lists, then dQ's partials
-    assert scratch != first._scratch.ctypes.data and csr_again["sources"] == scratch
-    assert scratch < csr_again["row_ranges"] < csr_again["partial"] < scratch + 4 * again._scratch.size
-
-    launches.clear()
-    grad = _FakeCupyArray((8, 40), np.float32, 0x30000000)
-    grad_q, grad_d = again.gradients(grad)
-    (dq, dd) = launches
-    assert (dq[0], dd[0]) == ("maxsim_bwd_dq_fp16", "maxsim_bwd_dd_fp16")
+    first, arrays, csr_dq, dd = gradients_at(0x10000000)
     args = sent(dd)
-    assert (args["grad"], args["grad_q"], args["grad_d"]) == (grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data)
-    assert sent(dq) == args and grad_q.shape == (8, 32, 128) and grad_d.shape == (40, 70, 128)
+    assert len(_api._backward_templates) == 1 and args["vector_loads"] == 1
+    assert (csr_dq[0], dd[0]) == ("maxsim_bwd_csr_dq_fp16", "maxsim_bwd_dd_fp16")
     chunks = -(-40 // args["docs_per_chunk"])
-    assert chunks == 2 and dq[1] == (32, 1, chunks) and dd[1][0] > 40  # blocks past the documents sum dQ's chunks
+    dq_blocks = 8 * 32 // (_kernels.BWD_THREADS // 32) * chunks  # query tokens x 1 dim chunk x doc chunks
+    assert chunks == 2 and csr_dq[1] == (40 + dq_blocks,)  # the CSR's blocks, then dQ's
+    assert csr_dq[4] == _kernels.bwd_csr_shared_bytes(args["count_warps"], 70) and args["csr_counts_stride"] == 0
+    assert dd[1][0] > 40 and dd[4] == 0  # blocks past the documents sum dQ's chunks
+    q, d, argmax, grad, grad_q, grad_d = arrays
+    assert [args[k] for k in ("q", "d", "argmax", "grad", "grad_q", "grad_d")] == [
+        q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
+    scratch = first._scratch.ctypes.data  # CSR first, then the row lists, then dQ's partials
+    assert args["sources"] == scratch < args["row_ranges"] < args["partial"] < scratch + 4 * first._scratch.size
 
-    _, _, _, _, csr_off = plan_at(0x40000002)  # documents 2 bytes off 16-byte alignment
-    assert len(_api._backward_templates) == 2 and len(rebound) == 1 and csr_off["vector_loads"] == 0
+    again, arrays, _, dd_again = gradients_at(0x20000000)
+    assert len(_api._backward_templates) == 1 and len(rebound) == 1  # the same signature: from the template
+    args_again = sent(dd_again)
+    assert {k: v for k, v in args_again.items() if k not in pointers} == {
+        k: v for k, v in args.items() if k not in pointers}
+    q, d, argmax, grad, grad_q, grad_d = arrays
+    assert [args_again[k] for k in ("q", "d", "argmax", "grad", "grad_q", "grad_d")] == [
+        q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
+    assert args_again["sources"] == again._scratch.ctypes.data != scratch  # its own scratch
+
+    _, _, _, dd_off = gradients_at(0x40000002)  # documents 2 bytes off 16-byte alignment
+    assert len(_api._backward_templates) == 2 and len(rebound) == 1 and sent(dd_off)["vector_loads"] == 0
+
+
+def test_csr_layout_keeps_dq_occupancy():
+    """The CSR build's shared memory (given to dQ's blocks of the same launch too) stays within
+    a quarter of an H200 SM up to about 4,800 tokens, then takes up to the block limit, then
+    global counts."""
+    sm_count, smem_limit, smem_per_sm = _H200[:3]
+    quarter = smem_per_sm // _kernels.BWD_BLOCKS_PER_SM
+    for longest in (1, 300, 1030, 4000):
+        warps, stride = _kernels.bwd_csr_layout(longest, smem_limit, smem_per_sm)
+        assert stride == 0 and 1 <= warps <= _kernels.BWD_THREADS // 32
+        assert _kernels.bwd_csr_shared_bytes(warps, longest) + 1024 <= quarter
+    assert _kernels.bwd_csr_layout(300, smem_limit, smem_per_sm) == (8, 0)
+    warps, stride = _kernels.bwd_csr_layout(8192, smem_limit, smem_per_sm)
+    assert stride == 0 and quarter < _kernels.bwd_csr_shared_bytes(warps, 8192) <= smem_limit
+    assert _kernels.bwd_csr_layout(30000, smem_limit, smem_per_sm) == (1, _kernels.bwd_csr_shared_bytes(1, 30000) // 4)

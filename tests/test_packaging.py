@@ -25,7 +25,7 @@ def test_every_kernel_name_exists_in_its_source():
 def test_api_asks_only_for_declared_kernels():
     text = Path(_api.__file__).read_text()
     declared = {name for _, names in _kernels.FAMILIES.values() for name in names}
-    for prefix in re.findall(r'f"(maxsim_fwd(?:_simt)?|maxsim_bwd_(?:dq|dd))_\{suffix\}"', text):
+    for prefix in re.findall(r'f"(maxsim_fwd(?:_simt)?|maxsim_bwd_(?:csr_dq|dd))_\{suffix\}"', text):
         for suffix in _api._DTYPE_SUFFIX.values():
             name = f"{prefix}_{suffix}"
             if prefix == "maxsim_fwd" and suffix in ("fp32", "fp64"):
