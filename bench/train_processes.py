@@ -19,9 +19,10 @@ HERE = Path(__file__).parent
 
 
 def summary(reports: list[dict]) -> str:
-    lines = ["| process | shape | ours ms | flash ms | vs flash | ours fastest | flash fastest |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| process | shape | ours ms | flash ms | vs flash | ours fastest | flash fastest | ours graphed ms "
+             "| flash graphed ms | graphed vs flash |", "|---|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[str, list[float]] = {}
+    graphed_ratios: dict[str, list[float]] = {}
     for k, report in enumerate(reports, 1):
         for row in report["rows"]:
             ours = row["providers"].get("cupy_maxsim", {})
@@ -30,11 +31,20 @@ def summary(reports: list[dict]) -> str:
                 continue
             ratio = flash["ms"] / ours["ms"]
             ratios.setdefault(row["shape"], []).append(ratio)
+            graphed = [result.get("ms_graphed") for result in (ours, flash)]
+            graphed_text = " | ".join(f"{g:.3f}" if isinstance(g, float) else "-" for g in graphed)
+            if all(isinstance(g, float) for g in graphed):
+                graphed_ratios.setdefault(row["shape"], []).append(graphed[1] / graphed[0])
+                graphed_text += f" | {graphed[1] / graphed[0]:.2f}x"
+            else:
+                graphed_text += " | -"
             lines.append(f"| {k} | {row['shape']} | {ours['ms']:.3f} | {flash['ms']:.3f} | {ratio:.2f}x | "
-                         f"{ours['step_ms_min_max'][0]:.3f} | {flash['step_ms_min_max'][0]:.3f} |")
+                         f"{ours['step_ms_min_max'][0]:.3f} | {flash['step_ms_min_max'][0]:.3f} | {graphed_text} |")
     for shape, values in ratios.items():
+        graphed = graphed_ratios.get(shape)
+        graphed_text = f"{statistics.median(graphed):.2f}x (min {min(graphed):.2f}x)" if graphed else "-"
         lines.append(f"| median of {len(values)} | {shape} | | | {statistics.median(values):.2f}x "
-                     f"(min {min(values):.2f}x) | | |")
+                     f"(min {min(values):.2f}x) | | | | | {graphed_text} |")
     return "\n".join(lines)
 
 
