@@ -392,6 +392,67 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_torch_steps_replay_and_capture():
+    """Repeated torch training steps (score_with_plan replayed: the forward and the backward's
+    layout under one lookup) give the general path's scores and gradients bitwise, each step
+    on new data; a warmed-up step captured in a CUDA graph and replayed on new data copied into
+    its inputs gives them too."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+    from cupy_maxsim import _api
+
+    _api._replays.clear()
+    _api._backward_templates.clear()
+    generator = torch.Generator(device="cuda").manual_seed(5)
+
+    def data():
+        unit = lambda shape: torch.nn.functional.normalize(  # noqa: E731
+            torch.randn(shape, device="cuda", generator=generator), dim=-1).half()
+        return unit((6, 32, 64)), unit((10, 70, 64)), torch.randn(6, 10, device="cuda", generator=generator)
+
+    def assert_general_path(q, d, grad, scores, grad_q, grad_d):
+        expected_scores, argmax = cm.score(q, d, return_argmax=True)
+        expected_q, expected_d = cm.score_backward(grad, q, d, argmax)
+        assert torch.equal(scores, expected_scores)
+        assert torch.equal(grad_q, expected_q) and torch.equal(grad_d, expected_d)
+
+    for _ in range(3):
+        q, d, grad = data()
+        q_leaf, d_leaf = q.clone().requires_grad_(True), d.clone().requires_grad_(True)
+        scores = cmt.maxsim(q_leaf, d_leaf)
+        scores.backward(grad)
+        assert_general_path(q, d, grad, scores.detach(), q_leaf.grad, d_leaf.grad)
+    assert _api._replay_key(q_leaf, d_leaf, "plan") in _api._replays
+
+    q_static, d_static, grad_static = data()
+    q_static.requires_grad_(True)
+    d_static.requires_grad_(True)
+
+    def step():
+        q_static.grad = d_static.grad = None
+        scores = cmt.maxsim(q_static, d_static)
+        scores.backward(grad_static)
+        return scores
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_scores = step()
+    for _ in range(2):
+        q, d, grad = data()
+        with torch.no_grad():
+            q_static.copy_(q), d_static.copy_(d), grad_static.copy_(grad)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_general_path(q, d, grad, static_scores.detach(), q_static.grad, d_static.grad)
+
+
+@pytest.mark.gpu
 def test_gpu_hot_rows_pairs_packed_and_long_documents():
     import cupy
 

@@ -244,6 +244,16 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
     sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
+    # With a backward template (score_with_plan replayed): the plan of the winners instead.
+    class Template:
+        def _rebound(self, pointers, arrays):
+            return "plan", pointers, arrays
+
+    result, (plan, pointers, arrays) = with_argmax.with_backward(Template())(q, d)
+    sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
+    assert plan == "plan" and pointers == (0x10000, 0x200000, sent["argmax"]) and arrays[:2] == (q, d)
+    assert arrays[2].shape == (1_000, 32) and sent["out"] == result.ctypes.data
+    assert with_argmax.backward is None  # the plain replay is left as it was
     del launches[1:]
 
     assert replay(q, device_array(0x200002)) is None  # documents 2 bytes off alignment
