@@ -192,12 +192,9 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
     """
     plain = q_mask is None and d_mask is None and q_scale is None and d_scale is None
     replay_key = _replay_key(q, d, return_argmax) if plain else None
-    if replay_key is not None:
-        replay = _replays.get(replay_key)
-        if replay is not None:
-            result = replay(q, d)
-            if result is not None:
-                return result
+    result = _replayed(replay_key, q, d)
+    if result is not None:
+        return result
     like, d_op = _scored_operand(q, "q"), _scored_operand(d, "d")
     _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
     _check_ndim(d_op, (3,), "(Nd, Ld, D)")
@@ -424,12 +421,9 @@ def score_with_plan(q, d, *, q_mask=None, d_mask=None, offsets=None, pairs=False
         scores, argmax = score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
         return scores, backward_plan(q, d, argmax, pairs=True)
     key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
-    if key is not None:
-        replay = _replays.get(key)
-        if replay is not None:
-            result = replay(q, d)
-            if result is not None:
-                return result
+    result = _replayed(key, q, d)
+    if result is not None:
+        return result
     scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
     plan = backward_plan(q, d, argmax)
     if key is not None:
@@ -928,6 +922,13 @@ class _Replay:
         if self.backward is not None:
             return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
         return output.wrap(result), output.wrap(argmax)
+
+
+def _replayed(key, q, d):
+    """The call recorded under ``key`` (from _replay_key) replayed for q and d, or None: no key,
+    none recorded, or the general path must answer."""
+    replay = _replays.get(key) if key is not None else None
+    return None if replay is None else replay(q, d)
 
 
 _replays: dict = {}
