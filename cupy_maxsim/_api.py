@@ -192,12 +192,9 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
     """
     plain = q_mask is None and d_mask is None and q_scale is None and d_scale is None
     replay_key = _replay_key(q, d, return_argmax) if plain else None
-    if replay_key is not None:
-        replay = _replays.get(replay_key)
-        if replay is not None:
-            result = replay(q, d)
-            if result is not None:
-                return result
+    result = _replayed(replay_key, q, d)
+    if result is not None:
+        return result
     like, d_op = _scored_operand(q, "q"), _scored_operand(d, "d")
     _check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
     _check_ndim(d_op, (3,), "(Nd, Ld, D)")
@@ -424,12 +421,9 @@ def score_with_plan(q, d, *, q_mask=None, d_mask=None, offsets=None, pairs=False
         scores, argmax = score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
         return scores, backward_plan(q, d, argmax, pairs=True)
     key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
-    if key is not None:
-        replay = _replays.get(key)
-        if replay is not None:
-            result = replay(q, d)
-            if result is not None:
-                return result
+    result = _replayed(key, q, d)
+    if result is not None:
+        return result
     scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
     plan = backward_plan(q, d, argmax)
     if key is not None:
@@ -540,9 +534,10 @@ class BackwardPlan:
                 docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
             chunks = -(-num_docs // docs_per_chunk)
             num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
-            # dD: rows per warp for about 64 sources per warp on average (sparse ColPali rows get
-            # up to 64 rows per warp; dense ColBERT rows a handful).
-            rows_per_warp = max(1, min(64, 64 * longest // max(1, sources_per_doc)))
+            # dD: rows per warp for about 64 sources per warp on average (dense ColBERT rows get a
+            # handful), at most 32 (sparse ColPali rows: more blocks in flight; H200, dD 35.7 us
+            # with 64 rows a warp, 27.6 with 32: bench/results/tune-dd-rows-2026-11-30-3572412.txt).
+            rows_per_warp = max(1, min(32, 64 * longest // max(1, sources_per_doc)))
             # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
             # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
             parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
@@ -854,8 +849,8 @@ def _replay_key(q, d, argmax: bool = False):
     if type(d) is not kind:
         return None
     module = kind.__module__
-    if module == "torch":
-        return kind, q.shape, q.stride(), q.dtype, q.device, d.shape, d.stride(), d.dtype, d.device, argmax
+    if module == "torch":  # get_device(): the device's index (-1: CPU) without a torch.device
+        return kind, q.shape, q.stride(), q.dtype, q.get_device(), d.shape, d.stride(), d.dtype, d.get_device(), argmax
     if module == "cupy":
         return kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id, argmax
     return None
@@ -870,7 +865,7 @@ def _backward_key(q, d, argmax, pairs: bool):
         return None, None
     if key[0].__module__ == "torch":
         pointers = q.data_ptr(), d.data_ptr(), argmax.data_ptr()
-        key += (argmax.shape, argmax.stride(), argmax.dtype, argmax.device)
+        key += (argmax.shape, argmax.stride(), argmax.dtype, argmax.get_device())
     else:
         pointers = q.data.ptr, d.data.ptr, argmax.data.ptr
         key += (argmax.shape, argmax.strides, argmax.dtype, argmax.device.id)
@@ -928,6 +923,13 @@ class _Replay:
         if self.backward is not None:
             return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
         return output.wrap(result), output.wrap(argmax)
+
+
+def _replayed(key, q, d):
+    """The call recorded under ``key`` (from _replay_key) replayed for q and d, or None: no key,
+    none recorded, or the general path must answer."""
+    replay = _replays.get(key) if key is not None else None
+    return None if replay is None else replay(q, d)
 
 
 _replays: dict = {}

@@ -531,12 +531,13 @@ class PreparedLaunch:
         self._params = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
         self._params_address = ctypes.addressof(self._params)
         self._lock = threading.Lock()
+        from cupy_backends.cuda.api import driver
+
+        self._launch_kernel = driver.launchKernel
 
     def __call__(self, values: list, stream_ptr: int | None, extra: bytes | None = None) -> None:
         """Launch with the first argument's ``values`` in field order (and ``extra``'s bytes) on
         ``stream_ptr`` (None: CuPy's current stream)."""
-        from cupy_backends.cuda.api import driver
-
         if stream_ptr is None:
             import cupy
 
@@ -545,7 +546,7 @@ class PreparedLaunch:
             self._pack_into(self._args, 0, *values)
             if extra is not None:
                 ctypes.memmove(self._extra, extra, len(extra))
-            driver.launchKernel(self._function, *self._geometry, stream_ptr, self._params_address, 0)
+            self._launch_kernel(self._function, *self._geometry, stream_ptr, self._params_address, 0)
 
 
 #: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is
