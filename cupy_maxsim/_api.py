@@ -839,7 +839,8 @@ def _fill_trivial(output, d, d_mask, offsets, shape, num_docs, doc_length, strea
 # signature (types, shapes, strides, dtypes and devices of q and d, and whether the winners are
 # wanted: everything its checks and its plan read, but the pointers); a later call with the same
 # signature reads only the pointers and the stream, allocates the results and launches the same
-# kernel. backward_plan does the same for the backward's layout (_backward_key).
+# kernel. backward_plan does the same for the backward's layout (_backward_key), and
+# score_with_plan (an autograd adapter's forward) replays both under one key.
 
 
 def _replay_key(q, d, argmax: bool = False):
