@@ -4,7 +4,9 @@ the training shapes of bench_train), beside flash-maxsim's when it imports.
 Per shape and provider: the host time per step (steps submitted without waiting on the GPU;
 the training shapes' GPU work is shorter than the launch queue, so the host never blocks), the
 same for our pieces (forward with the winners, backward_plan, plan.gradients), then cProfile
-over 300 of our steps.
+over 300 of our steps, then torch.profiler's CPU view of 100 steps of ours and of the empty
+Function (torch's own share: autograd nodes, gradient accumulation, allocations), where the
+step's host time beyond our pieces and the empty step's is to be found.
 
     python bench/profile_host_step.py > bench/results/profile-host-step-<date>-<commit>.txt
 """
@@ -100,6 +102,13 @@ def main() -> int:
         profiler.disable()
         torch.cuda.synchronize()
         pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(40)
+        for label, fn in (("ours", step), ("empty Function", lambda: step(empty_function.apply))):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for _ in range(100):
+                    fn()
+            torch.cuda.synchronize()
+            print(f"-- torch.profiler, 100 steps ({label}), by self CPU time")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     return 0
 
 

@@ -799,7 +799,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
         // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
         // FIRST (a document's first tile): the maxima start from this tile, so that they are
-        // dead between documents (the registers of a closing document's next tile).
+        // dead between documents (no reset; registers free for the close).
         auto fold_rows = [&](bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
                              const bool FIRST) {
 #pragma unroll
