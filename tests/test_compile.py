@@ -151,10 +151,11 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     warpgroups, and query groups of a corpus within half the L2 start at rotated documents."""
     from cupy_maxsim import _api
 
-    def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False):
+    def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False, argmax_bits=0, dim=128):
+        """(the plan, its kernel's defines as a dict, the kernel's name), planned afresh."""
         h200_planner.clear()
         _api._mma_plan.cache_clear()
-        result = _api._mma_plan(0, suffix, num_queries, 32, 128, num_docs, False, False, mean_length, packed)
+        result = _api._mma_plan(0, suffix, num_queries, 32, dim, num_docs, False, argmax_bits, mean_length, packed)
         family, name, defines = h200_planner[-1]
         return result, dict(d.lstrip("-D").split("=") for d in defines), name
 
@@ -178,24 +179,16 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     # Saving 16-bit winners keeps documents on M, in three warpgroups (two for int8, whose
     # registers they would overflow); 32-bit winners (a document of 32768 tokens or more) and
     # four queries or fewer keep queries on M.
-    def plan_with_argmax(bits, suffix="fp16"):
-        h200_planner.clear()
-        _api._mma_plan.cache_clear()
-        result = _api._mma_plan(0, suffix, 32, 32, 128, 128, False, bits, 300, False)
-        return result, set(h200_planner[-1][2])
-
-    with_argmax, defines = plan_with_argmax(16)
-    assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=3", "-DMAXSIM_ARGMAX=1"} <= defines
+    with_argmax, defines, _ = plan(32, 300, num_docs=128, argmax_bits=16)
+    assert (defines["MAXSIM_DOCS_ON_M"], defines["MAXSIM_WARPGROUPS"], defines["MAXSIM_ARGMAX"]) == ("1", "3", "1")
     assert (with_argmax.group, with_argmax.groups) == (12, 3)
-    assert {"-DMAXSIM_DOCS_ON_M=1", "-DMAXSIM_WARPGROUPS=2"} <= plan_with_argmax(16, "int8")[1]
+    defines = plan(32, 300, num_docs=128, suffix="int8", argmax_bits=16)[1]
+    assert (defines["MAXSIM_DOCS_ON_M"], defines["MAXSIM_WARPGROUPS"]) == ("1", "2")
     # int8 of dim 256 without the argmax: two warpgroups too (three would spill); dim 128: three.
     for dim, warpgroups in ((128, "3"), (256, "2")):
-        h200_planner.clear()
-        _api._mma_plan.cache_clear()
-        _api._mma_plan(0, "int8", 32, 32, dim, 128, False, 0, 300, False)
-        int8_defines = dict(d.lstrip("-D").split("=") for d in h200_planner[-1][2])
-        assert (int8_defines["MAXSIM_DOCS_ON_M"], int8_defines["MAXSIM_WARPGROUPS"]) == ("1", warpgroups)
-    assert "-DMAXSIM_DOCS_ON_M=0" in plan_with_argmax(32)[1]
+        defines = plan(32, 300, num_docs=128, suffix="int8", dim=dim)[1]
+        assert (defines["MAXSIM_DOCS_ON_M"], defines["MAXSIM_WARPGROUPS"]) == ("1", warpgroups)
+    assert plan(32, 300, num_docs=128, argmax_bits=32)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
 
