@@ -970,7 +970,8 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
     bits of the winners saved (16 or 32), 0 for none."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = _kernels.device_properties(device)
     ksteps = -(-dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]] // 32)  # k-steps are 32 bytes
-    corpus_bytes = num_docs * mean_doc_length * dim * ITEMSIZE[_SUFFIX_DTYPE[suffix]]
+    corpus_elements = num_docs * mean_doc_length * dim
+    corpus_bytes = corpus_elements * ITEMSIZE[_SUFFIX_DTYPE[suffix]]
     config = None
     if _kernels.USE_WGMMA and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
@@ -979,7 +980,7 @@ def _mma_plan(device, suffix, num_queries, query_length, dim, num_docs, pairs, a
         docs_on_m = _kernels.WGMMA_DOCS_ON_M and num_queries > 128 // query_length and argmax != 32
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
         tile_rows = 64 if docs_on_m else _kernels.wgmma_tile_rows(
-            mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_bytes)
+            mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_elements)
         config = _kernels.wgmma_config(ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
                                        docs_on_m, suffix == "int8")
         if config is not None and config.shared_bytes > smem_limit:

@@ -246,11 +246,14 @@ WGMMA_SHAPE = dict(warpgroups=3, stages=6)
 #: (tune-wgmma-2026-11-30-462151b.log): taken for 16-bit inputs whose documents they pad by at
 #: most this much more than 64-row tiles do.
 WGMMA_LONG_TILE_PADDING = 1.1
-#: One query against a padded 16-bit corpus of at least this many bytes takes 128-row tiles
-#: whatever the padding (the padding rows cost no bytes there): they stream faster (4.45 vs
-#: 4.25 TB/s) but cost more per call (22 vs 17 us); measured crossover 5,000-10,000 documents
-#: of 300 tokens (bench/results/fixed-cost-2026-11-30-b028c19.txt, the e1f6f43 rows).
-WGMMA_LONG_TILE_STREAM_BYTES = 512 * 2**20
+#: One query against a padded corpus of at least this many elements takes 128-row tiles
+#: whatever the padding (the padding rows cost no bytes there): 16-bit, they stream faster
+#: (4.45 vs 4.25 TB/s) but cost more per call (22 vs 17 us); measured crossover 5,000-10,000
+#: documents of 300 tokens (bench/results/fixed-cost-2026-11-30-b028c19.txt, the e1f6f43 rows),
+#: hence 512 MB of 16-bit. int8 counts the same elements (half the bytes): with the unmasked
+#: last-tile fold its 128-row tiles won on corpus-10k, 0.120 vs 0.126 ms
+#: (ablation-wgmma-2026-11-30-035e935-int8-n128.log).
+WGMMA_LONG_TILE_STREAM_ELEMENTS = 256 * 2**20
 #: 64 or 128 forces the tile rows for 16-bit inputs (tests, bench/tune_wgmma.py); None: per problem.
 WGMMA_TILE_ROWS = None
 #: int8 gets 128-row tiles only splitting documents with at most this many k-steps (dim 128):
@@ -321,9 +324,9 @@ def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:
 
 
 def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4,
-                    padded_bytes: int = 0) -> int:
+                    padded_elements: int = 0) -> int:
     """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens;
-    ``padded_bytes``: the size of a padded corpus (0: packed), whose rows past a document's
+    ``padded_elements``: the size of a padded corpus (0: packed), whose rows past a document's
     end a TMA tile does not read."""
     if int8 and not int8_long_tiles(split_docs, ksteps):
         return 64
@@ -331,7 +334,7 @@ def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False
         return WGMMA_TILE_ROWS
     if mean_doc_length <= 0:
         return 64
-    if split_docs and not int8 and padded_bytes >= WGMMA_LONG_TILE_STREAM_BYTES:
+    if split_docs and padded_elements >= WGMMA_LONG_TILE_STREAM_ELEMENTS:
         return 128
     padded = lambda n: -(-mean_doc_length // n) * n  # noqa: E731
     return 128 if padded(128) <= WGMMA_LONG_TILE_PADDING * padded(64) else 64
@@ -589,7 +592,8 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
                     stream_ptr: int | None) -> tuple[int, int, int, int]:
     """(first, last, number of decreasing steps, longest step) of ``count`` device-resident
     packed-document offsets (``stride`` in elements), on the caller's stream: one launch and one
-    read back (maxsim_offsets.cu)."""
+    read back (maxsim_offsets.cu). The longest step means something only where no step
+    decreases (callers reject the offsets otherwise)."""
     import cupy
 
     with on_device(device), on_stream(stream_ptr):

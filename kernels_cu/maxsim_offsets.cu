@@ -16,11 +16,13 @@ __device__ __forceinline__ void offsets_summary(const void* offsets, i64 count, 
     unsigned long long decreasing = 0;
     i64 longest = 0;
     // A decrease is a comparison of neighbours, not the sign of their difference (which wraps
-    // past int64); non-decreasing offsets in [0, T] give steps that cannot wrap.
+    // past int64). The longest step counts only rising steps (it is read only when none
+    // decreases), their difference taken unsigned: no signed overflow whatever the values.
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i + 1 < count; i += (i64)gridDim.x * blockDim.x) {
         const i64 here = at(i), next = at(i + 1);
         decreasing += next < here;
-        longest = next - here > longest ? next - here : longest;
+        const unsigned long long step = (unsigned long long)next - (unsigned long long)here;
+        if (next > here && step <= 0x7fffffffffffffffULL && (i64)step > longest) longest = (i64)step;
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {

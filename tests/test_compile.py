@@ -168,6 +168,8 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     # padding rows cost nothing there); a packed one keeps 64.
     assert plan(1, 300, num_docs=1_000)[0].tile_rows == 64 and plan(1, 300)[0].tile_rows == 128
     assert plan(1, 300, packed=True)[0].tile_rows == 64
+    # int8 counts the corpus's elements: 128 rows from as many as 16-bit takes them.
+    assert plan(1, 300, suffix="int8")[0].tile_rows == 128 and plan(1, 300, num_docs=1_000, suffix="int8")[0].tile_rows == 64
     int8_plan, _, int8_name = plan(1, 1030, suffix="int8")
     assert int8_plan.tile_rows == 128 and int8_name == "maxsim_fwd_wgmma_int8"
     many, defines, _ = plan(32, 300, num_docs=128)
