@@ -1108,7 +1108,11 @@ def _kernels_forward(q, d, q_mask, d_mask, q_scale, d_scale, offsets, num_docs, 
                 tile_map_shape = (item, dim, d.shape[0] if offsets is not None else doc_length,
                                   1 if offsets is not None else num_docs, d.strides[-2] * item,
                                   0 if offsets is not None else doc_stride * item, offsets is not None, tile_rows)
-                tile_map = _kernels.doc_tile_map(d.ptr, *tile_map_shape)
+                # int8 scales by TMA only for padded corpora: a packed tile starts at any token,
+                # and a box whose first float is off 16 bytes is an illegal instruction.
+                scales = None if d_scale is None or offsets is not None else (
+                    d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
+                tile_map = _kernels.doc_tile_map(d.ptr, *tile_map_shape, scales=scales)
             if record is not None and groups <= 65535:
                 record.append((plan_args, plan, dict(values), tile_map_shape))
             out_item = 8 if q.dtype == "float64" else 4

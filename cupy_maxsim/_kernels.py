@@ -554,9 +554,10 @@ class PreparedLaunch:
 #: a freed kernel's function under a new kernel's id, and launch it.
 _function_pointers: dict = {}
 
-#: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): a
-#: CUtensorMap (128), use_tma, packed, padding to the struct's 64-byte alignment.
-DOC_TILE_MAP_BYTES = 192
+#: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): the
+#: documents' CUtensorMap (128), the int8 document scales' (128), use_tma, packed,
+#: use_scale_tma, padding to the struct's 64-byte alignment.
+DOC_TILE_MAP_BYTES = 320
 NO_DOC_TILE_MAP = bytes(DOC_TILE_MAP_BYTES)
 _doc_tile_maps: dict = {}
 #: Set CUPY_MAXSIM_TMA=0 to have the Hopper kernel copy tiles with cp.async (for A/B measurements).
@@ -573,15 +574,18 @@ def _cuda_driver() -> ctypes.CDLL | None:
 
 
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
-                 doc_stride: int, packed: bool, tile_rows: int = 64) -> bytes:
+                 doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None) -> bytes:
     """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
     elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
     of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
     encodes. :data:`NO_DOC_TILE_MAP` (cp.async copies) where TMA's rules are not met: 16-byte
-    strides and address, 32-bit coordinates, a CUDA driver at hand."""
+    strides and address, 32-bit coordinates, a CUDA driver at hand. ``scales`` (int8): the
+    document scales' (pointer, row stride, document stride), bytes, laid out as the documents'
+    rows; their own map where TMA can read them (rows of contiguous float32), else the kernel's
+    lanes copy them."""
     if not USE_TMA:
         return NO_DOC_TILE_MAP
-    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows)
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales)
     found = _doc_tile_maps.get(key)
     if found is not None:
         return found
@@ -603,11 +607,33 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
                 ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
                 ctypes.c_int(0))  # out-of-range elements read as zeros
             if status == 0:
-                result = bytes(encoded) + struct.pack("<ii", 1, int(packed)) + bytes(DOC_TILE_MAP_BYTES - 136)
+                scale_map = _scale_tile_map(driver, scales, rows, docs, tile_rows)
+                result = (bytes(encoded) + (scale_map or bytes(128))
+                          + struct.pack("<iii", 1, int(packed), int(scale_map is not None)))
+                result += bytes(DOC_TILE_MAP_BYTES - len(result))
     if len(_doc_tile_maps) >= 256:
         _doc_tile_maps.clear()
     _doc_tile_maps[key] = result
     return result
+
+
+def _scale_tile_map(driver, scales: tuple | None, rows: int, docs: int, tile_rows: int) -> bytes | None:
+    """The TMA descriptor of int8 document scales laid out as the documents' rows (2-d: rows,
+    documents; float32, boxes of ``tile_rows`` x 1, zeros past the tensor), or None where TMA
+    cannot read them: rows not contiguous, a document stride or address off 16 bytes."""
+    if scales is None:
+        return None
+    pointer, row_stride, doc_stride = scales
+    doc_stride = doc_stride if docs > 1 else -(-rows * 4 // 16) * 16  # one document: any stride
+    if pointer % 16 or row_stride != 4 or doc_stride % 16 or doc_stride <= 0 or doc_stride * docs >= 2**40:
+        return None
+    encoded = (ctypes.c_uint64 * 16)()
+    status = driver.cuTensorMapEncodeTiled(
+        encoded, ctypes.c_int(7),  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+        ctypes.c_uint32(2), ctypes.c_void_p(pointer), (ctypes.c_uint64 * 2)(rows, docs),
+        (ctypes.c_uint64 * 1)(doc_stride), (ctypes.c_uint32 * 2)(tile_rows, 1), (ctypes.c_uint32 * 2)(1, 1),
+        ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0))  # no interleave, swizzle, promotion
+    return bytes(encoded) if status == 0 else None
 
 
 def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, device: int,

@@ -174,6 +174,8 @@ constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * Q
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
 constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : QUERY_ROWS * LDS * 2;
+static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document scales (after the ring and the "
+              "query) are written by TMA: 128-byte aligned");
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
@@ -385,16 +387,28 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parit
 // cuTensorMapEncodeTiled): 3-d (dim, rows, documents), box (128 bytes of k, 64 rows, 1), the
 // 128-byte swizzle; packed corpora are (dim, tokens, 1). use_tma = 0: no map (a document mask,
 // or operands outside TMA's rules); the producer copies with cp.async instead.
+// int8: the document scales' map beside it (2-d (rows, documents) of float32, or packed
+// (tokens, 1), box (TILE_N, 1), no swizzle), so that one TMA copies a tile's scales with the
+// tile; use_scale_tma = 0: the producer warp's lanes copy them with cp.async (4 bytes each).
 struct alignas(64) DocTileMap {
     unsigned long long map[16];
-    int use_tma, packed, reserved[14];
+    unsigned long long scale_map[16];
+    int use_tma, packed, use_scale_tma, reserved[13];
 };
-static_assert(sizeof(DocTileMap) == 192, "DocTileMap mirrors _kernels.DOC_TILE_MAP_BYTES");
+static_assert(sizeof(DocTileMap) == 320, "DocTileMap mirrors _kernels.DOC_TILE_MAP_BYTES");
 
 // The producer's arrival on `bar`, announcing `bytes` of TMA writes that complete the phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                  : "memory");
+}
+// One box of the document scales' map (2-d) into shared memory; counts towards `bar` as above.
+__device__ __forceinline__ void tma_load_scales(void* dst, const DocTileMap& tile_map, int row, int doc,
+                                                unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(smem_address(dst)), "l"((const void*)tile_map.scale_map), "r"(row), "r"(doc), "r"(smem_address(bar))
+        : "memory");
 }
 // One box of the tensor map into shared memory (swizzled as the map says); its bytes count
 // towards `bar`'s transaction. Out-of-range elements arrive as zeros.
@@ -456,6 +470,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
     if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES) __trap();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
+    // int8 with a TMA map: the tile's document scales come by TMA too, or from the lanes.
+    const bool scales_by_tma = SCALED && tile_map.use_tma && tile_map.use_scale_tma;
+    const bool scales_by_lanes = SCALED && tile_map.use_tma && !tile_map.use_scale_tma;
     const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
     const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
     if (doc_begin >= doc_end) return;
@@ -508,16 +525,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             // cp.async: every thread of the warps copying the ring's tiles; TMA: the issuing
-            // lane, and (int8) its warp's lanes that copy the scales.
+            // lane, and (int8 whose scales TMA cannot read) its warp's lanes that copy them.
             // Splitting, with cp.async, the first lane also arrives plainly: that arrival
             // publishes the slot's document position (a release, as the TMA lane's is).
-            mbarrier_init(full + s, tile_map.use_tma ? 1 + (SCALED ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
+            mbarrier_init(full + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
             mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc = 0;
     } else if (tid == CONSUMER_THREADS && tile_map.use_tma) {
-        // The producer's first lane fetches the tile map while the barriers are set up.
+        // The producer's first lane fetches the tile maps while the barriers are set up.
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.map) : "memory");
+        if (scales_by_tma) asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.scale_map) : "memory");
     }
     __syncthreads();  // the last block-wide barrier
 
@@ -554,8 +572,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
 
     if (warp >= CONSUMER_WARPS) {
         // ---- Producer warpgroup ------------------------------------------------------------
-        // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 that
-        // warp's lanes copy the tile's document scales beside it with cp.async). Without, its 4
+        // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
+        // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
         // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
         // of each tile's rows. Splitting documents, warp r does either for ring r alone.
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_registers<T>()));
@@ -612,14 +630,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             };
             if (tma) {
                 if (lane == 0) {
-                    mbarrier_arrive_expect_tx(full + stage, TILE_BYTES);
+                    mbarrier_arrive_expect_tx(full + stage, TILE_BYTES + (scales_by_tma ? TILE_N * 4 : 0));
                     const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                     const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom)
                         tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * (128 / (int)sizeof(T)), y, z, full + stage);
+                    // Rows past the document hold the next document's scales, or zeros past the
+                    // tensor: their columns are not real, whatever they hold.
+                    if (scales_by_tma) tma_load_scales(sScale + stage * TILE_N, tile_map, y, z, full + stage);
                 }
-                if constexpr (SCALED) {
+                if (scales_by_lanes) {
                     for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
                     cp_async_mbarrier_arrive(full + stage);
                 }
@@ -669,7 +690,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 sSlotDoc[stage] = -1;
                 mbarrier_arrive(full + stage);
             }
-            if (!tma || SCALED) mbarrier_arrive(full + stage);
+            if (!tma || scales_by_lanes) mbarrier_arrive(full + stage);
         }
         };
         if (tile_map.use_tma)

@@ -96,6 +96,12 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
     monkeypatch.setattr(_kernels, "_cuda_driver", lambda: None)
     monkeypatch.setattr(_kernels, "_doc_tile_maps", {})
     assert _kernels.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
+    # int8 document scales: their own map only as rows of contiguous float32 on 16 bytes (else
+    # the kernel's lanes copy them); the checks come before any driver call.
+    assert _kernels._scale_tile_map(None, None, 300, 10, 64) is None
+    assert _kernels._scale_tile_map(None, (8, 4, 1200), 300, 10, 64) is None  # misaligned pointer
+    assert _kernels._scale_tile_map(None, (256, 8, 2400), 300, 10, 64) is None  # strided rows
+    assert _kernels._scale_tile_map(None, (256, 4, 1204), 301, 10, 64) is None  # 1204-byte documents
 
 
 
