@@ -496,19 +496,27 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
     microseconds per launch, and small calls are host-bound."""
     from cupy_backends.cuda.api import driver
 
-    if stream_ptr is None:
-        import cupy
-
-        stream_ptr = cupy.cuda.get_current_stream().ptr
     entry = _function_pointers.get(id(kernel))
     if entry is None:
         entry = _function_pointers[id(kernel)] = (kernel, kernel.kernel.ptr)
-    function = entry[1]
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
     values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    driver.launchKernel(function, *grid, *block, shared_bytes, stream_ptr, ctypes.addressof(params), 0)
+    driver.launchKernel(entry[1], *_launch_geometry(grid, block, shared_bytes), _stream_or_current(stream_ptr),
+                        ctypes.addressof(params), 0)
+
+
+def _launch_geometry(grid, block, shared_bytes: int) -> tuple:
+    """cuLaunchKernel's grid x, y, z, block x, y, z and shared bytes from 1-3 dimensional tuples."""
+    return tuple(grid) + (1,) * (3 - len(grid)) + tuple(block) + (1,) * (3 - len(block)) + (shared_bytes,)
+
+
+def _stream_or_current(stream_ptr: int | None) -> int:
+    """``stream_ptr``, or CuPy's current stream where it is None."""
+    if stream_ptr is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return stream_ptr
 
 
 class PreparedLaunch:
@@ -522,8 +530,7 @@ class PreparedLaunch:
     def __init__(self, kernel, grid, block, shared_bytes: int, struct: ArgStruct, extra_bytes: int = 0):
         self.kernel = kernel  # holds the module, so that the function pointer stays valid
         self._function = kernel.kernel.ptr
-        self._geometry = (tuple(grid) + (1,) * (3 - len(grid)) + tuple(block) + (1,) * (3 - len(block))
-                          + (shared_bytes,))
+        self._geometry = _launch_geometry(grid, block, shared_bytes)
         self._pack_into = struct.layout.pack_into
         self._args = ctypes.create_string_buffer(struct.size)
         self._extra = ctypes.create_string_buffer(extra_bytes) if extra_bytes else None
@@ -538,10 +545,7 @@ class PreparedLaunch:
     def __call__(self, values: list, stream_ptr: int | None, extra: bytes | None = None) -> None:
         """Launch with the first argument's ``values`` in field order (and ``extra``'s bytes) on
         ``stream_ptr`` (None: CuPy's current stream)."""
-        if stream_ptr is None:
-            import cupy
-
-            stream_ptr = cupy.cuda.get_current_stream().ptr
+        stream_ptr = _stream_or_current(stream_ptr)
         with self._lock:
             self._pack_into(self._args, 0, *values)
             if extra is not None:

@@ -31,8 +31,8 @@ class _MaxSim(torch.autograd.Function):
                 return _api.score_packed(q, d, offsets, q_mask=q_mask)
             score = _api.score_pairs if mode == "pairs" else _api.score
             return score(q, d, q_mask=q_mask, d_mask=d_mask)
-        # The winners' backward plan (checks, the inverse CSR of the winners) is made here,
-        # where it overlaps the GPU; the backward only adds the gradient.
+        # The backward's checks and launch layout are settled here, where they overlap the GPU;
+        # the backward only launches its kernels (the inverse CSR with dQ, then dD).
         scores, ctx.plan = _api.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
                                                 pairs=mode == "pairs")
         ctx.save_for_backward(q, d, offsets)  # autograd's check that they stay unmodified

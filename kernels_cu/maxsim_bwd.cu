@@ -45,8 +45,8 @@
 // in pairs mode) entries per document, fewer than 2^31 in all per document.
 
 namespace bwd {
-// Warps per block: 16, or 8 for float64 (whose registers would spill at 16); the kernels read
-// the count from blockDim, WARPS is the most they handle.
+// The most warps per block the kernels handle (their shared arrays); they run with 8
+// (_kernels.BWD_THREADS) and read the count from blockDim.
 constexpr int WARPS = 16;
 constexpr int DIM_CHUNK = 128;  // 32 lanes x 4 dims
 constexpr int MAX_BLOCK_ROWS = 1024;  // rows per dD block: warps * rows_per_warp (Python keeps it)
