@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 
 import numpy as np
@@ -481,6 +482,7 @@ class BackwardPlan:
         self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
         self._prepared = self._reusable = False
+        self._forward_scratch = None  # a replayed forward's: the first gradients' scratch pointer
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -595,16 +597,17 @@ class BackwardPlan:
         template.q = self.q.with_changes(ptr=0, keepalive=None)
         template.d = self.d.with_changes(ptr=0, keepalive=None)
         template.argmax = self.argmax.with_changes(ptr=0, keepalive=None)
-        template._scratch = template._stream = None
+        template._scratch = template._stream = template._forward_scratch = None
         return template
 
-    def _rebound(self, pointers: tuple, arrays: tuple) -> "BackwardPlan":
+    def _rebound(self, pointers: tuple, arrays: tuple, scratch_ptr: int | None = None) -> "BackwardPlan":
         """A prepared plan of this template's signature for the arrays (q, d, argmax) at
-        ``pointers``."""
+        ``pointers``; ``scratch_ptr``: scratch that ``arrays`` hold, for the first gradients."""
         plan = object.__new__(BackwardPlan)
         plan.__dict__.update(self.__dict__)
         plan._keepalive = arrays
         plan._stream = self.like.stream
+        plan._forward_scratch = scratch_ptr
         if self._values is not None:
             plan._bind(*pointers, 0)
         return plan
@@ -628,8 +631,12 @@ class BackwardPlan:
             grad_strides = (grad.strides[0], 0) if pairs else (
                 (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
-            # lists' starts, global CSR counts of very long documents, dQ's partial sums.
-            self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
+            # lists' starts, global CSR counts of very long documents, dQ's partial sums. A
+            # replayed forward allocated it with the winners for the first gradients (one
+            # allocation fewer on a training step's host path); later ones get their own.
+            scratch_ptr, self._forward_scratch = self._forward_scratch, None
+            if scratch_ptr is None:
+                self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
             values = list(self._values)
             for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
                 values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
@@ -893,10 +900,14 @@ class _Replay:
 
     def with_backward(self, template: "BackwardPlan") -> "_Replay":
         """This replay of a forward with winners, answering (scores, the backward plan of the
-        winners from ``template``): score_with_plan replayed."""
+        winners from ``template``): score_with_plan replayed. The winners and the backward's
+        scratch share one allocation of 4-byte words (the scratch 16-byte aligned after them)."""
         replay = object.__new__(_Replay)
         replay.__dict__.update(self.__dict__)
         replay.backward = template
+        argmax_bytes = math.prod(self.argmax_shape) * ITEMSIZE[self.argmax_dtype]
+        replay.argmax_words = -(-argmax_bytes // 16) * 4
+        replay.work_words = replay.argmax_words + template._scratch_words
         return replay
 
     def __call__(self, q, d):
@@ -913,7 +924,10 @@ class _Replay:
         result, out_ptr = output.empty(self.shape, self.dtype)
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
-        if self.argmax_dtype is not None:
+        if self.backward is not None:  # the winners with the backward's scratch (with_backward)
+            argmax, argmax_ptr = output.empty((self.work_words,), "int32")
+            values[self.argmax_at] = argmax_ptr
+        elif self.argmax_dtype is not None:
             argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
             values[self.argmax_at] = argmax_ptr
         with _kernels.on_device(self.like.device):
@@ -922,7 +936,8 @@ class _Replay:
         if self.argmax_dtype is None:
             return output.wrap(result)
         if self.backward is not None:
-            return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
+            return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax),
+                                                               argmax_ptr + 4 * self.argmax_words)
         return output.wrap(result), output.wrap(argmax)
 
 

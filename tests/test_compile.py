@@ -250,15 +250,21 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
     sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
-    # With a backward template (score_with_plan replayed): the plan of the winners instead.
+    # With a backward template (score_with_plan replayed): the plan of the winners instead, the
+    # winners and the backward's scratch in one allocation (the scratch 16-byte aligned after
+    # 1,000 x 32 int16 winners: 16,000 words).
     class Template:
-        def _rebound(self, pointers, arrays):
-            return "plan", pointers, arrays
+        _scratch_words = 777
 
-    result, (plan, pointers, arrays) = with_argmax.with_backward(Template())(q, d)
+        def _rebound(self, pointers, arrays, scratch_ptr=None):
+            return "plan", pointers, arrays, scratch_ptr
+
+    result, (plan, pointers, arrays, scratch_ptr) = with_argmax.with_backward(Template())(q, d)
     sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
     assert plan == "plan" and pointers == (0x10000, 0x200000, sent["argmax"]) and arrays[:2] == (q, d)
-    assert arrays[2].shape == (1_000, 32) and sent["out"] == result.ctypes.data
+    work = arrays[2]
+    assert work.shape == (16_000 + 777,) and work.dtype == np.int32 and sent["argmax"] == work.ctypes.data
+    assert scratch_ptr == work.ctypes.data + 4 * 16_000 and sent["out"] == result.ctypes.data
     assert with_argmax.backward is None  # the plain replay is left as it was
     del launches[1:]
 
@@ -340,8 +346,19 @@ def test_backward_templates_without_a_gpu(monkeypatch):
         q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
     assert args_again["sources"] == again._scratch.ctypes.data != scratch  # its own scratch
 
+    # A replayed forward's scratch (allocated with its winners) serves the plan's first
+    # gradients; a second backward of the same forward gets its own.
+    q, d, argmax, grad = arrays[:4]
+    replayed = _api._backward_templates[next(iter(_api._backward_templates))]._rebound(
+        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax), 0x30000000)
+    launches.clear()
+    replayed.gradients(grad)
+    assert sent(launches[-1])["sources"] == 0x30000000
+    replayed.gradients(grad)
+    assert sent(launches[-1])["sources"] == replayed._scratch.ctypes.data != 0x30000000
+
     _, _, _, dd_off = gradients_at(0x40000002)  # documents 2 bytes off 16-byte alignment
-    assert len(_api._backward_templates) == 2 and len(rebound) == 1 and sent(dd_off)["vector_loads"] == 0
+    assert len(_api._backward_templates) == 2 and len(rebound) == 2 and sent(dd_off)["vector_loads"] == 0
 
 
 def test_csr_layout_keeps_dq_occupancy():
