@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import typing
 
 import numpy as np
@@ -451,6 +452,9 @@ DQ_DOCS_PER_CHUNK = 4096
 _BWD_AT = {name: k for k, (name, _) in enumerate(_kernels.BACKWARD_ARGS)}
 #: The scratch's parts (4-byte words, each 16-byte aligned), in allocation order.
 _BWD_SCRATCH = ("sources", "row_ranges", "csr_counts", "partial")
+#: grad_scores' pointer and strides, adjacent in the struct: what a staged backward patches.
+_GRAD_FIELDS = struct.Struct("<Qqq")
+_GRAD_AT = _kernels.backward_args.offset("grad")
 
 
 def _unit_dim_stride(operand: Operand) -> Operand:
@@ -482,7 +486,7 @@ class BackwardPlan:
         self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
         self._prepared = self._reusable = False
-        self._forward_scratch = None  # a replayed forward's: the first gradients' scratch pointer
+        self._staged = None  # a replayed forward's first gradients: (grad_q, grad_d, PackedArgs)
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -597,25 +601,53 @@ class BackwardPlan:
         template.q = self.q.with_changes(ptr=0, keepalive=None)
         template.d = self.d.with_changes(ptr=0, keepalive=None)
         template.argmax = self.argmax.with_changes(ptr=0, keepalive=None)
-        template._scratch = template._stream = template._forward_scratch = None
+        template._scratch = template._stream = template._staged = None
         return template
 
-    def _rebound(self, pointers: tuple, arrays: tuple, scratch_ptr: int | None = None) -> "BackwardPlan":
+    def _rebound(self, pointers: tuple, arrays: tuple) -> "BackwardPlan":
         """A prepared plan of this template's signature for the arrays (q, d, argmax) at
-        ``pointers``; ``scratch_ptr``: scratch that ``arrays`` hold, for the first gradients."""
+        ``pointers``."""
         plan = object.__new__(BackwardPlan)
         plan.__dict__.update(self.__dict__)
         plan._keepalive = arrays
         plan._stream = self.like.stream
-        plan._forward_scratch = scratch_ptr
         if self._values is not None:
             plan._bind(*pointers, 0)
         return plan
 
+    def _stage(self, output: Output, scratch_ptr: int) -> None:
+        """The first gradients' outputs and arguments, all but grad_scores', settled now, on the
+        forward's thread, with scratch the caller allocated (a replayed training step). Torch
+        runs the backward on a thread of its own, where each host step took about twice as
+        long as on the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt):
+        there, only grad_scores is read and the kernels launched."""
+        if self._values is None:
+            return
+        grad_q, grad_q_ptr = output.empty(self.like.shape, self.like.dtype)
+        grad_d, grad_d_ptr = output.empty(self.d.shape, self.d.dtype)
+        packed = _kernels.PackedArgs(_kernels.backward_args, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr))
+        self._staged = grad_q, grad_d, packed
+
+    def _arguments(self, scratch_ptr: int, grad_q_ptr: int, grad_d_ptr: int, grad_ptr: int = 0,
+                   grad_strides: tuple = (0, 0)) -> list:
+        """The kernels' arguments in struct order, with the scratch's and the gradients' pointers."""
+        values = list(self._values)
+        for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
+            values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
+        values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = grad_ptr, grad_q_ptr, grad_d_ptr
+        values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
+        return values
+
     def _gpu_gradients(self, grad: Operand, output: Output):
         like, d, pairs = self.like, self.d, self.pairs
-        grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
-        grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
+        # A replayed forward staged the first gradients (_stage); a second backward of the same
+        # forward (retain_graph) gets outputs of its own: autograd may hold the first ones.
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            grad_q, grad_d, packed = staged
+        else:
+            grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
+            grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
         wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
         if self._values is None:  # an empty problem
             output.fill(grad_q, 0)
@@ -630,19 +662,15 @@ class BackwardPlan:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
             grad_strides = (grad.strides[0], 0) if pairs else (
                 (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
+            if staged is not None:
+                _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad.ptr, *grad_strides)
+                for launch in self._launches:
+                    launch.launch_packed(packed, stream)
+                return wrap()
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
-            # lists' starts, global CSR counts of very long documents, dQ's partial sums. A
-            # replayed forward allocated it with the winners for the first gradients (one
-            # allocation fewer on a training step's host path); later ones get their own.
-            scratch_ptr, self._forward_scratch = self._forward_scratch, None
-            if scratch_ptr is None:
-                self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
-            values = list(self._values)
-            for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
-                values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
-            values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = (
-                grad.ptr, grad_q_ptr, grad_d_ptr)
-            values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
+            # lists' starts, global CSR counts of very long documents, dQ's partial sums.
+            self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
+            values = self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr, grad.ptr, grad_strides)
             for launch in self._launches:
                 launch(values, stream)
         return wrap()
@@ -936,8 +964,9 @@ class _Replay:
         if self.argmax_dtype is None:
             return output.wrap(result)
         if self.backward is not None:
-            return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax),
-                                                               argmax_ptr + 4 * self.argmax_words)
+            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
+            plan._stage(output, argmax_ptr + 4 * self.argmax_words)
+            return output.wrap(result), plan
         return output.wrap(result), output.wrap(argmax)
 
 
