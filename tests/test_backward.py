@@ -177,6 +177,28 @@ def test_torch_packed_step_checks_its_offsets_once(monkeypatch):
     assert (tokens.grad[18:] == 0).all()
 
 
+def test_torch_inputs_changed_in_place_before_backward_raise():
+    """q, d (or the packed tokens and offsets) changed in place between the forward and the
+    backward: the gradients would belong to other inputs, so the backward raises, as torch's
+    own saved tensors do; unchanged inputs still train."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    torch.manual_seed(2)
+    for change in ("q", "d", "offsets"):
+        q = torch.randn(2, 3, 8, requires_grad=True)
+        tokens = torch.randn(9, 8, requires_grad=True)
+        offsets = torch.tensor([0, 4, 9])
+        scores = cmt.maxsim_packed(q, tokens, offsets) if change == "offsets" else cmt.maxsim(q, tokens.view(3, 3, 8))
+        with torch.no_grad():
+            {"q": q, "d": tokens, "offsets": offsets}[change].mul_(1)  # a new version, same values
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            scores.sum().backward()
+    q = torch.randn(2, 3, 8, requires_grad=True)
+    cmt.maxsim(q, tokens.detach().view(3, 3, 8)).sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+
+
 def test_torch_no_grad_saves_nothing():
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
