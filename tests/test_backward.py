@@ -416,8 +416,9 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_torch_steps_replay_and_capture():
     """Repeated torch training steps (score_with_plan replayed: the forward and the backward's
-    layout under one lookup) give the general path's scores and gradients bitwise, each step
-    on new data; a warmed-up step captured in a CUDA graph and replayed on new data copied into
+    layout under one lookup, the first gradients staged) give the general path's scores and
+    gradients bitwise, each step on new data, and a second backward of one forward adds; a
+    warmed-up step captured in a CUDA graph and replayed on new data copied into
     its inputs gives them too."""
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
@@ -445,6 +446,17 @@ def test_gpu_torch_steps_replay_and_capture():
         scores.backward(grad)
         assert_general_path(q, d, grad, scores.detach(), q_leaf.grad, d_leaf.grad)
     assert _api._replay_key(q_leaf, d_leaf, "plan") in _api._replays
+    # A second backward of one replayed forward (retain_graph): the first gradients (staged in
+    # the forward, then held by autograd as q.grad and d.grad) stay, the second get outputs of
+    # their own and add to them.
+    q, d, grad = data()
+    q_leaf, d_leaf = q.clone().requires_grad_(True), d.clone().requires_grad_(True)
+    scores = cmt.maxsim(q_leaf, d_leaf)
+    scores.backward(grad, retain_graph=True)
+    first_q, first_d = q_leaf.grad.clone(), d_leaf.grad.clone()
+    scores.backward(grad)
+    assert_general_path(q, d, grad, scores.detach(), first_q, first_d)
+    assert torch.equal(q_leaf.grad, 2 * first_q) and torch.equal(d_leaf.grad, 2 * first_d)
 
     q_static, d_static, grad_static = data()
     q_static.requires_grad_(True)
