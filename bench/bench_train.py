@@ -86,7 +86,11 @@ def _unit(torch, shape, seed):
     return torch.nn.functional.normalize(x, dim=-1).half()
 
 
-ROUNDS = 3
+#: Rounds per provider. Every provider's rounds, the floor's included, moved by 2-3x within one
+#: process on the H200 lease's host (bench/results/train-summary-2026-11-30-21c3a3d.txt: the
+#: allocations-only floor 0.030-0.238 ms, flash 0.461-0.749 ms): the median of 3 followed single
+#: bursts, so 7.
+ROUNDS = 7
 
 
 def make_step(fn, q0, d0, grad):
