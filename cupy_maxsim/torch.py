@@ -46,14 +46,25 @@ class _MaxSim(torch.autograd.Function):
         return scores
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_scores):
-        if _versions(ctx.inputs) != ctx.versions:
-            raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
-                               "inplace operation: q, d (tokens) or offsets of cupy_maxsim.torch changed in place "
-                               "between the forward and the backward")
-        grad_q, grad_d = ctx.plan.gradients(grad_scores)
-        return grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None, None
+        # Grad mode is on in a backward only under create_graph=True: there once_differentiable's
+        # wrapper makes differentiating the gradients again raise. The usual backward goes
+        # without the wrapper's no_grad context (host time on torch's backward thread).
+        if torch.is_grad_enabled():
+            return _backward_once_differentiable(ctx, grad_scores)
+        return _backward(ctx, grad_scores)
+
+
+def _backward(ctx, grad_scores):
+    if _versions(ctx.inputs) != ctx.versions:
+        raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                           "inplace operation: q, d (tokens) or offsets of cupy_maxsim.torch changed in place "
+                           "between the forward and the backward")
+    grad_q, grad_d = ctx.plan.gradients(grad_scores)
+    return grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None, None
+
+
+_backward_once_differentiable = torch.autograd.function.once_differentiable(_backward)
 
 
 def _versions(tensors) -> tuple:

@@ -199,6 +199,23 @@ def test_torch_inputs_changed_in_place_before_backward_raise():
     assert q.grad is not None and q.grad.shape == q.shape
 
 
+def test_torch_gradients_are_not_differentiable_again():
+    """Under create_graph=True the gradients come back, and differentiating them again raises
+    (no silent zero second derivative)."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    q = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    d = torch.randn(4, 5, 8, dtype=torch.float64, requires_grad=True)
+    scores = cmt.maxsim(q, d)
+    (grad_q,) = torch.autograd.grad((scores ** 2).sum(), q, create_graph=True)  # grad_scores has a graph
+    _, argmax = cm.score(q.detach(), d.detach(), return_argmax=True)
+    expected_q, _ = cm.score_backward(2 * scores.detach(), q.detach(), d.detach(), argmax)
+    torch.testing.assert_close(grad_q.detach(), expected_q, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad_q.sum().backward()
+
+
 def test_torch_no_grad_saves_nothing():
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
