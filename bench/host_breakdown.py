@@ -9,7 +9,7 @@ from pathlib import Path
 import cupy
 import torch
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_train import SHAPES, _unit, providers, make_step
+from bench_train import AUTOGRAD_FLOOR, SHAPES, _unit, make_step, providers
 import cupy_maxsim.torch as cmt
 from cupy_maxsim import _api, _kernels
 from cupy_maxsim._arrays import as_operand
@@ -54,7 +54,7 @@ items = {
     "as_operand(grad)": lambda: as_operand(grad, "grad_scores"),
     "score_with_plan (replayed, no autograd)": lambda: _api.score_with_plan(qd, dd),
     "score_with_plan + gradients": lambda: _api.score_with_plan(qd, dd)[1].gradients(grad),
-    "step: autograd floor (allocations only)": make_step(found["autograd_floor_allocations_only"], q0, d0, grad)[0],
+    "step: autograd floor (allocations only)": make_step(found[AUTOGRAD_FLOOR], q0, d0, grad)[0],
     "step: floor + save_for_backward": make_step(WithSaved.apply, q0, d0, grad)[0],
     "step: cupy_maxsim": make_step(cmt.maxsim, q0, d0, grad)[0],
     "step: flash_maxsim_0.3.0": make_step(found["flash_maxsim_0.3.0"], q0, d0, grad)[0] if "flash_maxsim_0.3.0" in found else None,
