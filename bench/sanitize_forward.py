@@ -80,5 +80,20 @@ cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
 many_d = rows((5000, 8, 64), cupy.float16)
 sm, am = cm.score(rows((2, 8, 64), cupy.float16), many_d, return_argmax=True)
 cm.score_backward(cupy.ones_like(sm), rows((2, 8, 64), cupy.float16), many_d, am)
+try:  # torch training steps: after the first, the forward is replayed and stages the backward
+    import torch
+
+    import cupy_maxsim.torch as cmt
+    for nq, lq, nd, ld in [(4, 32, 6, 130), (3, 20, 5, 1030)]:
+        tq = torch.randn(nq, lq, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+        td = torch.randn(nd, ld, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+        for _ in range(3):
+            cmt.maxsim(tq, td).backward(torch.randn(nq, nd, device="cuda"))
+        scores = cmt.maxsim(tq, td)  # a second backward of one forward (retain_graph)
+        scores.sum().backward(retain_graph=True)
+        scores.sum().backward()
+    torch.cuda.synchronize()
+except ImportError:
+    pass
 cupy.cuda.Device().synchronize()
 print("sanitize_forward: done")

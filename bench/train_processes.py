@@ -1,7 +1,8 @@
 """bench_train.py in several fresh processes, one summary: the training step is host-bound, and
 the host's speed (and how many steps stall) moves from process to process by up to 2x, for the
 peers as well (bench/NOTES.md, sixth day). Per process and shape: our median step, flash-maxsim's,
-the ratio, and the fastest step of each; then the median over processes.
+the ratio, the fastest step of each, the CUDA-graph steps, and the autograd floor (a Function that
+only allocates: what no autograd library's step can beat there); then the median over processes.
 
     python bench/train_processes.py --processes 3 --out bench/results/train-processes-<date>-<commit>
 """
@@ -16,11 +17,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from bench_train import AUTOGRAD_FLOOR  # noqa: E402
 
 
 def summary(reports: list[dict]) -> str:
     lines = ["| process | shape | ours ms | flash ms | vs flash | ours fastest | flash fastest | ours graphed ms "
-             "| flash graphed ms | graphed vs flash |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| flash graphed ms | graphed vs flash | autograd floor ms | floor's rounds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios: dict[str, list[float]] = {}
     graphed_ratios: dict[str, list[float]] = {}
     for k, report in enumerate(reports, 1):
@@ -38,13 +42,17 @@ def summary(reports: list[dict]) -> str:
                 graphed_text += f" | {graphed[1] / graphed[0]:.2f}x"
             else:
                 graphed_text += " | -"
+            floor = row["providers"].get(AUTOGRAD_FLOOR, {})
+            floor_text = (f"{floor['ms']:.3f} | {' / '.join(f'{m:.3f}' for m in floor['ms_rounds'])}"
+                          if "ms" in floor else "- | -")
             lines.append(f"| {k} | {row['shape']} | {ours['ms']:.3f} | {flash['ms']:.3f} | {ratio:.2f}x | "
-                         f"{ours['step_ms_min_max'][0]:.3f} | {flash['step_ms_min_max'][0]:.3f} | {graphed_text} |")
+                         f"{ours['step_ms_min_max'][0]:.3f} | {flash['step_ms_min_max'][0]:.3f} | {graphed_text} | "
+                         f"{floor_text} |")
     for shape, values in ratios.items():
         graphed = graphed_ratios.get(shape)
         graphed_text = f"{statistics.median(graphed):.2f}x (min {min(graphed):.2f}x)" if graphed else "-"
         lines.append(f"| median of {len(values)} | {shape} | | | {statistics.median(values):.2f}x "
-                     f"(min {min(values):.2f}x) | | | | | {graphed_text} |")
+                     f"(min {min(values):.2f}x) | | | | | {graphed_text} | | |")
     return "\n".join(lines)
 
 

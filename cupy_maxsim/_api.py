@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import struct
 import typing
 
 import numpy as np
@@ -450,6 +452,9 @@ DQ_DOCS_PER_CHUNK = 4096
 _BWD_AT = {name: k for k, (name, _) in enumerate(_kernels.BACKWARD_ARGS)}
 #: The scratch's parts (4-byte words, each 16-byte aligned), in allocation order.
 _BWD_SCRATCH = ("sources", "row_ranges", "csr_counts", "partial")
+#: grad_scores' pointer and strides, adjacent in the struct: what a staged backward patches.
+_GRAD_FIELDS = struct.Struct("<Qqq")
+_GRAD_AT = _kernels.backward_args.offset("grad")
 
 
 def _unit_dim_stride(operand: Operand) -> Operand:
@@ -481,6 +486,7 @@ class BackwardPlan:
         self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
         self._prepared = self._reusable = False
+        self._staged = None  # a replayed forward's first gradients: (grad_q, grad_d, PackedArgs)
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -595,7 +601,7 @@ class BackwardPlan:
         template.q = self.q.with_changes(ptr=0, keepalive=None)
         template.d = self.d.with_changes(ptr=0, keepalive=None)
         template.argmax = self.argmax.with_changes(ptr=0, keepalive=None)
-        template._scratch = template._stream = None
+        template._scratch = template._stream = template._staged = None
         return template
 
     def _rebound(self, pointers: tuple, arrays: tuple) -> "BackwardPlan":
@@ -609,10 +615,39 @@ class BackwardPlan:
             plan._bind(*pointers, 0)
         return plan
 
+    def _stage(self, output: Output, scratch_ptr: int) -> None:
+        """The first gradients' outputs and arguments, all but grad_scores', settled now, on the
+        forward's thread, with scratch the caller allocated (a replayed training step). Torch
+        runs the backward on a thread of its own, where each host step took about twice as
+        long as on the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt):
+        there, only grad_scores is read and the kernels launched."""
+        if self._values is None:
+            return
+        grad_q, grad_q_ptr = output.empty(self.like.shape, self.like.dtype)
+        grad_d, grad_d_ptr = output.empty(self.d.shape, self.d.dtype)
+        packed = _kernels.PackedArgs(_kernels.backward_args, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr))
+        self._staged = grad_q, grad_d, packed
+
+    def _arguments(self, scratch_ptr: int, grad_q_ptr: int, grad_d_ptr: int, grad_ptr: int = 0,
+                   grad_strides: tuple = (0, 0)) -> list:
+        """The kernels' arguments in struct order, with the scratch's and the gradients' pointers."""
+        values = list(self._values)
+        for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
+            values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
+        values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = grad_ptr, grad_q_ptr, grad_d_ptr
+        values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
+        return values
+
     def _gpu_gradients(self, grad: Operand, output: Output):
         like, d, pairs = self.like, self.d, self.pairs
-        grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
-        grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
+        # A replayed forward staged the first gradients (_stage); a second backward of the same
+        # forward (retain_graph) gets outputs of its own: autograd may hold the first ones.
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            grad_q, grad_d, packed = staged
+        else:
+            grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
+            grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
         wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
         if self._values is None:  # an empty problem
             output.fill(grad_q, 0)
@@ -627,15 +662,15 @@ class BackwardPlan:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
             grad_strides = (grad.strides[0], 0) if pairs else (
                 (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
+            if staged is not None:
+                _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad.ptr, *grad_strides)
+                for launch in self._launches:
+                    launch.launch_packed(packed, stream)
+                return wrap()
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
             # lists' starts, global CSR counts of very long documents, dQ's partial sums.
             self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
-            values = list(self._values)
-            for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
-                values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
-            values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = (
-                grad.ptr, grad_q_ptr, grad_d_ptr)
-            values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
+            values = self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr, grad.ptr, grad_strides)
             for launch in self._launches:
                 launch(values, stream)
         return wrap()
@@ -893,10 +928,14 @@ class _Replay:
 
     def with_backward(self, template: "BackwardPlan") -> "_Replay":
         """This replay of a forward with winners, answering (scores, the backward plan of the
-        winners from ``template``): score_with_plan replayed."""
+        winners from ``template``): score_with_plan replayed. The winners and the backward's
+        scratch share one allocation of 4-byte words (the scratch 16-byte aligned after them)."""
         replay = object.__new__(_Replay)
         replay.__dict__.update(self.__dict__)
         replay.backward = template
+        argmax_bytes = math.prod(self.argmax_shape) * ITEMSIZE[self.argmax_dtype]
+        replay.argmax_words = -(-argmax_bytes // 16) * 4
+        replay.work_words = replay.argmax_words + template._scratch_words
         return replay
 
     def __call__(self, q, d):
@@ -913,7 +952,10 @@ class _Replay:
         result, out_ptr = output.empty(self.shape, self.dtype)
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
-        if self.argmax_dtype is not None:
+        if self.backward is not None:  # the winners with the backward's scratch (with_backward)
+            argmax, argmax_ptr = output.empty((self.work_words,), "int32")
+            values[self.argmax_at] = argmax_ptr
+        elif self.argmax_dtype is not None:
             argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
             values[self.argmax_at] = argmax_ptr
         with _kernels.on_device(self.like.device):
@@ -922,7 +964,9 @@ class _Replay:
         if self.argmax_dtype is None:
             return output.wrap(result)
         if self.backward is not None:
-            return output.wrap(result), self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
+            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
+            plan._stage(output, argmax_ptr + 4 * self.argmax_words)
+            return output.wrap(result), plan
         return output.wrap(result), output.wrap(argmax)
 
 

@@ -202,8 +202,9 @@ def _torch_operand(x, name: str) -> Operand:
         operand = _host_operand(array, name, "torch")
         operand.dtype = dtype
         return operand
-    return Operand(name, "torch", dtype, tuple(x.shape), tuple(x.stride()), x.device.index,
-                   ptr=x.data_ptr(), keepalive=x, torch_device=x.device)
+    device = x.device
+    return Operand(name, "torch", dtype, tuple(x.shape), tuple(x.stride()), device.index,
+                   ptr=x.data_ptr(), keepalive=x, torch_device=device)
 
 
 class Output:

@@ -96,6 +96,23 @@ class ArgStruct:
         """The struct of ``values`` given in field order."""
         return self.layout.pack(*values)
 
+    def offset(self, name: str) -> int:
+        """Where field ``name`` starts in the packed struct (little-endian, no padding)."""
+        names = [field for field, _ in self.fields]
+        return struct.calcsize("<" + "".join(code for _, code in self.fields[:names.index(name)]))
+
+
+class PackedArgs:
+    """A launch's argument struct packed ahead of the launch (:meth:`PreparedLaunch.launch_packed`)
+    into a buffer of its own: a few fields are patched in place later (``struct.pack_into`` at
+    :meth:`ArgStruct.offset`) without packing the rest again."""
+
+    def __init__(self, struct_: ArgStruct, values: list):
+        self.buffer = ctypes.create_string_buffer(struct_.size)
+        struct_.layout.pack_into(self.buffer, 0, *values)
+        self._params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
+        self.params_address = ctypes.addressof(self._params)
+
 
 forward_args = ArgStruct(FORWARD_ARGS)
 backward_args = ArgStruct(BACKWARD_ARGS)
@@ -551,6 +568,12 @@ class PreparedLaunch:
             if extra is not None:
                 ctypes.memmove(self._extra, extra, len(extra))
             self._launch_kernel(self._function, *self._geometry, stream_ptr, self._params_address, 0)
+
+    def launch_packed(self, packed: PackedArgs, stream_ptr: int | None) -> None:
+        """Launch with arguments packed ahead (a launch without a second argument); the caller's
+        buffer, so no lock."""
+        self._launch_kernel(self._function, *self._geometry, _stream_or_current(stream_ptr),
+                            packed.params_address, 0)
 
 
 #: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is

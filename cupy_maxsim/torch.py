@@ -22,10 +22,13 @@ __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed"]
 
 
 class _MaxSim(torch.autograd.Function):
-    """Scores with the winners saved; mode is "padded", "pairs" or "packed"."""
+    """Scores with the winners saved. ``call``: (mode, offsets, q_mask, d_mask), mode "padded",
+    "pairs" or "packed": the extras travel in one argument, as they take no gradient and each
+    argument of apply costs host time on a training step's critical path."""
 
     @staticmethod
-    def forward(ctx, q, d, offsets, q_mask, d_mask, mode):
+    def forward(ctx, q, d, call):
+        mode, offsets, q_mask, d_mask = call
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             if mode == "packed":
                 return _api.score_packed(q, d, offsets, q_mask=q_mask)
@@ -35,30 +38,52 @@ class _MaxSim(torch.autograd.Function):
         # the backward only launches its kernels (the inverse CSR with dQ, then dD).
         scores, ctx.plan = _api.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
                                                 pairs=mode == "pairs")
-        ctx.save_for_backward(q, d, offsets)  # autograd's check that they stay unmodified
+        # The plan holds q, d and the offsets; their version counters tell whether one changed in
+        # place before the backward (what save_for_backward checks, at a fraction of its host
+        # cost, and torch runs the backward on a thread where host time counts double).
+        ctx.inputs = q, d, offsets
+        ctx.versions = _versions(ctx.inputs)
         return scores
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_scores):
-        ctx.saved_tensors  # noqa: B018 (raises if q, d or the offsets changed in place since the forward)
-        grad_q, grad_d = ctx.plan.gradients(grad_scores)
-        return (grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None,
-                None, None, None, None)
+        # Grad mode is on in a backward only under create_graph=True: there once_differentiable's
+        # wrapper makes differentiating the gradients again raise. The usual backward goes
+        # without the wrapper's no_grad context (host time on torch's backward thread).
+        if torch.is_grad_enabled():
+            return _backward_once_differentiable(ctx, grad_scores)
+        return _backward(ctx, grad_scores)
+
+
+def _backward(ctx, grad_scores):
+    if _versions(ctx.inputs) != ctx.versions:
+        raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
+                           "inplace operation: q, d (tokens) or offsets of cupy_maxsim.torch changed in place "
+                           "between the forward and the backward")
+    grad_q, grad_d = ctx.plan.gradients(grad_scores)
+    return grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None, None
+
+
+_backward_once_differentiable = torch.autograd.function.once_differentiable(_backward)
+
+
+def _versions(tensors) -> tuple:
+    """The in-place version counters of the tensors (None: no tensor)."""
+    return tuple(None if t is None else t._version for t in tensors)
 
 
 def maxsim(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score`: q (Lq, D) or (Nq, Lq, D), d (Nd, Ld, D),
     boolean masks (True = real token) -> scores (Nd,) or (Nq, Nd), float32."""
-    return _MaxSim.apply(q, d, None, q_mask, d_mask, "padded")
+    return _MaxSim.apply(q, d, ("padded", None, q_mask, d_mask))
 
 
 def maxsim_pairs(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score_pairs`: (B, Lq, D) x (B, Ld, D) -> (B,)."""
-    return _MaxSim.apply(q, d, None, q_mask, d_mask, "pairs")
+    return _MaxSim.apply(q, d, ("pairs", None, q_mask, d_mask))
 
 
 def maxsim_packed(q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, q_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score_packed`: documents packed as tokens (T, D) with
     offsets (Nd + 1,); the gradient of ``tokens`` is (T, D)."""
-    return _MaxSim.apply(q, tokens, offsets, q_mask, None, "packed")
+    return _MaxSim.apply(q, tokens, ("packed", offsets, q_mask, None))

@@ -177,6 +177,45 @@ def test_torch_packed_step_checks_its_offsets_once(monkeypatch):
     assert (tokens.grad[18:] == 0).all()
 
 
+def test_torch_inputs_changed_in_place_before_backward_raise():
+    """q, d (or the packed tokens and offsets) changed in place between the forward and the
+    backward: the gradients would belong to other inputs, so the backward raises, as torch's
+    own saved tensors do; unchanged inputs still train."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    torch.manual_seed(2)
+    for change in ("q", "d", "offsets"):
+        q = torch.randn(2, 3, 8, requires_grad=True)
+        tokens = torch.randn(9, 8, requires_grad=True)
+        offsets = torch.tensor([0, 4, 9])
+        scores = cmt.maxsim_packed(q, tokens, offsets) if change == "offsets" else cmt.maxsim(q, tokens.view(3, 3, 8))
+        with torch.no_grad():
+            {"q": q, "d": tokens, "offsets": offsets}[change].mul_(1)  # a new version, same values
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            scores.sum().backward()
+    q = torch.randn(2, 3, 8, requires_grad=True)
+    cmt.maxsim(q, tokens.detach().view(3, 3, 8)).sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+
+
+def test_torch_gradients_are_not_differentiable_again():
+    """Under create_graph=True the gradients come back, and differentiating them again raises
+    (no silent zero second derivative)."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    q = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    d = torch.randn(4, 5, 8, dtype=torch.float64, requires_grad=True)
+    scores = cmt.maxsim(q, d)
+    (grad_q,) = torch.autograd.grad((scores ** 2).sum(), q, create_graph=True)  # grad_scores has a graph
+    _, argmax = cm.score(q.detach(), d.detach(), return_argmax=True)
+    expected_q, _ = cm.score_backward(2 * scores.detach(), q.detach(), d.detach(), argmax)
+    torch.testing.assert_close(grad_q.detach(), expected_q, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad_q.sum().backward()
+
+
 def test_torch_no_grad_saves_nothing():
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
@@ -394,8 +433,9 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_torch_steps_replay_and_capture():
     """Repeated torch training steps (score_with_plan replayed: the forward and the backward's
-    layout under one lookup) give the general path's scores and gradients bitwise, each step
-    on new data; a warmed-up step captured in a CUDA graph and replayed on new data copied into
+    layout under one lookup, the first gradients staged) give the general path's scores and
+    gradients bitwise, each step on new data, and a second backward of one forward adds; a
+    warmed-up step captured in a CUDA graph and replayed on new data copied into
     its inputs gives them too."""
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
@@ -423,6 +463,17 @@ def test_gpu_torch_steps_replay_and_capture():
         scores.backward(grad)
         assert_general_path(q, d, grad, scores.detach(), q_leaf.grad, d_leaf.grad)
     assert _api._replay_key(q_leaf, d_leaf, "plan") in _api._replays
+    # A second backward of one replayed forward (retain_graph): the first gradients (staged in
+    # the forward, then held by autograd as q.grad and d.grad) stay, the second get outputs of
+    # their own and add to them.
+    q, d, grad = data()
+    q_leaf, d_leaf = q.clone().requires_grad_(True), d.clone().requires_grad_(True)
+    scores = cmt.maxsim(q_leaf, d_leaf)
+    scores.backward(grad, retain_graph=True)
+    first_q, first_d = q_leaf.grad.clone(), d_leaf.grad.clone()
+    scores.backward(grad)
+    assert_general_path(q, d, grad, scores.detach(), first_q, first_d)
+    assert torch.equal(q_leaf.grad, 2 * first_q) and torch.equal(d_leaf.grad, 2 * first_d)
 
     q_static, d_static, grad_static = data()
     q_static.requires_grad_(True)

@@ -133,6 +133,10 @@ def _record_launches(monkeypatch, launches: list) -> None:
             args = struct.pack(values)
             launches.append((kernel, grid, block, args if extra is None else (args, extra), shared, stream_ptr))
 
+        def launch_packed(self, packed, stream_ptr):
+            kernel, grid, block, shared, struct = self.fixed
+            launches.append((kernel, grid, block, packed.buffer.raw, shared, stream_ptr))
+
     monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
     monkeypatch.setattr(_kernels, "PreparedLaunch", Recorded)
 
@@ -250,15 +254,23 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
     sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
-    # With a backward template (score_with_plan replayed): the plan of the winners instead.
+    # With a backward template (score_with_plan replayed): the plan of the winners instead, the
+    # winners and the backward's scratch in one allocation (the scratch 16-byte aligned after
+    # 1,000 x 32 int16 winners: 16,000 words).
     class Template:
-        def _rebound(self, pointers, arrays):
-            return "plan", pointers, arrays
+        _scratch_words = 777
 
-    result, (plan, pointers, arrays) = with_argmax.with_backward(Template())(q, d)
+        def _rebound(self, pointers, arrays):
+            return types.SimpleNamespace(pointers=pointers, arrays=arrays,
+                                         _stage=lambda output, scratch_ptr: staged.append(scratch_ptr))
+
+    staged = []
+    result, plan = with_argmax.with_backward(Template())(q, d)
     sent = dict(zip(names, _kernels.forward_args.layout.unpack(launches[-1][3][0])))
-    assert plan == "plan" and pointers == (0x10000, 0x200000, sent["argmax"]) and arrays[:2] == (q, d)
-    assert arrays[2].shape == (1_000, 32) and sent["out"] == result.ctypes.data
+    assert plan.pointers == (0x10000, 0x200000, sent["argmax"]) and plan.arrays[:2] == (q, d)
+    work = plan.arrays[2]
+    assert work.shape == (16_000 + 777,) and work.dtype == np.int32 and sent["argmax"] == work.ctypes.data
+    assert staged == [work.ctypes.data + 4 * 16_000] and sent["out"] == result.ctypes.data
     assert with_argmax.backward is None  # the plain replay is left as it was
     del launches[1:]
 
@@ -330,7 +342,7 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     scratch = first._scratch.ctypes.data  # CSR first, then the row lists, then dQ's partials
     assert args["sources"] == scratch < args["row_ranges"] < args["partial"] < scratch + 4 * first._scratch.size
 
-    again, arrays, _, dd_again = gradients_at(0x20000000)
+    again, arrays, csr_dq_again, dd_again = gradients_at(0x20000000)
     assert len(_api._backward_templates) == 1 and len(rebound) == 1  # the same signature: from the template
     args_again = sent(dd_again)
     assert {k: v for k, v in args_again.items() if k not in pointers} == {
@@ -340,8 +352,33 @@ def test_backward_templates_without_a_gpu(monkeypatch):
         q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
     assert args_again["sources"] == again._scratch.ctypes.data != scratch  # its own scratch
 
+    # A replayed forward stages the first gradients (outputs and arguments, its scratch allocated
+    # with the winners); the backward patches in grad_scores only: the same arguments as the
+    # general path's. A second backward of the same forward gets outputs and scratch of its own.
+    assert [name for name, _ in _kernels.BACKWARD_ARGS][_api._BWD_AT["grad"]:_api._BWD_AT["grad"] + 3] == [
+        "grad", "grad_query_stride", "grad_doc_stride"]  # what the staged backward patches
+    q, d, argmax, grad = arrays[:4]
+    replayed = _api._backward_templates[next(iter(_api._backward_templates))]._rebound(
+        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax))
+    replayed._stage(_HostOutput(None), 0x30000000)
+    launches.clear()
+    grad_q, grad_d = replayed.gradients(grad)
+    staged_csr_dq, staged_dd = launches
+    assert (staged_csr_dq[:3], staged_dd[:3]) == (csr_dq_again[:3], dd_again[:3])
+    staged_args = sent(staged_dd)
+    assert sent(staged_csr_dq) == staged_args and staged_args["sources"] == 0x30000000
+    assert (staged_args["grad_q"], staged_args["grad_d"]) == (grad_q.ctypes.data, grad_d.ctypes.data)
+    assert {k: v for k, v in staged_args.items() if k not in pointers + ("grad_q", "grad_d")} == {
+        k: v for k, v in args_again.items() if k not in pointers + ("grad_q", "grad_d")}
+    assert staged_args["grad"] == grad.data.ptr and (grad_q.shape, grad_d.shape) == ((8, 32, 128), (40, 70, 128))
+    launches.clear()
+    grad_q2, grad_d2 = replayed.gradients(grad)
+    again_args = sent(launches[-1])
+    assert again_args["sources"] == replayed._scratch.ctypes.data != 0x30000000
+    assert again_args["grad_q"] == grad_q2.ctypes.data != grad_q.ctypes.data
+
     _, _, _, dd_off = gradients_at(0x40000002)  # documents 2 bytes off 16-byte alignment
-    assert len(_api._backward_templates) == 2 and len(rebound) == 1 and sent(dd_off)["vector_loads"] == 0
+    assert len(_api._backward_templates) == 2 and len(rebound) == 2 and sent(dd_off)["vector_loads"] == 0
 
 
 def test_csr_layout_keeps_dq_occupancy():
