@@ -418,21 +418,23 @@ def score_with_plan(q, d, *, q_mask=None, d_mask=None, offsets=None, pairs=False
     calls" below), the step's host path being on its critical path."""
     if offsets is not None:
         (scores, argmax), bounds = _score_packed(q, d, offsets, q_mask, None, None, True)
-        return scores, backward_plan(q, d, argmax, offsets=offsets, _checked_offsets=bounds)
-    if pairs:
+        plan = backward_plan(q, d, argmax, offsets=offsets, _checked_offsets=bounds)
+    elif pairs:
         scores, argmax = score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
-        return scores, backward_plan(q, d, argmax, pairs=True)
-    key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
-    result = _replayed(key, q, d)
-    if result is not None:
-        return result
-    scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
-    plan = backward_plan(q, d, argmax)
-    if key is not None:
-        forward = _replays.get(_replay_key(q, d, True))
-        template = _backward_templates.get(_backward_key(q, d, argmax, False)[0])
-        if forward is not None and template is not None:
-            _remember(_replays, key, forward.with_backward(template))
+        plan = backward_plan(q, d, argmax, pairs=True)
+    else:
+        key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
+        result = _replayed(key, q, d)
+        if result is not None:
+            return result  # staged by the replay
+        scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
+        plan = backward_plan(q, d, argmax)
+        if key is not None:
+            forward = _replays.get(_replay_key(q, d, True))
+            template = _backward_templates.get(_backward_key(q, d, argmax, False)[0])
+            if forward is not None and template is not None:
+                _remember(_replays, key, forward.with_backward(template))
+    plan._stage()
     return scores, plan
 
 
@@ -486,7 +488,7 @@ class BackwardPlan:
         self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
         self._prepared = self._reusable = False
-        self._staged = None  # a replayed forward's first gradients: (grad_q, grad_d, PackedArgs)
+        self._staged = None  # the first gradients, staged in the forward: (grad_q, grad_d, PackedArgs)
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -615,14 +617,18 @@ class BackwardPlan:
             plan._bind(*pointers, 0)
         return plan
 
-    def _stage(self, output: Output, scratch_ptr: int) -> None:
-        """The first gradients' outputs and arguments, all but grad_scores', settled now, on the
-        forward's thread, with scratch the caller allocated (a replayed training step). Torch
-        runs the backward on a thread of its own, where each host step took about twice as
-        long as on the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt):
-        there, only grad_scores is read and the kernels launched."""
+    def _stage(self, output: Output | None = None, scratch_ptr: int | None = None) -> None:
+        """The first gradients' outputs and arguments, all but grad_scores', settled now, on an
+        autograd adapter's forward thread (GPU plans; nothing for host ones), with scratch the
+        caller allocated (a replayed step: with the winners) or its own. Torch runs the
+        backward on a thread of its own, where each host step took about twice as long as on
+        the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt): there,
+        only grad_scores is read and the kernels launched."""
         if self._values is None:
             return
+        output = output if output is not None else Output(self.like)
+        if scratch_ptr is None:
+            self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
         grad_q, grad_q_ptr = output.empty(self.like.shape, self.like.dtype)
         grad_d, grad_d_ptr = output.empty(self.d.shape, self.d.dtype)
         packed = _kernels.PackedArgs(_kernels.backward_args, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr))
@@ -640,8 +646,8 @@ class BackwardPlan:
 
     def _gpu_gradients(self, grad: Operand, output: Output):
         like, d, pairs = self.like, self.d, self.pairs
-        # A replayed forward staged the first gradients (_stage); a second backward of the same
-        # forward (retain_graph) gets outputs of its own: autograd may hold the first ones.
+        # An autograd adapter's forward staged the first gradients (_stage); a second backward
+        # of the same forward (retain_graph) gets outputs of its own: autograd may hold the first.
         staged, self._staged = self._staged, None
         if staged is not None:
             grad_q, grad_d, packed = staged

@@ -377,8 +377,18 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     assert again_args["sources"] == replayed._scratch.ctypes.data != 0x30000000
     assert again_args["grad_q"] == grad_q2.ctypes.data != grad_q.ctypes.data
 
+    # Staged without the caller's scratch (score_with_plan's general path): the plan's own.
+    fresh = _api.backward_plan(q, d, argmax)
+    fresh._stage()
+    launches.clear()
+    grad_q3, _ = fresh.gradients(grad)
+    fresh_args = sent(launches[-1])
+    assert fresh_args["sources"] == fresh._scratch.ctypes.data and fresh_args["grad_q"] == grad_q3.ctypes.data
+    assert {k: v for k, v in fresh_args.items() if k not in pointers + ("grad_q", "grad_d")} == {
+        k: v for k, v in args_again.items() if k not in pointers + ("grad_q", "grad_d")}
+
     _, _, _, dd_off = gradients_at(0x40000002)  # documents 2 bytes off 16-byte alignment
-    assert len(_api._backward_templates) == 2 and len(rebound) == 2 and sent(dd_off)["vector_loads"] == 0
+    assert len(_api._backward_templates) == 2 and len(rebound) == 3 and sent(dd_off)["vector_loads"] == 0
 
 
 def test_csr_layout_keeps_dq_occupancy():
