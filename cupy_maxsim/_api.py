@@ -532,28 +532,59 @@ class BackwardPlan:
             self._reusable = q is self.q and d is self.d and offsets is None
             aligned = dim % 4 == 0 and all(
                 s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
-            # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
-            # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
             num_tokens = num_queries * query_length
-            if like.dtype == "float64" or pairs:
-                docs_per_chunk = num_docs
-            else:
-                wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
-                docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
-            chunks = -(-num_docs // docs_per_chunk)
             num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
             # dD: rows per warp for about 64 sources per warp on average (dense ColBERT rows get a
             # handful), at most 32 (sparse ColPali rows: more blocks in flight; H200, dD 35.7 us
             # with 64 rows a warp, 27.6 with 32: bench/results/tune-dd-rows-2026-11-30-3572412.txt).
             rows_per_warp = max(1, min(32, 64 * longest // max(1, sources_per_doc)))
-            # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
-            # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
-            parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
-                     chunks * num_tokens * dim if chunks > 1 else 0]
+            warps, threads = _kernels.BWD_THREADS // 32, _kernels.BWD_THREADS
+            block_rows = warps * rows_per_warp
+            groups = -(-longest // block_rows)
+            suffix = _DTYPE_SUFFIX[like.dtype]
+            kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
+            prepared = functools.partial(_kernels.PreparedLaunch, struct=_kernels.backward_args)
+            dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
+            fused_shared = _kernels.bwd_fused_shared_bytes(warps, block_rows, sources_per_doc)
+            fused = (csr_counts_stride == 0 and fused_shared <= _kernels.BWD_FUSED_SHARED_LIMIT
+                     and (pairs or like.dtype == "float64" or num_docs <= _kernels.BWD_FUSED_MAX_DOCS))
+            if fused:
+                # One launch: dQ's blocks (query tokens, dim chunks) in the first columns, then a
+                # column of row groups per document, each building its rows' lists in shared
+                # memory; no scratch.
+                dq_columns = -(-(-(-num_tokens // warps) * dim_chunks) // groups)
+                docs_per_chunk, parts = num_docs, []
+                self._launches = (prepared(kernel(f"maxsim_bwd_fused_{suffix}", shared_bytes=fused_shared),
+                                           (dq_columns + num_docs, groups), (threads,), fused_shared),)
+            else:
+                # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
+                # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
+                if like.dtype == "float64" or pairs:
+                    docs_per_chunk = num_docs
+                else:
+                    wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
+                    docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
+                chunks = -(-num_docs // docs_per_chunk)
+                # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
+                # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
+                parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
+                         chunks * num_tokens * dim if chunks > 1 else 0]
+                shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
+                # The CSR's blocks (one per document), then dQ's (query tokens, dim chunks, document
+                # chunks), in one launch; then dD: a block per (document, row group); with several dQ
+                # chunks, blocks past the documents sum the chunks' partials (about 16 blocks' worth
+                # per SM).
+                dq_blocks = -(-num_tokens // warps) * dim_chunks * chunks
+                reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
+                self._launches = (prepared(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
+                                           (num_docs + dq_blocks,), (threads,), shared),
+                                  prepared(kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups),
+                                           (threads,), 0))
             starts, total = [], 0
             for n in parts:
                 starts.append(total if n else None)
                 total += -(-n // 4) * 4
+            starts += [None] * (len(_BWD_SCRATCH) - len(starts))
             self._scratch_words, self._scratch_starts = total, tuple(starts)
             argmax_strides = (argmax.strides[0], 0) if pairs else (
                 (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
@@ -568,24 +599,10 @@ class BackwardPlan:
                 docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
                 offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
                 argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
-                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
+                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp,
+                reserved=0,
             )
             self._values = [values[name] for name, _ in _kernels.BACKWARD_ARGS]
-            shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
-            kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
-            prepared = functools.partial(_kernels.PreparedLaunch, struct=_kernels.backward_args)
-            suffix, threads = _DTYPE_SUFFIX[like.dtype], _kernels.BWD_THREADS
-            # The CSR's blocks (one per document), then dQ's (query tokens, dim chunks, document
-            # chunks), in one launch.
-            dq_blocks = -(-num_tokens // (threads // 32)) * -(-dim // _kernels.BWD_DIM_CHUNK) * chunks
-            # dD: a block per (document, row group); with several dQ chunks, blocks past the
-            # documents sum the chunks' partials (about 16 blocks' worth per SM).
-            groups = -(-longest // (threads // 32 * rows_per_warp))
-            reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
-            self._launches = (prepared(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
-                                       (num_docs + dq_blocks,), (threads,), shared),
-                              prepared(kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups),
-                                       (threads,), 0))
         self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
 
     def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:

@@ -44,7 +44,7 @@ FAMILIES = {
     ),
     "maxsim_bwd": (
         "maxsim_bwd.cu",
-        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64") for stage in ("csr_dq", "dd")),
+        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64") for stage in ("csr_dq", "dd", "fused")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
 }
@@ -374,6 +374,20 @@ BWD_DEFINES: tuple[str, ...] = ()
 def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
     # Mirrors the formula at the top of maxsim_bwd.cu.
     return 4 * (count_warps * longest_doc + 2 * longest_doc + 2)
+
+
+def bwd_fused_shared_bytes(warps: int, block_rows: int, sources_per_doc: int) -> int:
+    # Mirrors the formula above maxsim_bwd_fused in maxsim_bwd.cu.
+    return 4 * (warps * block_rows + 4 * (block_rows + 1) + sources_per_doc)
+
+
+#: The one-launch backward (maxsim_bwd_fused): its dD blocks' shared memory at most this (the
+#: row lists of a document's sources; with dD's own arrays, 4+ blocks per SM), and dQ in one
+#: document chunk only up to this many documents (a warp walks them all: 256 documents are 32
+#: round trips of 8 rows, while dD's blocks run beside it; more take the two-launch backward,
+#: which splits dQ into chunks).
+BWD_FUSED_SHARED_LIMIT = 32 * 1024
+BWD_FUSED_MAX_DOCS = 256
 
 
 def bwd_csr_layout(longest_doc: int, smem_limit: int, smem_per_sm: int) -> tuple[int, int]:
