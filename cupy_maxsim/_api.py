@@ -547,6 +547,7 @@ class BackwardPlan:
             dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
             fused_shared = _kernels.bwd_fused_shared_bytes(warps, block_rows, sources_per_doc)
             fused = (csr_counts_stride == 0 and fused_shared <= _kernels.BWD_FUSED_SHARED_LIMIT
+                     and groups * sources_per_doc <= _kernels.BWD_FUSED_MAX_WINNER_READS
                      and (pairs or like.dtype == "float64" or num_docs <= _kernels.BWD_FUSED_MAX_DOCS))
             if fused:
                 # One launch: dQ's blocks (query tokens, dim chunks) in the first columns, then a

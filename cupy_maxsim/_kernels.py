@@ -381,13 +381,17 @@ def bwd_fused_shared_bytes(warps: int, block_rows: int, sources_per_doc: int) ->
     return 4 * (warps * block_rows + 4 * (block_rows + 1) + sources_per_doc)
 
 
-#: The one-launch backward (maxsim_bwd_fused): its dD blocks' shared memory at most this (the
-#: row lists of a document's sources; with dD's own arrays, 4+ blocks per SM), and dQ in one
-#: document chunk only up to this many documents (a warp walks them all: 256 documents are 32
-#: round trips of 8 rows, while dD's blocks run beside it; more take the two-launch backward,
-#: which splits dQ into chunks).
+#: The one-launch backward (maxsim_bwd_fused) where: its dD blocks' shared memory is at most
+#: BWD_FUSED_SHARED_LIMIT (the row lists of a document's sources; with dD's own arrays, 3 blocks
+#: per SM); dQ in one document chunk walks at most BWD_FUSED_MAX_DOCS documents (256 are 32
+#: round trips of 8 rows, while dD's blocks run beside it); and each row group re-reads its
+#: document's winners (groups x sources per document) at most BWD_FUSED_MAX_WINNER_READS times.
+#: H200 (bench/results/tune-backward-2026-11-30-40a54a6.log): ColPali in-batch (5 groups x 1,024
+#: sources) 51.0 us in one launch against 47.9 in two, and one launch less of host time on
+#: torch's backward thread (13-16 us); ColBERT in-batch (10 x 4,096) 113-128 us against 82.
 BWD_FUSED_SHARED_LIMIT = 32 * 1024
 BWD_FUSED_MAX_DOCS = 256
+BWD_FUSED_MAX_WINNER_READS = 16 * 1024
 
 
 def bwd_csr_layout(longest_doc: int, smem_limit: int, smem_per_sm: int) -> tuple[int, int]:
