@@ -11,7 +11,7 @@ import cupy
 import torch
 
 from cupy_maxsim import _kernels
-from cupy_maxsim._arrays import as_operand
+from cupy_maxsim._arrays import Output, as_operand
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--out", help="also write the table here")
@@ -38,6 +38,19 @@ def ctypes_launch(library):
 cdll_launch = ctypes_launch(ctypes.CDLL("libcuda.so.1"))
 pydll_launch = ctypes_launch(ctypes.PyDLL("libcuda.so.1"))
 raw_stream = torch._C._cuda_getCurrentRawStream
+d = torch.randn(128, 1030, 128, device=device, dtype=torch.float16)
+output = Output(as_operand(q, "q"))
+names = {torch.float32: "float32"}
+
+
+def import_in_function():
+    import torch
+
+    return torch
+
+
+def versions_generator(tensors):
+    return tuple(None if t is None else t._version for t in tensors)
 
 ITEMS = {
     "torch.empty(shape, dtype=, device=torch.device)": lambda: torch.empty((32, 128), dtype=torch.float32, device=device),
@@ -48,7 +61,16 @@ ITEMS = {
     "launch: PreparedLaunch.launch_packed (cupy driver)": lambda: prepared.launch_packed(packed, raw_stream(0)),
     "launch: ctypes CDLL cuLaunchKernel": lambda: cdll_launch(raw_stream(0)),
     "launch: ctypes PyDLL cuLaunchKernel (keeps the GIL)": lambda: pydll_launch(raw_stream(0)),
+    "torch.empty_like(d) 33 MB": lambda: torch.empty_like(d),
+    "Output.empty((32, 128), float32) (the library's)": lambda: output.empty((32, 128), "float32"),
     "as_operand(grad)": lambda: as_operand(grad, "grad_scores"),
+    "PackedArgs(backward struct)": lambda: _kernels.PackedArgs(_kernels.backward_args, [0] * len(_kernels.BACKWARD_ARGS)),
+    "import torch inside a function": import_in_function,
+    "str(grad.dtype)": lambda: str(grad.dtype),
+    "dict by dtype object": lambda: names.get(grad.dtype),
+    "versions: generator over (q, d, None)": lambda: versions_generator((q, d, None)),
+    "versions: (q._version, d._version)": lambda: (q._version, d._version),
+    "grad.data_ptr(), grad.stride(), grad.shape": lambda: (grad.data_ptr(), grad.stride(), grad.shape),
 }
 
 
