@@ -98,6 +98,7 @@ class TimedInBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        cupy.cuda.runtime.setDevice(0)  # this thread's primary context current (the library does the same)
         TimedInBackward.found = time_items()
         return g
 
