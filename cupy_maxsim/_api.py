@@ -365,7 +365,7 @@ def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True, _che
     if key is not None:
         template = _backward_templates.get(key)
         if template is not None:
-            return template._rebound(pointers, (q, d, argmax))
+            return template._rebound(pointers, (q, d, argmax), template.like.stream)
     like = as_operand(q, "q")
     if like.dtype == "int8":
         raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
@@ -624,13 +624,13 @@ class BackwardPlan:
         template._scratch = template._stream = template._staged = None
         return template
 
-    def _rebound(self, pointers: tuple, arrays: tuple) -> "BackwardPlan":
+    def _rebound(self, pointers: tuple, arrays: tuple, stream: int | None) -> "BackwardPlan":
         """A prepared plan of this template's signature for the arrays (q, d, argmax) at
-        ``pointers``."""
+        ``pointers``, launching on ``stream`` (the caller's, read once per call)."""
         plan = object.__new__(BackwardPlan)
         plan.__dict__.update(self.__dict__)
         plan._keepalive = arrays
-        plan._stream = self.like.stream
+        plan._stream = stream
         if self._values is not None:
             plan._bind(*pointers, 0)
         return plan
@@ -662,16 +662,40 @@ class BackwardPlan:
         values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
         return values
 
+    def staged_gradients(self, grad_ptr: int, grad_strides: tuple):
+        """The staged first gradients (grad_q, grad_d) in ``q``'s framework for a float32
+        gradient of the scores at ``grad_ptr`` with ``grad_strides`` (elements, the scores'
+        dims), or None where nothing is staged (a host plan, an empty problem, or a second
+        backward of the same forward: :meth:`gradients` answers). For an autograd adapter
+        whose engine has already checked the gradient (torch: the scores' shape, dtype and
+        device): torch runs the backward on a thread where host time counts double."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return None
+        grad_q, grad_d, packed = staged
+        if len(grad_strides) == 1:  # pairs, or one query: (Nd,)
+            grad_strides = (grad_strides[0], 0) if self.pairs else (0, grad_strides[0])
+        stream = self._stream
+        with _kernels.on_device(self.like.device):
+            if self.offsets is not None and not self.cover:
+                Output(self.like).fill(grad_d, 0)  # tokens outside every document get no gradient
+            _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad_ptr, *grad_strides)
+            for launch in self._launches:
+                launch.launch_packed(packed, stream)
+        return grad_q, grad_d
+
     def _gpu_gradients(self, grad: Operand, output: Output):
         like, d, pairs = self.like, self.d, self.pairs
         # An autograd adapter's forward staged the first gradients (_stage); a second backward
         # of the same forward (retain_graph) gets outputs of its own: autograd may hold the first.
-        staged, self._staged = self._staged, None
-        if staged is not None:
-            grad_q, grad_d, packed = staged
-        else:
-            grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
-            grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
+        if self._staged is not None:
+            if grad.dtype != "float32":
+                with _kernels.on_device(like.device), _kernels.on_stream(self._stream):
+                    grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
+            grad_q, grad_d = self.staged_gradients(grad.ptr, tuple(grad.strides))
+            return output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype)
+        grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
+        grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
         wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
         if self._values is None:  # an empty problem
             output.fill(grad_q, 0)
@@ -686,11 +710,6 @@ class BackwardPlan:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
             grad_strides = (grad.strides[0], 0) if pairs else (
                 (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
-            if staged is not None:
-                _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad.ptr, *grad_strides)
-                for launch in self._launches:
-                    launch.launch_packed(packed, stream)
-                return wrap()
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
             # lists' starts, global CSR counts of very long documents, dQ's partial sums.
             self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
@@ -982,13 +1001,14 @@ class _Replay:
         elif self.argmax_dtype is not None:
             argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
             values[self.argmax_at] = argmax_ptr
+        stream = self.like.stream
         with _kernels.on_device(self.like.device):
             tile_map = None if self.tile_map_shape is None else _kernels.doc_tile_map(d_ptr, *self.tile_map_shape)
-            self.launch(values, self.like.stream, tile_map)
+            self.launch(values, stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)
         if self.backward is not None:
-            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
+            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax), stream)
             plan._stage(output, argmax_ptr + 4 * self.argmax_words)
             return output.wrap(result), plan
         return output.wrap(result), output.wrap(argmax)

@@ -260,8 +260,8 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     class Template:
         _scratch_words = 777
 
-        def _rebound(self, pointers, arrays):
-            return types.SimpleNamespace(pointers=pointers, arrays=arrays,
+        def _rebound(self, pointers, arrays, stream):
+            return types.SimpleNamespace(pointers=pointers, arrays=arrays, stream=stream,
                                          _stage=lambda output, scratch_ptr: staged.append(scratch_ptr))
 
     staged = []
@@ -360,7 +360,7 @@ def test_backward_templates_without_a_gpu(monkeypatch):
         "grad", "grad_query_stride", "grad_doc_stride"]  # what the staged backward patches
     q, d, argmax, grad = arrays[:4]
     replayed = _api._backward_templates[next(iter(_api._backward_templates))]._rebound(
-        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax))
+        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax), None)
     replayed._stage(_HostOutput(None), 0x30000000)
     launches.clear()
     grad_q, grad_d = replayed.gradients(grad)
