@@ -635,20 +635,22 @@ class BackwardPlan:
             plan._bind(*pointers, 0)
         return plan
 
-    def _stage(self, output: Output | None = None, scratch_ptr: int | None = None) -> None:
+    def _stage(self, output: Output | None = None, scratch_ptr: int | None = None, arrays: tuple | None = None) -> None:
         """The first gradients' outputs and arguments, all but grad_scores', settled now, on an
         autograd adapter's forward thread (GPU plans; nothing for host ones), with scratch the
         caller allocated (a replayed step: with the winners) or its own. Torch runs the
         backward on a thread of its own, where each host step took about twice as long as on
         the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt): there,
-        only grad_scores is read and the kernels launched."""
+        only grad_scores is read and the kernels launched. ``arrays``: the caller's q and d
+        (default: the operands')."""
         if self._values is None:
             return
         output = output if output is not None else Output(self.like)
         if scratch_ptr is None:
             self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
-        grad_q, grad_q_ptr = output.empty(self.like.shape, self.like.dtype)
-        grad_d, grad_d_ptr = output.empty(self.d.shape, self.d.dtype)
+        q_array, d_array = arrays if arrays is not None else (self.like.keepalive, self.d.keepalive)
+        grad_q, grad_q_ptr = output.empty_like(self.like, q_array)
+        grad_d, grad_d_ptr = output.empty_like(self.d, d_array)
         packed = _kernels.PackedArgs(_kernels.backward_args, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr))
         self._staged = grad_q, grad_d, packed
 
@@ -991,7 +993,7 @@ class _Replay:
             q_ptr, d_ptr = q.data.ptr, d.data.ptr
         if (q_ptr | d_ptr) % 16 or _mma_plan(*self.plan_args) is not self.plan:
             return None
-        output = Output(self.like)
+        output = Output(self.like, q if self.torch else None)
         result, out_ptr = output.empty(self.shape, self.dtype)
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
@@ -1009,7 +1011,7 @@ class _Replay:
             return output.wrap(result)
         if self.backward is not None:
             plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax), stream)
-            plan._stage(output, argmax_ptr + 4 * self.argmax_words)
+            plan._stage(output, argmax_ptr + 4 * self.argmax_words, (q, d))
             return output.wrap(result), plan
         return output.wrap(result), output.wrap(argmax)
 

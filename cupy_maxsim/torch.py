@@ -60,9 +60,11 @@ def _backward(ctx, grad_scores):
         raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
                            "inplace operation: q, d (tokens) or offsets of cupy_maxsim.torch changed in place "
                            "between the forward and the backward")
-    # The engine has matched grad_scores to the scores' shape, dtype (float32) and device, so
-    # the gradients staged in the forward only need its pointer and strides.
-    grads = ctx.plan.staged_gradients(grad_scores.data_ptr(), grad_scores.stride()) if grad_scores.is_cuda else None
+    # The engine has matched grad_scores to the scores' shape, dtype and device, so the
+    # gradients staged in the forward need only its pointer and strides (float32 scores; those
+    # of float64 inputs are float64, converted by gradients()).
+    staged = grad_scores.is_cuda and grad_scores.dtype is torch.float32
+    grads = ctx.plan.staged_gradients(grad_scores.data_ptr(), grad_scores.stride()) if staged else None
     grad_q, grad_d = grads if grads is not None else ctx.plan.gradients(grad_scores)
     return grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None, None
 

@@ -110,12 +110,15 @@ _H200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
 
 
 class _HostOutput:  # results in host memory instead of CuPy's (_api.Output stubbed)
-    def __init__(self, like):
+    def __init__(self, like, tensor=None):
         pass
 
     def empty(self, shape, dtype):
         array = np.empty(shape, dtype)
         return array, array.ctypes.data
+
+    def empty_like(self, operand, array):
+        return self.empty(operand.shape, operand.dtype)
 
     def wrap(self, array, dtype=None):
         return array
@@ -262,7 +265,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
 
         def _rebound(self, pointers, arrays, stream):
             return types.SimpleNamespace(pointers=pointers, arrays=arrays, stream=stream,
-                                         _stage=lambda output, scratch_ptr: staged.append(scratch_ptr))
+                                         _stage=lambda output, scratch_ptr, arrays: staged.append(scratch_ptr))
 
     staged = []
     result, plan = with_argmax.with_backward(Template())(q, d)
