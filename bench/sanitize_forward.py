@@ -57,26 +57,35 @@ try:
 except ImportError:
     pass
 # Training: the forward with argmax, then the backward (padded with masks, pairs, packed, one
-# hot row per document, and many documents so that dQ takes the chunked path).
-for dtype in (cupy.float16, cupy.float32, cupy.float64):
-    for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100)]:
-        q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
-        mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
-        scores, argmax = cm.score(q, d, d_mask=mask, return_argmax=True)
-        cm.score_backward(cupy.ones_like(scores), q, d, argmax)
-        s1, a1 = cm.score(q[0], d, return_argmax=True)
-        cm.score_backward(cupy.ones_like(s1), q[0], d, a1)
-        dp = d[:nq] if nd >= nq else rows((nq, ld, dim), dtype)
-        sp, ap = cm.score_pairs(q, dp, return_argmax=True)
-        cm.score_backward(cupy.ones_like(sp), q, dp, ap, pairs=True)
-        tokens, offsets = rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
-        sk, ak = cm.score_packed(q, tokens, offsets, return_argmax=True)
-        cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=offsets)
-hot_q = rows((40, 32, 64), cupy.float32)
-hot_d = rows((3, 20, 64), cupy.float32) * 0.01
-hot_d[:, 4] = hot_q.mean(axis=(0, 1)) * 50
-sh, ah = cm.score(hot_q, hot_d, return_argmax=True)
-cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
+# hot row per document, and many documents so that dQ takes the chunked path), in one launch
+# where it fits and, with its limit at 0, in two.
+from cupy_maxsim import _api, _kernels  # noqa: E402
+
+one_launch_limit = _kernels.BWD_FUSED_SHARED_LIMIT
+for fused_limit in (one_launch_limit, 0):
+    _kernels.BWD_FUSED_SHARED_LIMIT = fused_limit
+    _api._backward_templates.clear()
+    for dtype in (cupy.float16, cupy.float32, cupy.float64):
+        for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100)]:
+            q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+            mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
+            scores, argmax = cm.score(q, d, d_mask=mask, return_argmax=True)
+            cm.score_backward(cupy.ones_like(scores), q, d, argmax)
+            s1, a1 = cm.score(q[0], d, return_argmax=True)
+            cm.score_backward(cupy.ones_like(s1), q[0], d, a1)
+            dp = d[:nq] if nd >= nq else rows((nq, ld, dim), dtype)
+            sp, ap = cm.score_pairs(q, dp, return_argmax=True)
+            cm.score_backward(cupy.ones_like(sp), q, dp, ap, pairs=True)
+            tokens, offsets = rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
+            sk, ak = cm.score_packed(q, tokens, offsets, return_argmax=True)
+            cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=offsets)
+    hot_q = rows((40, 32, 64), cupy.float32)
+    hot_d = rows((3, 20, 64), cupy.float32) * 0.01
+    hot_d[:, 4] = hot_q.mean(axis=(0, 1)) * 50
+    sh, ah = cm.score(hot_q, hot_d, return_argmax=True)
+    cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
+_kernels.BWD_FUSED_SHARED_LIMIT = one_launch_limit
+_api._backward_templates.clear()
 many_d = rows((5000, 8, 64), cupy.float16)
 sm, am = cm.score(rows((2, 8, 64), cupy.float16), many_d, return_argmax=True)
 cm.score_backward(cupy.ones_like(sm), rows((2, 8, 64), cupy.float16), many_d, am)

@@ -1,5 +1,7 @@
-"""Backward kernel tunables on the training shapes: rows in flight per warp and blocks per SM
-(launch bounds), GPU time per kernel from torch.profiler. Prints one line per variant.
+"""Backward kernel variants on the training shapes: one launch or two, blocks per SM (launch
+bounds), rows in flight per warp; GPU time per kernel from torch.profiler. Prints one line per
+variant. Every variant must give the same dD bits (each row sums its sources in list order),
+and the same dQ bits as the variants with its launch count.
 
     python bench/tune_backward.py > bench/results/tune-backward-<date>.log
 """
@@ -13,7 +15,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_train import SHAPES, _unit  # noqa: E402
 
-VARIANTS = [(4, 4), (2, 4), (8, 3), (4, 3)]
+#: (label, compile-time defines, the one-launch backward's shared-memory limit: 0 = two launches)
+VARIANTS = [
+    ("two launches", (), 0),
+    ("one launch, 3 blocks/SM", (), None),
+    ("one launch, 4 blocks/SM", ("-DMAXSIM_BWD_FUSED_MIN_BLOCKS=4",), None),
+    ("one launch, 3 blocks/SM, 2 rows in flight", ("-DMAXSIM_BWD_INFLIGHT=2",), None),
+]
 
 
 def main() -> int:
@@ -21,27 +29,30 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     import cupy_maxsim as cm
-    from cupy_maxsim import _kernels
+    from cupy_maxsim import _api, _kernels
 
-    from cupy_maxsim import reference  # noqa: F401  (import cost outside the timing)
+    from cupy_maxsim import reference  # noqa: F401 (import cost outside the timing)
 
     inputs = {}
     for name, (nq, lq, nd, ld, dim) in SHAPES.items():
         q, d = _unit(torch, (nq, lq, dim), 1), _unit(torch, (nd, ld, dim), 2)
         grad = torch.randn(nq, nd, device="cuda")
         inputs[name] = (q, d, grad, cm.score(q, d, return_argmax=True)[1])
+    default_limit = _kernels.BWD_FUSED_SHARED_LIMIT
     baseline = {}
-    for inflight, min_blocks in VARIANTS:
-        _kernels.BWD_DEFINES = (f"-DMAXSIM_BWD_INFLIGHT={inflight}", f"-DMAXSIM_BWD_MIN_BLOCKS={min_blocks}")
-        line = [f"inflight {inflight:2d} min_blocks {min_blocks}"]
+    for label, defines, limit in VARIANTS:
+        _kernels.BWD_DEFINES = defines
+        _kernels.BWD_FUSED_SHARED_LIMIT = default_limit if limit is None else limit
+        _api._backward_templates.clear()  # a template holds its kernels: plan each variant afresh
+        line = [f"{label:44s}"]
         for name, (q, d, grad, argmax) in inputs.items():
             grads = cm.score_backward(grad, q, d, argmax)
             torch.cuda.synchronize()
             key = name.split(":")[0]
-            if key in baseline:  # every variant computes the same bits
-                same = all(torch.equal(a, b) for a, b in zip(grads, baseline[key]))
-            else:
-                baseline[key], same = grads, True
+            one_launch = limit != 0
+            same_dd = torch.equal(grads[1], baseline.setdefault((key, "dD"), grads[1]))
+            same_dq = torch.equal(grads[0], baseline.setdefault((key, "dQ", one_launch), grads[0]))
+            same = same_dd and same_dq
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(20):
                     cm.score_backward(grad, q, d, argmax)

@@ -365,7 +365,7 @@ def backward_plan(q, d, argmax, *, offsets=None, pairs=False, prepare=True, _che
     if key is not None:
         template = _backward_templates.get(key)
         if template is not None:
-            return template._rebound(pointers, (q, d, argmax))
+            return template._rebound(pointers, (q, d, argmax), template.like.stream)
     like = as_operand(q, "q")
     if like.dtype == "int8":
         raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
@@ -418,21 +418,23 @@ def score_with_plan(q, d, *, q_mask=None, d_mask=None, offsets=None, pairs=False
     calls" below), the step's host path being on its critical path."""
     if offsets is not None:
         (scores, argmax), bounds = _score_packed(q, d, offsets, q_mask, None, None, True)
-        return scores, backward_plan(q, d, argmax, offsets=offsets, _checked_offsets=bounds)
-    if pairs:
+        plan = backward_plan(q, d, argmax, offsets=offsets, _checked_offsets=bounds)
+    elif pairs:
         scores, argmax = score_pairs(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
-        return scores, backward_plan(q, d, argmax, pairs=True)
-    key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
-    result = _replayed(key, q, d)
-    if result is not None:
-        return result
-    scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
-    plan = backward_plan(q, d, argmax)
-    if key is not None:
-        forward = _replays.get(_replay_key(q, d, True))
-        template = _backward_templates.get(_backward_key(q, d, argmax, False)[0])
-        if forward is not None and template is not None:
-            _remember(_replays, key, forward.with_backward(template))
+        plan = backward_plan(q, d, argmax, pairs=True)
+    else:
+        key = _replay_key(q, d, "plan") if q_mask is None and d_mask is None else None
+        result = _replayed(key, q, d)
+        if result is not None:
+            return result  # staged by the replay
+        scores, argmax = score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
+        plan = backward_plan(q, d, argmax)
+        if key is not None:
+            forward = _replays.get(_replay_key(q, d, True))
+            template = _backward_templates.get(_backward_key(q, d, argmax, False)[0])
+            if forward is not None and template is not None:
+                _remember(_replays, key, forward.with_backward(template))
+    plan._stage()
     return scores, plan
 
 
@@ -486,7 +488,7 @@ class BackwardPlan:
         self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
         self._prepared = self._reusable = False
-        self._staged = None  # a replayed forward's first gradients: (grad_q, grad_d, PackedArgs)
+        self._staged = None  # the first gradients, staged in the forward: (grad_q, grad_d, PackedArgs)
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -530,28 +532,60 @@ class BackwardPlan:
             self._reusable = q is self.q and d is self.d and offsets is None
             aligned = dim % 4 == 0 and all(
                 s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
-            # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
-            # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
             num_tokens = num_queries * query_length
-            if like.dtype == "float64" or pairs:
-                docs_per_chunk = num_docs
-            else:
-                wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
-                docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
-            chunks = -(-num_docs // docs_per_chunk)
             num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
             # dD: rows per warp for about 64 sources per warp on average (dense ColBERT rows get a
             # handful), at most 32 (sparse ColPali rows: more blocks in flight; H200, dD 35.7 us
             # with 64 rows a warp, 27.6 with 32: bench/results/tune-dd-rows-2026-11-30-3572412.txt).
             rows_per_warp = max(1, min(32, 64 * longest // max(1, sources_per_doc)))
-            # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
-            # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
-            parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
-                     chunks * num_tokens * dim if chunks > 1 else 0]
+            warps, threads = _kernels.BWD_THREADS // 32, _kernels.BWD_THREADS
+            block_rows = warps * rows_per_warp
+            groups = -(-longest // block_rows)
+            suffix = _DTYPE_SUFFIX[like.dtype]
+            kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
+            prepared = functools.partial(_kernels.PreparedLaunch, struct=_kernels.backward_args)
+            dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
+            fused_shared = _kernels.bwd_fused_shared_bytes(warps, block_rows, sources_per_doc)
+            fused = (csr_counts_stride == 0 and fused_shared <= _kernels.BWD_FUSED_SHARED_LIMIT
+                     and groups * sources_per_doc <= _kernels.BWD_FUSED_MAX_WINNER_READS
+                     and (pairs or like.dtype == "float64" or num_docs <= _kernels.BWD_FUSED_MAX_DOCS))
+            if fused:
+                # One launch: dQ's blocks (query tokens, dim chunks) in the first columns, then a
+                # column of row groups per document, each building its rows' lists in shared
+                # memory; no scratch.
+                dq_columns = -(-(-(-num_tokens // warps) * dim_chunks) // groups)
+                docs_per_chunk, parts = num_docs, []
+                self._launches = (prepared(kernel(f"maxsim_bwd_fused_{suffix}", shared_bytes=fused_shared),
+                                           (dq_columns + num_docs, groups), (threads,), fused_shared),)
+            else:
+                # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
+                # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
+                if like.dtype == "float64" or pairs:
+                    docs_per_chunk = num_docs
+                else:
+                    wanted = max(1, min(-(-64 * sm_count // num_tokens), -(-num_docs // 32)))
+                    docs_per_chunk = min(DQ_DOCS_PER_CHUNK, -(-num_docs // wanted))
+                chunks = -(-num_docs // docs_per_chunk)
+                # All scratch in one allocation (4-byte words, each part 16-byte aligned): the inverse
+                # CSR, per-row list starts, global CSR counts (very long documents), dQ partial sums.
+                parts = [num_docs * sources_per_doc, 2 * (num_rows + num_docs), num_docs * csr_counts_stride,
+                         chunks * num_tokens * dim if chunks > 1 else 0]
+                shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
+                # The CSR's blocks (one per document), then dQ's (query tokens, dim chunks, document
+                # chunks), in one launch; then dD: a block per (document, row group); with several dQ
+                # chunks, blocks past the documents sum the chunks' partials (about 16 blocks' worth
+                # per SM).
+                dq_blocks = -(-num_tokens // warps) * dim_chunks * chunks
+                reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
+                self._launches = (prepared(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
+                                           (num_docs + dq_blocks,), (threads,), shared),
+                                  prepared(kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups),
+                                           (threads,), 0))
             starts, total = [], 0
             for n in parts:
                 starts.append(total if n else None)
                 total += -(-n // 4) * 4
+            starts += [None] * (len(_BWD_SCRATCH) - len(starts))
             self._scratch_words, self._scratch_starts = total, tuple(starts)
             argmax_strides = (argmax.strides[0], 0) if pairs else (
                 (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
@@ -566,24 +600,10 @@ class BackwardPlan:
                 docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
                 offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
                 argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
-                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp, reserved=0,
+                vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp,
+                reserved=0,
             )
             self._values = [values[name] for name, _ in _kernels.BACKWARD_ARGS]
-            shared = 0 if csr_counts_stride else _kernels.bwd_csr_shared_bytes(count_warps, longest)
-            kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
-            prepared = functools.partial(_kernels.PreparedLaunch, struct=_kernels.backward_args)
-            suffix, threads = _DTYPE_SUFFIX[like.dtype], _kernels.BWD_THREADS
-            # The CSR's blocks (one per document), then dQ's (query tokens, dim chunks, document
-            # chunks), in one launch.
-            dq_blocks = -(-num_tokens // (threads // 32)) * -(-dim // _kernels.BWD_DIM_CHUNK) * chunks
-            # dD: a block per (document, row group); with several dQ chunks, blocks past the
-            # documents sum the chunks' partials (about 16 blocks' worth per SM).
-            groups = -(-longest // (threads // 32 * rows_per_warp))
-            reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
-            self._launches = (prepared(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
-                                       (num_docs + dq_blocks,), (threads,), shared),
-                              prepared(kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups),
-                                       (threads,), 0))
         self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
 
     def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:
@@ -604,27 +624,33 @@ class BackwardPlan:
         template._scratch = template._stream = template._staged = None
         return template
 
-    def _rebound(self, pointers: tuple, arrays: tuple) -> "BackwardPlan":
+    def _rebound(self, pointers: tuple, arrays: tuple, stream: int | None) -> "BackwardPlan":
         """A prepared plan of this template's signature for the arrays (q, d, argmax) at
-        ``pointers``."""
+        ``pointers``, launching on ``stream`` (the caller's, read once per call)."""
         plan = object.__new__(BackwardPlan)
         plan.__dict__.update(self.__dict__)
         plan._keepalive = arrays
-        plan._stream = self.like.stream
+        plan._stream = stream
         if self._values is not None:
             plan._bind(*pointers, 0)
         return plan
 
-    def _stage(self, output: Output, scratch_ptr: int) -> None:
-        """The first gradients' outputs and arguments, all but grad_scores', settled now, on the
-        forward's thread, with scratch the caller allocated (a replayed training step). Torch
-        runs the backward on a thread of its own, where each host step took about twice as
-        long as on the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt):
-        there, only grad_scores is read and the kernels launched."""
+    def _stage(self, output: Output | None = None, scratch_ptr: int | None = None, arrays: tuple | None = None) -> None:
+        """The first gradients' outputs and arguments, all but grad_scores', settled now, on an
+        autograd adapter's forward thread (GPU plans; nothing for host ones), with scratch the
+        caller allocated (a replayed step: with the winners) or its own. Torch runs the
+        backward on a thread of its own, where each host step took about twice as long as on
+        the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt): there,
+        only grad_scores is read and the kernels launched. ``arrays``: the caller's q and d
+        (default: the operands')."""
         if self._values is None:
             return
-        grad_q, grad_q_ptr = output.empty(self.like.shape, self.like.dtype)
-        grad_d, grad_d_ptr = output.empty(self.d.shape, self.d.dtype)
+        output = output if output is not None else Output(self.like)
+        if scratch_ptr is None:
+            self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
+        q_array, d_array = arrays if arrays is not None else (self.like.keepalive, self.d.keepalive)
+        grad_q, grad_q_ptr = output.empty_like(self.like, q_array)
+        grad_d, grad_d_ptr = output.empty_like(self.d, d_array)
         packed = _kernels.PackedArgs(_kernels.backward_args, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr))
         self._staged = grad_q, grad_d, packed
 
@@ -638,16 +664,40 @@ class BackwardPlan:
         values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
         return values
 
+    def staged_gradients(self, grad_ptr: int, grad_strides: tuple):
+        """The staged first gradients (grad_q, grad_d) in ``q``'s framework for a float32
+        gradient of the scores at ``grad_ptr`` with ``grad_strides`` (elements, the scores'
+        dims), or None where nothing is staged (a host plan, an empty problem, or a second
+        backward of the same forward: :meth:`gradients` answers). For an autograd adapter
+        whose engine has already checked the gradient (torch: the scores' shape, dtype and
+        device): torch runs the backward on a thread where host time counts double."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return None
+        grad_q, grad_d, packed = staged
+        if len(grad_strides) == 1:  # pairs, or one query: (Nd,)
+            grad_strides = (grad_strides[0], 0) if self.pairs else (0, grad_strides[0])
+        stream = self._stream
+        with _kernels.on_device(self.like.device):
+            if self.offsets is not None and not self.cover:
+                Output(self.like).fill(grad_d, 0)  # tokens outside every document get no gradient
+            _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad_ptr, *grad_strides)
+            for launch in self._launches:
+                launch.launch_packed(packed, stream)
+        return grad_q, grad_d
+
     def _gpu_gradients(self, grad: Operand, output: Output):
         like, d, pairs = self.like, self.d, self.pairs
-        # A replayed forward staged the first gradients (_stage); a second backward of the same
-        # forward (retain_graph) gets outputs of its own: autograd may hold the first ones.
-        staged, self._staged = self._staged, None
-        if staged is not None:
-            grad_q, grad_d, packed = staged
-        else:
-            grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
-            grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
+        # An autograd adapter's forward staged the first gradients (_stage); a second backward
+        # of the same forward (retain_graph) gets outputs of its own: autograd may hold the first.
+        if self._staged is not None:
+            if grad.dtype != "float32":
+                with _kernels.on_device(like.device), _kernels.on_stream(self._stream):
+                    grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
+            grad_q, grad_d = self.staged_gradients(grad.ptr, tuple(grad.strides))
+            return output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype)
+        grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
+        grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
         wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
         if self._values is None:  # an empty problem
             output.fill(grad_q, 0)
@@ -662,11 +712,6 @@ class BackwardPlan:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
             grad_strides = (grad.strides[0], 0) if pairs else (
                 (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
-            if staged is not None:
-                _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad.ptr, *grad_strides)
-                for launch in self._launches:
-                    launch.launch_packed(packed, stream)
-                return wrap()
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
             # lists' starts, global CSR counts of very long documents, dQ's partial sums.
             self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
@@ -948,7 +993,7 @@ class _Replay:
             q_ptr, d_ptr = q.data.ptr, d.data.ptr
         if (q_ptr | d_ptr) % 16 or _mma_plan(*self.plan_args) is not self.plan:
             return None
-        output = Output(self.like)
+        output = Output(self.like, q if self.torch else None)
         result, out_ptr = output.empty(self.shape, self.dtype)
         values = list(self.values)
         values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
@@ -958,14 +1003,15 @@ class _Replay:
         elif self.argmax_dtype is not None:
             argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
             values[self.argmax_at] = argmax_ptr
+        stream = self.like.stream
         with _kernels.on_device(self.like.device):
             tile_map = None if self.tile_map_shape is None else _kernels.doc_tile_map(d_ptr, *self.tile_map_shape)
-            self.launch(values, self.like.stream, tile_map)
+            self.launch(values, stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)
         if self.backward is not None:
-            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax))
-            plan._stage(output, argmax_ptr + 4 * self.argmax_words)
+            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax), stream)
+            plan._stage(output, argmax_ptr + 4 * self.argmax_words, (q, d))
             return output.wrap(result), plan
         return output.wrap(result), output.wrap(argmax)
 

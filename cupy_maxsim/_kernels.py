@@ -44,7 +44,7 @@ FAMILIES = {
     ),
     "maxsim_bwd": (
         "maxsim_bwd.cu",
-        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64") for stage in ("csr_dq", "dd")),
+        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64") for stage in ("csr_dq", "dd", "fused")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
 }
@@ -374,6 +374,24 @@ BWD_DEFINES: tuple[str, ...] = ()
 def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
     # Mirrors the formula at the top of maxsim_bwd.cu.
     return 4 * (count_warps * longest_doc + 2 * longest_doc + 2)
+
+
+def bwd_fused_shared_bytes(warps: int, block_rows: int, sources_per_doc: int) -> int:
+    # Mirrors the formula above maxsim_bwd_fused in maxsim_bwd.cu.
+    return 4 * (warps * block_rows + 4 * (block_rows + 1) + sources_per_doc)
+
+
+#: The one-launch backward (maxsim_bwd_fused) where: its dD blocks' shared memory is at most
+#: BWD_FUSED_SHARED_LIMIT (the row lists of a document's sources; with dD's own arrays, 3 blocks
+#: per SM); dQ in one document chunk walks at most BWD_FUSED_MAX_DOCS documents (256 are 32
+#: round trips of 8 rows, while dD's blocks run beside it); and each row group re-reads its
+#: document's winners (groups x sources per document) at most BWD_FUSED_MAX_WINNER_READS times.
+#: H200 (bench/results/tune-backward-2026-11-30-40a54a6.log): ColPali in-batch (5 groups x 1,024
+#: sources) 51.0 us in one launch against 47.9 in two, and one launch less of host time on
+#: torch's backward thread (13-16 us); ColBERT in-batch (10 x 4,096) 113-128 us against 82.
+BWD_FUSED_SHARED_LIMIT = 32 * 1024
+BWD_FUSED_MAX_DOCS = 256
+BWD_FUSED_MAX_WINNER_READS = 16 * 1024
 
 
 def bwd_csr_layout(longest_doc: int, smem_limit: int, smem_per_sm: int) -> tuple[int, int]:

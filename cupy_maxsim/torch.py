@@ -42,7 +42,7 @@ class _MaxSim(torch.autograd.Function):
         # place before the backward (what save_for_backward checks, at a fraction of its host
         # cost, and torch runs the backward on a thread where host time counts double).
         ctx.inputs = q, d, offsets
-        ctx.versions = _versions(ctx.inputs)
+        ctx.versions = _versions(q, d, offsets)
         return scores
 
     @staticmethod
@@ -56,20 +56,25 @@ class _MaxSim(torch.autograd.Function):
 
 
 def _backward(ctx, grad_scores):
-    if _versions(ctx.inputs) != ctx.versions:
+    if _versions(*ctx.inputs) != ctx.versions:
         raise RuntimeError("one of the variables needed for gradient computation has been modified by an "
                            "inplace operation: q, d (tokens) or offsets of cupy_maxsim.torch changed in place "
                            "between the forward and the backward")
-    grad_q, grad_d = ctx.plan.gradients(grad_scores)
+    # The engine has matched grad_scores to the scores' shape, dtype and device, so the
+    # gradients staged in the forward need only its pointer and strides (float32 scores; those
+    # of float64 inputs are float64, converted by gradients()).
+    staged = grad_scores.is_cuda and grad_scores.dtype is torch.float32
+    grads = ctx.plan.staged_gradients(grad_scores.data_ptr(), grad_scores.stride()) if staged else None
+    grad_q, grad_d = grads if grads is not None else ctx.plan.gradients(grad_scores)
     return grad_q if ctx.needs_input_grad[0] else None, grad_d if ctx.needs_input_grad[1] else None, None
 
 
 _backward_once_differentiable = torch.autograd.function.once_differentiable(_backward)
 
 
-def _versions(tensors) -> tuple:
-    """The in-place version counters of the tensors (None: no tensor)."""
-    return tuple(None if t is None else t._version for t in tensors)
+def _versions(q, d, offsets) -> tuple:
+    """The in-place version counters of q, d and the offsets (None: no offsets)."""
+    return q._version, d._version, None if offsets is None else offsets._version
 
 
 def maxsim(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:

@@ -8,9 +8,11 @@
 // accumulated in fp32 (fp64 for float64 inputs) in a fixed order and written once, in the
 // input dtype: the same inputs give bitwise the same gradients.
 //
-// A backward is two launches: maxsim_bwd_csr_dq_* (the inverse CSR of the winners, then dQ),
-// and maxsim_bwd_dd_* (dD, then the sum of dQ's document chunks): a training step is
-// host-bound, each launch costing microseconds of host time.
+// A backward is one launch where a document's sources fit in shared memory and dQ needs no
+// document chunks (in-batch training: maxsim_bwd_fused_*, dD blocks inverting their own rows'
+// winners), else two: maxsim_bwd_csr_dq_* (the inverse CSR of the winners, then dQ) and
+// maxsim_bwd_dd_* (dD, then the sum of dQ's document chunks). A training step is host-bound,
+// each launch costing microseconds of host time.
 //
 // maxsim_bwd_csr_dq_*, first blocks: one block per document inverts its argmax into CSR in
 // three phases (no sort, no global atomics):
@@ -56,6 +58,11 @@ constexpr int HOT_ROW = 64;     // rows with more sources are split over the blo
 #endif
 #ifndef MAXSIM_BWD_MIN_BLOCKS
 #define MAXSIM_BWD_MIN_BLOCKS 4
+#endif
+// The one-launch kernel holds dD's walk with its blocks' own lists: at 64 registers (4 blocks)
+// ptxas spilled a register or two on some architectures, so it runs with up to 80 (3 blocks).
+#ifndef MAXSIM_BWD_FUSED_MIN_BLOCKS
+#define MAXSIM_BWD_FUSED_MIN_BLOCKS 3
 #endif
 // Rows loaded before they are accumulated (2 for float64: registers) and blocks per SM: 4 and 4
 // measured best on the H200 (occupancy beats rows in flight; bench/results/tune-backward-*.log).
@@ -241,106 +248,102 @@ __device__ __forceinline__ int block_exclusive_scan(int* values, int n, int* war
     return carry;
 }
 
-// Source e = (query, token) of a document -> its winner there, or -1 (never trust an index
+// Source e = (query, token) of a document -> its winner's row relative to the window
+// [row_begin, row_begin + rows) of the document's rows, or -1 outside it (never trust an index
 // past the document: a foreign argmax cannot make us write out of bounds).
 __device__ __forceinline__ int source_winner(const BackwardArgs& args, i64 doc, i64 first_query, int query_length,
-                                             int length, int e) {
+                                             int length, int row_begin, int rows, int e) {
     const i64 query = first_query + e / query_length;
     const int row = load_argmax(args.argmax, args.argmax_is_32bit,
                                 query * args.argmax_query_stride + doc * args.argmax_doc_stride + e % query_length);
-    return row < length ? row : -1;
+    const int relative = row - row_begin;
+    return row >= 0 && row < length && relative >= 0 && relative < rows ? relative : -1;
 }
 
-// The winners of sources e, e + 32, ... (N of them, -1 past `end`): all loads in flight at once.
+// The windowed winners of sources e, e + 32, ... (N of them, -1 past `end`): all loads in
+// flight at once.
 template <int N>
 __device__ __forceinline__ void source_winners(const BackwardArgs& args, i64 doc, i64 first_query, int query_length,
-                                               int length, int e, int end, int (&rows)[N]) {
+                                               int length, int row_begin, int rows, int e, int end, int (&out)[N]) {
 #pragma unroll
     for (int u = 0; u < N; ++u)
-        rows[u] = e + 32 * u < end ? source_winner(args, doc, first_query, query_length, length, e + 32 * u) : -1;
+        out[u] = e + 32 * u < end
+                     ? source_winner(args, doc, first_query, query_length, length, row_begin, rows, e + 32 * u)
+                     : -1;
 }
 
-// The inverse CSR of one document (one block per document): count, scan, fill. The list
-// (sources + doc * sources_per_doc) holds the light rows' sources first, row after row, then
-// the hot rows' (more than HOT_ROW sources). Per document, entry j = row0 + doc + k of
-// row_ranges (k = 0 .. L, the last one holding the totals) is the pair (light start, hot
-// start) of row k: light row k owns [light[k], light[k + 1]), hot row k [hot[k], hot[k + 1]).
-__device__ __forceinline__ void build_inverse_csr(const BackwardArgs& args, i64 doc) {
-    extern __shared__ __align__(16) unsigned char smem[];
+// Inverts the winners of document `doc` that fall in its rows [row_begin, row_begin + rows)
+// (all threads of the block call it): count, scan, fill. `list` receives the sources, the
+// light rows' (at most HOT_ROW sources) first, row after row, then the hot rows'; `ranges`
+// the pair (light start, hot start) of each row k = 0 .. rows (the last one: the totals):
+// light row k owns list[light[k], light[k + 1]), hot row k list[hot[k], hot[k + 1]).
+// `counts` (count_warps x rows), `light` and `hot` (rows + 1 each) are scratch, in shared or
+// global memory (generic addressing: same code).
+__device__ __forceinline__ void invert_winners(const BackwardArgs& args, i64 doc, int length, int row_begin, int rows,
+                                               int count_warps, int* counts, int* light, int* hot, int* list,
+                                               int* ranges) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    i64 doc_base, length64, first_token;
-    bwd_doc_extent(args, doc, doc_base, length64, first_token);
-    const int length = (int)length64;
-    if (length == 0) return;
-    const int count_warps = args.count_warps;
-    // Counts and starts live in shared memory, or, for documents too long for it, in this
-    // document's slice of a global scratch buffer (same code: generic addressing).
-    int* sCount = args.csr_counts != nullptr ? args.csr_counts + doc * args.csr_counts_stride
-                                             : (int*)smem;  // [count_warps][length]: counts, then cursors
-    int* sLight = sCount + count_warps * length;    // [length + 1]: light row starts
-    int* sHot = sLight + length + 1;                // [length + 1]: hot row starts
     __shared__ int warp_sums[bwd::WARPS];
-
     const int query_length = args.query_length;
     const i64 first_query = args.pairs ? doc : 0;
     const int sources = args.pairs ? query_length : args.num_queries * query_length;  // < 2^31
-    int* list = args.sources + doc * args.sources_per_doc;
     const int share = (sources + count_warps - 1) / count_warps;
     const int my_begin = warp * share, my_end = min(sources, (warp + 1) * share);
     constexpr int AHEAD = 4;  // loads issued before their results are used
 
-    // count
-    for (int i = tid; i < count_warps * length; i += blockDim.x) sCount[i] = 0;
+    // count: each of count_warps warps its contiguous share of the sources, per row
+    for (int i = tid; i < count_warps * rows; i += blockDim.x) counts[i] = 0;
     __syncthreads();
     if (warp < count_warps) {
-        int* counts = sCount + warp * length;
+        int* my_counts = counts + warp * rows;
         for (int e0 = my_begin; e0 < my_end; e0 += 32 * AHEAD) {
-            int rows[AHEAD];
-            source_winners<AHEAD>(args, doc, first_query, query_length, length, e0 + lane, my_end, rows);
+            int winners[AHEAD];
+            source_winners<AHEAD>(args, doc, first_query, query_length, length, row_begin, rows, e0 + lane, my_end,
+                                  winners);
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u)
-                if (rows[u] >= 0) atomicAdd(counts + rows[u], 1);
+                if (winners[u] >= 0) atomicAdd(my_counts + winners[u], 1);
         }
     }
     __syncthreads();
-    // scan: per token over warps (cursor offsets), then over tokens, light and hot apart
-    for (int k = tid; k < length; k += blockDim.x) {
+    // scan: per row over warps (cursor offsets), then over rows, light and hot apart
+    for (int k = tid; k < rows; k += blockDim.x) {
         int total = 0;
         for (int w = 0; w < count_warps; ++w) {
-            const int c = sCount[w * length + k];
-            sCount[w * length + k] = total;
+            const int c = counts[w * rows + k];
+            counts[w * rows + k] = total;
             total += c;
         }
-        const bool hot = total > bwd::HOT_ROW;
-        sLight[k] = hot ? 0 : total;
-        sHot[k] = hot ? total : 0;
+        const bool is_hot = total > bwd::HOT_ROW;
+        light[k] = is_hot ? 0 : total;
+        hot[k] = is_hot ? total : 0;
     }
     __syncthreads();
-    const int light_total = block_exclusive_scan(sLight, length, warp_sums);
-    const int hot_total = block_exclusive_scan(sHot, length, warp_sums);
-    if (tid == 0) sLight[length] = light_total, sHot[length] = hot_total;
+    const int light_total = block_exclusive_scan(light, rows, warp_sums);
+    const int hot_total = block_exclusive_scan(hot, rows, warp_sums);
+    if (tid == 0) light[rows] = light_total, hot[rows] = hot_total;
     __syncthreads();
-    for (int i = tid; i < count_warps * length; i += blockDim.x) {
-        const int k = i % length;
-        const bool hot = sHot[k + 1] > sHot[k];
-        sCount[i] += hot ? light_total + sHot[k] : sLight[k];
+    for (int i = tid; i < count_warps * rows; i += blockDim.x) {
+        const int k = i % rows;
+        const bool is_hot = hot[k + 1] > hot[k];
+        counts[i] += is_hot ? light_total + hot[k] : light[k];
     }
-    const i64 entry0 = (args.offsets == nullptr ? doc * length : first_token) + doc;
-    for (int k = tid; k <= length; k += blockDim.x) {
-        args.row_ranges[2 * (entry0 + k)] = sLight[k];
-        args.row_ranges[2 * (entry0 + k) + 1] = light_total + sHot[k];
+    for (int k = tid; k <= rows; k += blockDim.x) {
+        ranges[2 * k] = light[k];
+        ranges[2 * k + 1] = light_total + hot[k];
     }
     __syncthreads();
-    // fill, in source order
+    // fill, in source order: equal rows ranked with __match_any_sync
     if (warp < count_warps) {
-        int* cursors = sCount + warp * length;
+        int* cursors = counts + warp * rows;
         const unsigned lanes_below = (1u << lane) - 1;
         for (int e0 = my_begin; e0 < my_end; e0 += 32 * AHEAD) {
-            int rows[AHEAD];
-            source_winners<AHEAD>(args, doc, first_query, query_length, length, e0 + lane, my_end, rows);
+            int winners[AHEAD];
+            source_winners<AHEAD>(args, doc, first_query, query_length, length, row_begin, rows, e0 + lane, my_end,
+                                  winners);
 #pragma unroll
             for (int u = 0; u < AHEAD; ++u) {
-                const int row = rows[u];
+                const int row = winners[u];
                 const bool real = row >= 0;
                 const unsigned active = __ballot_sync(0xffffffffu, real);
                 unsigned peers = 0;
@@ -356,42 +359,56 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs& args, i64 
             }
         }
     }
+    __syncthreads();
 }
 
-// dD rows of one (document, row group) block; blocks past the documents (x >= num_docs) sum
-// the dQ partials instead (maxsim_bwd_dq_reduce). Each warp owns rows_per_warp consecutive rows:
+// The inverse CSR of one whole document (one block per document, two-launch backward): the
+// list at sources + doc * sources_per_doc, the ranges at row_ranges entries row0 + doc + k.
+__device__ __forceinline__ void build_inverse_csr(const BackwardArgs& args, i64 doc) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    i64 doc_base, length64, first_token;
+    bwd_doc_extent(args, doc, doc_base, length64, first_token);
+    const int length = (int)length64;
+    if (length == 0) return;
+    const int count_warps = args.count_warps;
+    // Counts and starts live in shared memory, or, for documents too long for it, in this
+    // document's slice of a global scratch buffer.
+    int* counts = args.csr_counts != nullptr ? args.csr_counts + doc * args.csr_counts_stride : (int*)smem;
+    int* light = counts + count_warps * length;
+    int* hot = light + length + 1;
+    const i64 entry0 = (args.offsets == nullptr ? doc * length : first_token) + doc;
+    invert_winners(args, doc, length, 0, length, count_warps, counts, light, hot,
+                   args.sources + doc * args.sources_per_doc, args.row_ranges + 2 * entry0);
+}
+
+// dD rows of document `doc`'s row group `group` (all threads of the block call it), from the
+// row lists of invert_winners: `list`, and `ranges`, whose pair k is row k's (light start, hot
+// start), or with `block_ranges` row block_first + k's (the block's own lists).
+// Each warp owns rows_per_warp consecutive rows:
 // their light sources are contiguous in the list, so the warp walks them as one segment, 32
 // list entries and 8 query rows in flight at a time, and writes each row once when the walk
 // passes its end (zeros for a row nobody chose). Then each hot row of the block is summed by
 // all warps in contiguous parts, added in warp order.
 template <typename T>
-__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
+__device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, int group, int length, i64 row0,
+                                             const int* list, const int* ranges, bool block_ranges) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
-    if ((i64)blockIdx.x >= args.num_docs) {
-        maxsim_bwd_dq_reduce<T>(args, (blockIdx.x - args.num_docs) * (i64)gridDim.y + blockIdx.y,
-                                (gridDim.x - args.num_docs) * (i64)gridDim.y);
-        return;
-    }
     __shared__ __align__(16) A sPartial[WARPS * DIM_CHUNK];
     __shared__ int sHotRows[MAX_BLOCK_ROWS];  // this block's hot rows, in no particular order
     __shared__ int sHotCount;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const i64 doc = blockIdx.x;
-    i64 doc_base, length64, first_token;
-    bwd_doc_extent(args, doc, doc_base, length64, first_token);
-    const int length = (int)length64;
     const int rows_per_warp = args.rows_per_warp;
     if (threadIdx.x == 0) sHotCount = 0;
     __syncthreads();
-    const int block_first = blockIdx.y * warps * rows_per_warp;
+    const int block_first = group * warps * rows_per_warp;
     if (block_first >= length) return;
 
     const int query_length = args.query_length;
     const i64 first_query = args.pairs ? doc : 0;
-    const int* list = args.sources + doc * args.sources_per_doc;
-    const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
-    const int* ranges = args.row_ranges + 2 * (row0 + doc);  // (light, hot) starts, rows 0..L
+    const int range_first = block_ranges ? block_first : 0;  // (block_first: re-derived, not held)
+    auto light_start = [&](int k) { return ranges[2 * (k - range_first)]; };
+    auto hot_start = [&](int k) { return ranges[2 * (k - range_first) + 1]; };
     const T* q = (const T*)args.q;
     T* grad_d = (T*)args.grad_d;
     const bool vector = args.vector_loads != 0;
@@ -414,9 +431,9 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
             const int rows = min(32, warp_last - g0);
             // Lane l: row g0 + l's light end and whether it is hot.
             const int k = g0 + min(lane, rows - 1);
-            const int light_end = ranges[2 * (k + 1)];
-            const bool hot = ranges[2 * (k + 1) + 1] > ranges[2 * k + 1];
-            const int segment_begin = ranges[2 * g0], segment_end = __shfl_sync(0xffffffffu, light_end, rows - 1);
+            const int light_end = light_start(k + 1);
+            const bool hot = hot_start(k + 1) > hot_start(k);
+            const int segment_begin = light_start(g0), segment_end = __shfl_sync(0xffffffffu, light_end, rows - 1);
             if (chunk0 == 0) {  // note the hot rows once; each is summed block-wide below
                 const unsigned hot_lanes = __ballot_sync(0xffffffffu, hot && lane < rows);
                 int slot = 0;
@@ -451,7 +468,7 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
         __syncthreads();
         for (int h = 0; h < sHotCount; ++h) {
             const int row = sHotRows[h];
-            const int begin = ranges[2 * row + 1], end = ranges[2 * (row + 1) + 1];
+            const int begin = hot_start(row), end = hot_start(row + 1);
             const int part = (end - begin + warps - 1) / warps;
             const int my_begin = min(end, begin + warp * part), my_end = min(end, begin + (warp + 1) * part);
             A acc[4] = {0, 0, 0, 0};
@@ -476,6 +493,23 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs args) {
     }
 }
 
+// dD of the two-launch backward: blocks (document, row group) from the global inverse CSR;
+// blocks past the documents (x >= num_docs) sum the dQ partials instead (maxsim_bwd_dq_reduce).
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs& args) {
+    if ((i64)blockIdx.x >= args.num_docs) {
+        maxsim_bwd_dq_reduce<T>(args, (blockIdx.x - args.num_docs) * (i64)gridDim.y + blockIdx.y,
+                                (gridDim.x - args.num_docs) * (i64)gridDim.y);
+        return;
+    }
+    const i64 doc = blockIdx.x;
+    i64 doc_base, length, first_token;
+    bwd_doc_extent(args, doc, doc_base, length, first_token);
+    const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
+    dd_row_group<T>(args, doc, blockIdx.y, (int)length, row0, args.sources + doc * args.sources_per_doc,
+                    args.row_ranges + 2 * (row0 + doc), false);
+}
+
 // The first launch of a backward: blocks [0, num_docs) invert one document's winners each
 // (build_inverse_csr, which needs only the winners), the blocks after them compute dQ, the
 // grid (x: query tokens, y: dim chunks, z: document chunks) flattened in that order. One
@@ -494,6 +528,51 @@ __device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
     maxsim_bwd_dq<T>(args, dq_block % grid_x, (int)(dq_block / grid_x % grid_y), dq_block / (grid_x * grid_y));
 }
 
+// The one-launch backward, where a document's sources fit in shared memory (_kernels.py
+// decides): blocks [0, dQ's) compute dQ in one document chunk (grad_q written directly), the
+// blocks after them dD, one per (document, row group of warps * rows_per_warp rows), each
+// inverting only the winners in its own rows, into lists in its shared
+// memory, then summing them. No block waits on another: no scratch, no second launch, and a
+// training step's backward costs one launch of host time (on torch's backward thread, where a
+// launch took 13 us on the H200: bench/results/host-timeline-ab-2026-11-30-a8ca6d6.txt).
+// Shared memory (dynamic, bytes): 4 * (warps * R + 4 * (R + 1) + S), R = warps * rows_per_warp,
+// S = sources_per_doc; _kernels.py mirrors this formula.
+template <typename T>
+__device__ __forceinline__ void maxsim_bwd_fused(const BackwardArgs& args) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    // Grid (dQ columns + documents, row groups): dQ's blocks fill the first columns (linear index
+    // x * groups + y, up to grid_x * grid_y), document n's row groups column dQ's + n. A
+    // document and its group are then special registers less a parameter, which the dD walk
+    // re-reads instead of holding them (its 64 registers are all taken).
+    const u32 tokens_per_block = blockDim.x >> 5;
+    const u32 grid_x = (u32)(((i64)args.num_queries * args.query_length + tokens_per_block - 1) / tokens_per_block);
+    const u32 grid_y = (args.dim + bwd::DIM_CHUNK - 1) / bwd::DIM_CHUNK;
+    const u32 dq_columns = (grid_x * grid_y + gridDim.y - 1) / gridDim.y;
+    if (blockIdx.x < dq_columns) {
+        const u32 dq_block = blockIdx.x * gridDim.y + blockIdx.y;
+        if (dq_block < grid_x * grid_y) maxsim_bwd_dq<T>(args, dq_block % grid_x, (int)(dq_block / grid_x), 0);
+        return;
+    }
+    const i64 doc = blockIdx.x - dq_columns;
+    i64 doc_base, length64, first_token;
+    bwd_doc_extent(args, doc, doc_base, length64, first_token);
+    const int length = (int)length64;
+    const int warps = blockDim.x >> 5, block_rows = warps * args.rows_per_warp;
+    const int row_begin = blockIdx.y * block_rows;
+    if (row_begin >= length) return;  // the whole block: a shorter document
+    const int rows = min(block_rows, length - row_begin);
+    // The list first and the ranges after it: their addresses are a parameter away from the
+    // shared base, re-read by the dD walk rather than held.
+    int* list = (int*)smem;                                 // [sources_per_doc]
+    int* ranges = list + args.sources_per_doc;              // [2 * (block_rows + 1)]
+    int* counts = ranges + 2 * (block_rows + 1);            // [warps][block_rows]
+    int* light = counts + warps * block_rows;               // [block_rows + 1]
+    int* hot = light + block_rows + 1;                      // [block_rows + 1]
+    invert_winners(args, doc, length, row_begin, rows, warps, counts, light, hot, list, ranges);
+    dd_row_group<T>(args, doc, blockIdx.y, length, args.offsets == nullptr ? doc * length : first_token, list, ranges,
+                    true);
+}
+
 // THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS: per SM.
 #define MAXSIM_BWD_CSR_DQ_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
@@ -508,7 +587,16 @@ MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOC
 MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp64, double, 256, 1)  // registers
+#define MAXSIM_BWD_FUSED_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
+        maxsim_bwd_fused<T>(args);                                                           \
+    }
+
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
 MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256, 1)  // registers
+MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_fp16, fp16_t, 256, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_bf16, bf16_t, 256, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_fp32, float, 256, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_fp64, double, 256, 1)  // registers

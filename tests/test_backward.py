@@ -553,6 +553,72 @@ def test_gpu_hot_rows_pairs_packed_and_long_documents():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["masked", "hot-rows", "packed", "pairs", "bfloat16"])
+def test_gpu_one_launch_backward_matches_two(case, monkeypatch):
+    """The one-launch backward (dD blocks inverting their own rows' winners in shared memory,
+    dQ in one document chunk) against the two-launch one (a global inverse CSR, dQ in chunks):
+    every dD row sums the same sources in the same order, so dD is bitwise equal; dQ's sums
+    associate differently, and both match the float64 reference."""
+    from cupy_maxsim import _api, _kernels
+
+    rng = np.random.default_rng(11)
+    dtype = "bfloat16" if case == "bfloat16" else "float16"
+    pytest.importorskip("torch") if dtype == "bfloat16" else None
+    nq, nd, ld, dim = (64, 6, 40, 64) if case == "hot-rows" else (6, 20, 300, 128)
+    q64 = unit_rows(rng, (nq, 32, dim), np.float64)
+    d64 = unit_rows(rng, (nd, ld, dim), np.float64)
+    if case == "hot-rows":  # every query token picks token 3 of each document (split rows)
+        common = unit_rows(rng, (dim,), np.float64)
+        q64 = common + 0.3 * q64
+        q64 /= np.linalg.norm(q64, axis=-1, keepdims=True)
+        d64 = 0.01 * d64
+        d64[:, 3] = common
+    q64, d64 = _round_to(q64, dtype), _round_to(d64, dtype)
+    q, d = _device(q64, dtype), _device(d64, dtype)
+    d_mask = holey_mask(rng, (nd, ld), 0.6)
+    kwargs, grad_shape = {}, (nq, nd)
+    if case == "pairs":  # query i with document i
+        d, d64, nd = d[:nq], d64[:nq], nq
+        _, argmax = cm.score_pairs(q, d, return_argmax=True)
+        kwargs, grad_shape = {"pairs": True}, (nq,)
+        operand = d
+    elif case == "packed":
+        operand, offsets = cm.pack(d, mask=_device_mask(q, d_mask))
+        _, argmax = cm.score_packed(q, operand, offsets, return_argmax=True)
+        kwargs = {"offsets": offsets}
+    else:
+        _, argmax = cm.score(q, d, d_mask=_device_mask(q, d_mask) if case != "hot-rows" else None,
+                             return_argmax=True)
+        operand = d
+    grad64 = rng.standard_normal(grad_shape).astype(np.float32).astype(np.float64)
+    grad = _device(grad64, "float32")
+
+    def gradients():
+        monkeypatch.setattr(_api, "_backward_templates", {})
+        plan = _api.backward_plan(q, operand, argmax, **kwargs)
+        grad_q, grad_d = plan.gradients(grad)
+        return len(plan._launches), to_numpy(grad_q), to_numpy(grad_d)
+
+    launches_one, q_one, d_one = gradients()
+    monkeypatch.setattr(_kernels, "BWD_FUSED_SHARED_LIMIT", 0)
+    launches_two, q_two, d_two = gradients()
+    assert (launches_one, launches_two) == (1, 2)
+    np.testing.assert_array_equal(d_one, d_two)
+    if case == "pairs":
+        full = np.full((nd, nd, 32), -1)
+        full[np.arange(nd), np.arange(nd)] = to_numpy(argmax)
+        expected_q, _ = reference.maxsim_backward_reference(np.diag(grad64), q64, d64, full)
+    elif case == "packed":
+        _, padded = cm.score(q, d, d_mask=_device_mask(q, d_mask), return_argmax=True)
+        expected_q, _ = reference.maxsim_backward_reference(grad64, q64, d64, to_numpy(padded))
+    else:
+        expected_q, _ = reference.maxsim_backward_reference(grad64, q64, d64, to_numpy(argmax))
+    for grad_q in (q_one, q_two):
+        np.testing.assert_allclose(grad_q.astype(np.float64), expected_q, rtol=0,
+                                   atol=_gradient_bound(expected_q, dtype, nd))
+
+
+@pytest.mark.gpu
 def test_gpu_torch_autograd_matches_cpu_and_runs_on_torch_stream():
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt

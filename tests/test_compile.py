@@ -110,12 +110,15 @@ _H200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
 
 
 class _HostOutput:  # results in host memory instead of CuPy's (_api.Output stubbed)
-    def __init__(self, like):
+    def __init__(self, like, tensor=None):
         pass
 
     def empty(self, shape, dtype):
         array = np.empty(shape, dtype)
         return array, array.ctypes.data
+
+    def empty_like(self, operand, array):
+        return self.empty(operand.shape, operand.dtype)
 
     def wrap(self, array, dtype=None):
         return array
@@ -260,9 +263,9 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     class Template:
         _scratch_words = 777
 
-        def _rebound(self, pointers, arrays):
-            return types.SimpleNamespace(pointers=pointers, arrays=arrays,
-                                         _stage=lambda output, scratch_ptr: staged.append(scratch_ptr))
+        def _rebound(self, pointers, arrays, stream):
+            return types.SimpleNamespace(pointers=pointers, arrays=arrays, stream=stream,
+                                         _stage=lambda output, scratch_ptr, arrays: staged.append(scratch_ptr))
 
     staged = []
     result, plan = with_argmax.with_backward(Template())(q, d)
@@ -294,12 +297,13 @@ class _FakeCupyArray:
 
 
 def test_backward_templates_without_a_gpu(monkeypatch):
-    """backward_plan on an H200's properties, kernels and launches stubbed: the general path
-    launches nothing and leaves a template; a later plan of the same signature at new pointers
-    starts from it (the same arguments, its own pointers); gradients() launches the CSR with dQ
-    (one block per document, then dQ's), then dD with the sum of dQ's document chunks past the
-    documents, with its own scratch; documents off 16-byte alignment are a signature of their
-    own (no vector loads)."""
+    """backward_plan on an H200's properties, kernels and launches stubbed, 300 documents (more
+    than the one-launch backward takes): the general path launches nothing and leaves a
+    template; a later plan of the same signature at new pointers starts from it (the same
+    arguments, its own pointers); gradients() launches the CSR with dQ (one block per
+    document, then dQ's), then dD with the sum of dQ's document chunks past the documents,
+    with its own scratch; documents off 16-byte alignment are a signature of their own (no
+    vector loads)."""
     from cupy_maxsim import _api
 
     launches = []
@@ -315,27 +319,27 @@ def test_backward_templates_without_a_gpu(monkeypatch):
 
     def gradients_at(base):
         q = _FakeCupyArray((8, 32, 128), np.float16, base)
-        d = _FakeCupyArray((40, 70, 128), np.float16, base + 0x100000 + (base & 2))
-        argmax = _FakeCupyArray((8, 40, 32), np.int16, base + 0x800000)
-        grad = _FakeCupyArray((8, 40), np.float32, base + 0x900000)
+        d = _FakeCupyArray((300, 70, 128), np.float16, base + 0x100000 + (base & 2))
+        argmax = _FakeCupyArray((8, 300, 32), np.int16, base + 0x800000)
+        grad = _FakeCupyArray((8, 300), np.float32, base + 0x900000)
         launches.clear()
         plan = _api.backward_plan(q, d, argmax)
         assert not launches  # the forward's part launches nothing
         grad_q, grad_d = plan.gradients(grad)
         csr_dq, dd = launches
         assert sent(csr_dq) == sent(dd)
-        assert (grad_q.shape, grad_d.shape) == ((8, 32, 128), (40, 70, 128))
+        assert (grad_q.shape, grad_d.shape) == ((8, 32, 128), (300, 70, 128))
         return plan, (q, d, argmax, grad, grad_q, grad_d), csr_dq, dd
 
     first, arrays, csr_dq, dd = gradients_at(0x10000000)
     args = sent(dd)
     assert len(_api._backward_templates) == 1 and args["vector_loads"] == 1
     assert (csr_dq[0], dd[0]) == ("maxsim_bwd_csr_dq_fp16", "maxsim_bwd_dd_fp16")
-    chunks = -(-40 // args["docs_per_chunk"])
+    chunks = -(-300 // args["docs_per_chunk"])
     dq_blocks = 8 * 32 // (_kernels.BWD_THREADS // 32) * chunks  # query tokens x 1 dim chunk x doc chunks
-    assert chunks == 2 and csr_dq[1] == (40 + dq_blocks,)  # the CSR's blocks, then dQ's
+    assert chunks == 10 and csr_dq[1] == (300 + dq_blocks,)  # the CSR's blocks, then dQ's
     assert csr_dq[4] == _kernels.bwd_csr_shared_bytes(args["count_warps"], 70) and args["csr_counts_stride"] == 0
-    assert dd[1][0] > 40 and dd[4] == 0  # blocks past the documents sum dQ's chunks
+    assert dd[1][0] > 300 and dd[4] == 0  # blocks past the documents sum dQ's chunks
     q, d, argmax, grad, grad_q, grad_d = arrays
     assert [args[k] for k in ("q", "d", "argmax", "grad", "grad_q", "grad_d")] == [
         q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
@@ -359,7 +363,7 @@ def test_backward_templates_without_a_gpu(monkeypatch):
         "grad", "grad_query_stride", "grad_doc_stride"]  # what the staged backward patches
     q, d, argmax, grad = arrays[:4]
     replayed = _api._backward_templates[next(iter(_api._backward_templates))]._rebound(
-        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax))
+        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax), None)
     replayed._stage(_HostOutput(None), 0x30000000)
     launches.clear()
     grad_q, grad_d = replayed.gradients(grad)
@@ -370,15 +374,68 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     assert (staged_args["grad_q"], staged_args["grad_d"]) == (grad_q.ctypes.data, grad_d.ctypes.data)
     assert {k: v for k, v in staged_args.items() if k not in pointers + ("grad_q", "grad_d")} == {
         k: v for k, v in args_again.items() if k not in pointers + ("grad_q", "grad_d")}
-    assert staged_args["grad"] == grad.data.ptr and (grad_q.shape, grad_d.shape) == ((8, 32, 128), (40, 70, 128))
+    assert staged_args["grad"] == grad.data.ptr and (grad_q.shape, grad_d.shape) == ((8, 32, 128), (300, 70, 128))
     launches.clear()
     grad_q2, grad_d2 = replayed.gradients(grad)
     again_args = sent(launches[-1])
     assert again_args["sources"] == replayed._scratch.ctypes.data != 0x30000000
     assert again_args["grad_q"] == grad_q2.ctypes.data != grad_q.ctypes.data
 
+    # Staged without the caller's scratch (score_with_plan's general path): the plan's own.
+    fresh = _api.backward_plan(q, d, argmax)
+    fresh._stage()
+    launches.clear()
+    grad_q3, _ = fresh.gradients(grad)
+    fresh_args = sent(launches[-1])
+    assert fresh_args["sources"] == fresh._scratch.ctypes.data and fresh_args["grad_q"] == grad_q3.ctypes.data
+    assert {k: v for k, v in fresh_args.items() if k not in pointers + ("grad_q", "grad_d")} == {
+        k: v for k, v in args_again.items() if k not in pointers + ("grad_q", "grad_d")}
+
     _, _, _, dd_off = gradients_at(0x40000002)  # documents 2 bytes off 16-byte alignment
-    assert len(_api._backward_templates) == 2 and len(rebound) == 2 and sent(dd_off)["vector_loads"] == 0
+    assert len(_api._backward_templates) == 2 and len(rebound) == 3 and sent(dd_off)["vector_loads"] == 0
+
+
+def test_one_launch_backward_without_a_gpu(monkeypatch):
+    """In-batch shapes (documents' sources within the shared-memory limit, at most
+    BWD_FUSED_MAX_DOCS documents, few winners re-read per row group) take one launch: dQ's blocks in the first columns of the
+    grid, then a column of row groups per document, no scratch (the staged replay's work buffer
+    is the winners alone); more documents, or more sources than shared memory holds, take two."""
+    from cupy_maxsim import _api
+
+    launches = []
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
+    monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
+    _record_launches(monkeypatch, launches)
+    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_api, "Output", _HostOutput)
+    monkeypatch.setattr(_api, "_backward_templates", {})
+    sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args.layout.unpack(call[3])))  # noqa: E731
+    warps = _kernels.BWD_THREADS // 32
+
+    def launched(num_queries, num_docs, length=70, dtype=np.float16):
+        q = _FakeCupyArray((num_queries, 32, 128), dtype, 0x10000000)
+        d = _FakeCupyArray((num_docs, length, 128), dtype, 0x20000000)
+        argmax = _FakeCupyArray((num_queries, num_docs, 32), np.int16, 0x30000000)
+        grad = _FakeCupyArray((num_queries, num_docs), np.float32, 0x40000000)
+        launches.clear()
+        plan = _api.backward_plan(q, d, argmax)
+        plan.gradients(grad)
+        return plan, list(launches)
+
+    plan, (fused,) = launched(8, 40)
+    args = sent(fused)
+    rows_per_warp = args["rows_per_warp"]
+    groups = -(-70 // (warps * rows_per_warp))
+    dq_columns = -(-(8 * 32 // warps) // groups)
+    assert fused[0] == "maxsim_bwd_fused_fp16" and fused[1] == (dq_columns + 40, groups)
+    assert fused[4] == _kernels.bwd_fused_shared_bytes(warps, warps * rows_per_warp, 8 * 32)
+    assert plan._scratch_words == 0 and args["docs_per_chunk"] == 40
+    assert [args[k] for k in ("sources", "row_ranges", "csr_counts", "partial")] == [0, 0, 0, 0]
+    assert launched(32, 128, 1030)[1][0][0] == "maxsim_bwd_fused_fp16"  # ColPali in-batch training
+    assert len(launched(128, 128, 300)[1]) == 2  # ColBERT's: 10 row groups x 4,096 winners a document
+    assert launched(8, _kernels.BWD_FUSED_MAX_DOCS + 1)[1][0][0] == "maxsim_bwd_csr_dq_fp16"  # dQ in chunks
+    assert launched(8, _kernels.BWD_FUSED_MAX_DOCS + 1, dtype=np.float64)[1][0][0] == "maxsim_bwd_fused_fp64"
+    assert len(launched(320, 40)[1]) == 2  # 10,240 sources a document: more than shared memory holds
 
 
 def test_csr_layout_keeps_dq_occupancy():
