@@ -296,6 +296,26 @@ class _FakeCupyArray:
         self.data = types.SimpleNamespace(ptr=ptr)
 
 
+def _stub_backward_launches(monkeypatch) -> list:
+    """The backward planner on an H200's properties, kernels, launches and outputs stubbed
+    (host memory), no templates yet: the list the launches are recorded in."""
+    from cupy_maxsim import _api
+
+    launches = []
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
+    monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
+    _record_launches(monkeypatch, launches)
+    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_api, "Output", _HostOutput)
+    monkeypatch.setattr(_api, "_backward_templates", {})
+    return launches
+
+
+def _backward_args_sent(call) -> dict:
+    """A recorded backward launch's argument struct, field by field."""
+    return dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args.layout.unpack(call[3])))
+
+
 def test_backward_templates_without_a_gpu(monkeypatch):
     """backward_plan on an H200's properties, kernels and launches stubbed, 300 documents (more
     than the one-launch backward takes): the general path launches nothing and leaves a
@@ -306,15 +326,9 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     vector loads)."""
     from cupy_maxsim import _api
 
-    launches = []
-    monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
-    monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
-    _record_launches(monkeypatch, launches)
-    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_api, "Output", _HostOutput)
-    monkeypatch.setattr(_api, "_backward_templates", {})
+    launches = _stub_backward_launches(monkeypatch)
     rebound = count_calls(monkeypatch, _api.BackwardPlan, "_rebound")
-    sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args.layout.unpack(call[3])))  # noqa: E731
+    sent = _backward_args_sent
     pointers = ("q", "d", "argmax", "sources", "row_ranges", "partial", "grad", "grad_q", "grad_d")
 
     def gradients_at(base):
@@ -397,19 +411,14 @@ def test_backward_templates_without_a_gpu(monkeypatch):
 
 def test_one_launch_backward_without_a_gpu(monkeypatch):
     """In-batch shapes (documents' sources within the shared-memory limit, at most
-    BWD_FUSED_MAX_DOCS documents, few winners re-read per row group) take one launch: dQ's blocks in the first columns of the
-    grid, then a column of row groups per document, no scratch (the staged replay's work buffer
-    is the winners alone); more documents, or more sources than shared memory holds, take two."""
+    BWD_FUSED_MAX_DOCS documents, few winners re-read per row group) take one launch: dQ's
+    blocks in the first columns of the grid, then a column of row groups per document, no
+    scratch (the staged replay's work buffer is the winners alone); more documents, more
+    sources than shared memory holds or ColBERT's dense rows take two."""
     from cupy_maxsim import _api
 
-    launches = []
-    monkeypatch.setattr(_kernels, "device_properties", lambda device: _H200)
-    monkeypatch.setattr(_kernels, "get_kernel", lambda device, family, name, defines=(), shared_bytes=0: name)
-    _record_launches(monkeypatch, launches)
-    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_api, "Output", _HostOutput)
-    monkeypatch.setattr(_api, "_backward_templates", {})
-    sent = lambda call: dict(zip([n for n, _ in _kernels.BACKWARD_ARGS], _kernels.backward_args.layout.unpack(call[3])))  # noqa: E731
+    launches = _stub_backward_launches(monkeypatch)
+    sent = _backward_args_sent
     warps = _kernels.BWD_THREADS // 32
 
     def launched(num_queries, num_docs, length=70, dtype=np.float16):
