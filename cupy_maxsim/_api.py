@@ -473,17 +473,18 @@ def _unit_dim_stride(operand: Operand) -> Operand:
 class BackwardPlan:
     """:func:`score_backward` for one forward's operands and winners (from
     :func:`backward_plan`): on a GPU the checks and the launches' layout are settled, and
-    :meth:`gradients` launches the inverse CSR with dQ, then dD, for a gradient of the scores.
-    Holds the scratch (CSR, row lists, dQ partial sums) of its last gradients until it is
-    dropped."""
+    :meth:`gradients` launches the backward for a gradient of the scores: one launch where a
+    document's winners fit (dD blocks invert their own rows'), else the inverse CSR with dQ,
+    then dD. Holds the scratch (CSR, row lists, dQ partial sums) of its last gradients until
+    it is dropped."""
 
     def __init__(self, like, q, d, argmax, offsets, pairs, single, scores_shape, longest, cover):
         self.like, self.q, self.d, self.argmax, self.offsets = like, q, d, argmax, offsets
         self.pairs, self.single, self.scores_shape, self.longest, self.cover = pairs, single, scores_shape, longest, cover
         # GPU: the kernels' arguments in struct order (the gradient's, the scratch's and the
-        # outputs' left 0) and what gradients() launches (the CSR with dQ, then dD with the sum
-        # of dQ's chunks), all settled in the forward: a training step's backward host path is
-        # on its critical path.
+        # outputs' left 0) and what gradients() launches (one launch, or the CSR with dQ, then
+        # dD with the sum of dQ's chunks), all settled in the forward: a training step's
+        # backward host path is on its critical path.
         self._values = None
         self._launches = None
         self._scratch_words, self._scratch_starts = 0, ()
