@@ -555,7 +555,7 @@ class BackwardPlan:
                 # column of row groups per document, each building its rows' lists in shared
                 # memory; no scratch.
                 dq_columns = -(-(-(-num_tokens // warps) * dim_chunks) // groups)
-                docs_per_chunk, parts = num_docs, []
+                docs_per_chunk, parts = num_docs, [0] * len(_BWD_SCRATCH)
                 self._launches = (prepared(kernel(f"maxsim_bwd_fused_{suffix}", shared_bytes=fused_shared),
                                            (dq_columns + num_docs, groups), (threads,), fused_shared),)
             else:
@@ -586,7 +586,6 @@ class BackwardPlan:
             for n in parts:
                 starts.append(total if n else None)
                 total += -(-n // 4) * 4
-            starts += [None] * (len(_BWD_SCRATCH) - len(starts))
             self._scratch_words, self._scratch_starts = total, tuple(starts)
             argmax_strides = (argmax.strides[0], 0) if pairs else (
                 (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
@@ -676,8 +675,7 @@ class BackwardPlan:
         if staged is None:
             return None
         grad_q, grad_d, packed = staged
-        if len(grad_strides) == 1:  # pairs, or one query: (Nd,)
-            grad_strides = (grad_strides[0], 0) if self.pairs else (0, grad_strides[0])
+        grad_strides = self._grad_strides(grad_strides)
         stream = self._stream
         with _kernels.on_device(self.like.device):
             if self.offsets is not None and not self.cover:
@@ -687,8 +685,15 @@ class BackwardPlan:
                 launch.launch_packed(packed, stream)
         return grad_q, grad_d
 
+    def _grad_strides(self, strides) -> tuple:
+        """The kernels' (query, document) strides of grad_scores from its own: a 1-D gradient is
+        per pair (pairs) or per document (one query)."""
+        if len(strides) == 1:
+            return (strides[0], 0) if self.pairs else (0, strides[0])
+        return tuple(strides)
+
     def _gpu_gradients(self, grad: Operand, output: Output):
-        like, d, pairs = self.like, self.d, self.pairs
+        like, d = self.like, self.d
         # An autograd adapter's forward staged the first gradients (_stage); a second backward
         # of the same forward (retain_graph) gets outputs of its own: autograd may hold the first.
         if self._staged is not None:
@@ -711,8 +716,7 @@ class BackwardPlan:
                     grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
             if self.offsets is not None and not self.cover:
                 output.fill(grad_d, 0)  # tokens outside every document get no gradient
-            grad_strides = (grad.strides[0], 0) if pairs else (
-                (0, grad.strides[0]) if grad.ndim == 1 else tuple(grad.strides))
+            grad_strides = self._grad_strides(grad.strides)
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
             # lists' starts, global CSR counts of very long documents, dQ's partial sums.
             self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")

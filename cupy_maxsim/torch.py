@@ -34,8 +34,8 @@ class _MaxSim(torch.autograd.Function):
                 return _api.score_packed(q, d, offsets, q_mask=q_mask)
             score = _api.score_pairs if mode == "pairs" else _api.score
             return score(q, d, q_mask=q_mask, d_mask=d_mask)
-        # The backward's checks and launch layout are settled here, where they overlap the GPU;
-        # the backward only launches its kernels (the inverse CSR with dQ, then dD).
+        # The backward's checks, launch layout, outputs and arguments are settled here, where
+        # they overlap the GPU; the backward only patches in grad_scores and launches.
         scores, ctx.plan = _api.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
                                                 pairs=mode == "pairs")
         # The plan holds q, d and the offsets; their version counters tell whether one changed in
