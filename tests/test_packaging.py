@@ -89,3 +89,39 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
     packer = _kernels.ArgStruct(fields)
     assert packer.size == size
     assert len(packer(**{name: 1 for name, _ in fields})) == size
+
+
+def test_arg_template_patches_only_the_head():
+    """A call's argument buffer (_kernels.ArgTemplate): the struct packed once with the leading
+    pointers patched in, after cuLaunchKernel's parameter array (the struct's address, then the
+    second argument's, 16-byte aligned after the struct); later patches change only their
+    fields; the head must lead the struct."""
+    import ctypes
+    import struct
+
+    fields = _kernels.BACKWARD_ARGS
+    values = [1000 + k for k in range(len(fields))]
+    template = _kernels.ArgTemplate(_kernels.backward_args, values, _kernels.BACKWARD_HEAD)
+    head = list(range(1, len(_kernels.BACKWARD_HEAD) + 1))
+    buffer = template(*head)
+    address = ctypes.addressof(buffer)
+    assert struct.unpack_from("<QQ", buffer, 0) == (address + _kernels.ArgTemplate.HEADER, 0)
+    size = _kernels.backward_args.size
+    assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(head + values[len(head):])
+    at, layout = _kernels.backward_args.part(_kernels.BACKWARD_GRAD)
+    _kernels.ArgTemplate.patch(buffer, at, layout, 7, 8, 9)
+    expected = head + values[len(head):]
+    expected[len(head):len(head) + 3] = [7, 8, 9]
+    assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(expected)
+    assert _kernels.ArgTemplate.struct_bytes(template(*head), size) == _kernels.backward_args.pack(
+        head + values[len(head):])  # each call starts from the template
+
+    forward = _kernels.ArgTemplate(_kernels.forward_args, [0] * len(_kernels.FORWARD_ARGS), _kernels.FORWARD_HEAD,
+                                   extra_bytes=_kernels.DOC_TILE_MAP_BYTES)
+    buffer = forward(1, 2, 3, 4)
+    address = ctypes.addressof(buffer)
+    extra_at = struct.unpack_from("<QQ", buffer, 0)[1] - address
+    assert extra_at % 16 == 0 and extra_at >= _kernels.ArgTemplate.HEADER + _kernels.forward_args.size
+    assert len(buffer) == extra_at + _kernels.DOC_TILE_MAP_BYTES
+    with pytest.raises(AssertionError):
+        _kernels.ArgTemplate(_kernels.forward_args, [0] * len(_kernels.FORWARD_ARGS), ("d", "out"))
