@@ -130,6 +130,7 @@ class ArgTemplate:
     def __init__(self, struct_: ArgStruct, values: list, head: tuple, extra_bytes: int = 0):
         head_at, self.head = struct_.part(head)
         assert head_at == 0, "the patched fields lead the struct"
+        self.head_fields = len(head)
         body = struct_.pack(values)
         self.extra_at = ArgTemplate.HEADER + -(-len(body) // 16) * 16 if extra_bytes else 0
         size = self.extra_at + extra_bytes if extra_bytes else ArgTemplate.HEADER + len(body)
@@ -610,7 +611,7 @@ class PreparedLaunch:
         self._function = kernel.kernel.ptr
         self._geometry = _launch_geometry(grid, block, shared_bytes)
         if arguments is not None:
-            self._args = arguments()
+            self._args = arguments(*(0,) * arguments.head_fields)
             self._head_into = arguments.head.pack_into
             self._extra_address = ctypes.addressof(self._args) + arguments.extra_at
             self._extra = None  # the second argument's bytes in the buffer now
