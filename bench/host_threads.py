@@ -23,16 +23,18 @@ grad = torch.randn(32, 128, device=device)
 empty_kernel = cupy.RawKernel('extern "C" __global__ void nothing(const long long x) {}', "nothing")
 empty_kernel.compile()
 function = empty_kernel.kernel.ptr
-struct = _kernels.ArgStruct((("x", "q"),))
-prepared = _kernels.PreparedLaunch(empty_kernel, (1,), (32,), 0, struct)
-packed = _kernels.PackedArgs(struct, [0])
+template = _kernels.ArgTemplate(_kernels.ArgStruct((("x", "q"),)), [0], ("x",))
+prepared = _kernels.PreparedLaunch(empty_kernel, (1,), (32,), 0)
+packed = template(0)
+backward_template = _kernels.ArgTemplate(_kernels.backward_args, [0] * len(_kernels.BACKWARD_ARGS),
+                                         _kernels.BACKWARD_HEAD)
 
 
 def ctypes_launch(library):
     launch = library.cuLaunchKernel
     launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     launch.restype = ctypes.c_int
-    return lambda stream: launch(function, 1, 1, 1, 32, 1, 1, 0, stream, packed.params_address, None)
+    return lambda stream: launch(function, 1, 1, 1, 32, 1, 1, 0, stream, ctypes.addressof(packed), None)
 
 
 cdll_launch = ctypes_launch(ctypes.CDLL("libcuda.so.1"))
@@ -64,7 +66,7 @@ ITEMS = {
     "torch.empty_like(d) 33 MB": lambda: torch.empty_like(d),
     "Output.empty((32, 128), float32) (the library's)": lambda: output.empty((32, 128), "float32"),
     "as_operand(grad)": lambda: as_operand(grad, "grad_scores"),
-    "PackedArgs(backward struct)": lambda: _kernels.PackedArgs(_kernels.backward_args, [0] * len(_kernels.BACKWARD_ARGS)),
+    "a step's backward arguments (ArgTemplate call)": lambda: backward_template(*range(9)),
     "import torch inside a function": import_in_function,
     "str(grad.dtype)": lambda: str(grad.dtype),
     "dict by dtype object": lambda: names.get(grad.dtype),

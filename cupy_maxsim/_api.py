@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import struct
 import typing
 
 import numpy as np
@@ -450,13 +449,13 @@ def _host_gradient(output: Output, array: np.ndarray, dtype: str):
 
 #: Most documents per dQ chunk (a warp walks a chunk's documents in order).
 DQ_DOCS_PER_CHUNK = 4096
-#: Where each field sits in the backward kernels' argument struct.
-_BWD_AT = {name: k for k, (name, _) in enumerate(_kernels.BACKWARD_ARGS)}
 #: The scratch's parts (4-byte words, each 16-byte aligned), in allocation order.
 _BWD_SCRATCH = ("sources", "row_ranges", "csr_counts", "partial")
-#: grad_scores' pointer and strides, adjacent in the struct: what a staged backward patches.
-_GRAD_FIELDS = struct.Struct("<Qqq")
-_GRAD_AT = _kernels.backward_args.offset("grad")
+assert _kernels.BACKWARD_HEAD[-len(_BWD_SCRATCH):] == _BWD_SCRATCH
+#: grad_scores' pointer and strides (where they sit in a call's argument buffer, and their
+#: packer): what a staged backward patches.
+_GRAD_AT, _GRAD_FIELDS = _kernels.backward_args.part(_kernels.BACKWARD_GRAD)
+_GRAD_AT += _kernels.ArgTemplate.HEADER
 
 
 def _unit_dim_stride(operand: Operand) -> Operand:
@@ -481,15 +480,17 @@ class BackwardPlan:
     def __init__(self, like, q, d, argmax, offsets, pairs, single, scores_shape, longest, cover):
         self.like, self.q, self.d, self.argmax, self.offsets = like, q, d, argmax, offsets
         self.pairs, self.single, self.scores_shape, self.longest, self.cover = pairs, single, scores_shape, longest, cover
-        # GPU: the kernels' arguments in struct order (the gradient's, the scratch's and the
-        # outputs' left 0) and what gradients() launches (one launch, or the CSR with dQ, then
-        # dD with the sum of dQ's chunks), all settled in the forward: a training step's
-        # backward host path is on its critical path.
-        self._values = None
+        # GPU: the kernels' arguments packed once (_args: all but the pointers of the arrays,
+        # the gradients, the scratch and grad_scores; None: an empty problem), the arrays'
+        # pointers, and what gradients() launches (one launch, or the CSR with dQ, then dD with
+        # the sum of dQ's chunks), all settled in the forward: a training step's backward host
+        # path is on its critical path.
+        self._args = None
+        self._pointers = ()
         self._launches = None
-        self._scratch_words, self._scratch_starts = 0, ()
+        self._scratch_words, self._scratch_bytes = 0, ()
         self._prepared = self._reusable = False
-        self._staged = None  # the first gradients, staged in the forward: (grad_q, grad_d, PackedArgs)
+        self._staged = None  # the first gradients, staged in the forward: (grad_q, grad_d, argument buffer)
 
     def gradients(self, grad_scores):
         """(grad_q, grad_d), shaped and typed like ``q`` and ``d``, in ``q``'s framework."""
@@ -544,7 +545,6 @@ class BackwardPlan:
             groups = -(-longest // block_rows)
             suffix = _DTYPE_SUFFIX[like.dtype]
             kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
-            prepared = functools.partial(_kernels.PreparedLaunch, struct=_kernels.backward_args)
             dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
             fused_shared = _kernels.bwd_fused_shared_bytes(warps, block_rows, sources_per_doc)
             fused = (csr_counts_stride == 0 and fused_shared <= _kernels.BWD_FUSED_SHARED_LIMIT
@@ -556,8 +556,8 @@ class BackwardPlan:
                 # memory; no scratch.
                 dq_columns = -(-(-(-num_tokens // warps) * dim_chunks) // groups)
                 docs_per_chunk, parts = num_docs, [0] * len(_BWD_SCRATCH)
-                self._launches = (prepared(kernel(f"maxsim_bwd_fused_{suffix}", shared_bytes=fused_shared),
-                                           (dq_columns + num_docs, groups), (threads,), fused_shared),)
+                self._launches = (_kernels.PreparedLaunch(kernel(f"maxsim_bwd_fused_{suffix}", shared_bytes=fused_shared),
+                                                          (dq_columns + num_docs, groups), (threads,), fused_shared),)
             else:
                 # dQ: one warp per query token and document chunk; chunks of at least 32 documents,
                 # enough of them for about 64 warps per SM (partial sums then add up in chunk order).
@@ -578,40 +578,37 @@ class BackwardPlan:
                 # per SM).
                 dq_blocks = -(-num_tokens // warps) * dim_chunks * chunks
                 reduce_columns = -(-min(-(-num_tokens * dim // threads), sm_count * 16) // groups) if chunks > 1 else 0
-                self._launches = (prepared(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
-                                           (num_docs + dq_blocks,), (threads,), shared),
-                                  prepared(kernel(f"maxsim_bwd_dd_{suffix}"), (num_docs + reduce_columns, groups),
-                                           (threads,), 0))
+                self._launches = (_kernels.PreparedLaunch(kernel(f"maxsim_bwd_csr_dq_{suffix}", shared_bytes=shared),
+                                                          (num_docs + dq_blocks,), (threads,), shared),
+                                  _kernels.PreparedLaunch(kernel(f"maxsim_bwd_dd_{suffix}"),
+                                                          (num_docs + reduce_columns, groups), (threads,), 0))
             starts, total = [], 0
             for n in parts:
                 starts.append(total if n else None)
                 total += -(-n // 4) * 4
-            self._scratch_words, self._scratch_starts = total, tuple(starts)
+            # Byte offsets of the scratch's parts (None: a part not used).
+            self._scratch_words = total
+            self._scratch_bytes = tuple(None if start is None else 4 * start for start in starts)
             argmax_strides = (argmax.strides[0], 0) if pairs else (
                 (0, argmax.strides[0]) if argmax.ndim == 2 else tuple(argmax.strides[:2]))
             values = dict(
-                q=0, q_query_stride=q.strides[0], q_row_stride=q.strides[1],
-                d=0, d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
-                doc_length=d.shape[1] if offsets is None else 0, offsets=0,
-                argmax=0, argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
-                grad=0, grad_query_stride=0, grad_doc_stride=0, grad_q=0, grad_d=0,
-                sources=0, row_ranges=0, csr_counts=0, csr_counts_stride=csr_counts_stride,
-                partial=0, num_docs=num_docs, sources_per_doc=sources_per_doc,
+                q=0, d=0, argmax=0, grad_q=0, grad_d=0, sources=0, row_ranges=0, csr_counts=0, partial=0,
+                grad=0, grad_query_stride=0, grad_doc_stride=0,
+                q_query_stride=q.strides[0], q_row_stride=q.strides[1],
+                d_doc_stride=d.strides[0] if offsets is None else 0, d_row_stride=d.strides[-2],
+                doc_length=d.shape[1] if offsets is None else 0, offsets=0 if offsets is None else offsets.ptr,
+                argmax_query_stride=argmax_strides[0], argmax_doc_stride=argmax_strides[1],
+                csr_counts_stride=csr_counts_stride, num_docs=num_docs, sources_per_doc=sources_per_doc,
                 docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
                 offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
                 argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
                 vector_loads=int(aligned and ITEMSIZE[like.dtype] <= 4), rows_per_warp=rows_per_warp,
                 reserved=0,
             )
-            self._values = [values[name] for name, _ in _kernels.BACKWARD_ARGS]
-        self._bind(q.ptr, d.ptr, argmax.ptr, 0 if offsets is None else offsets.ptr)
-
-    def _bind(self, q_ptr: int, d_ptr: int, argmax_ptr: int, offsets_ptr: int) -> None:
-        """The pointers of this forward's arrays in the arguments."""
-        values = list(self._values)
-        values[_BWD_AT["q"]], values[_BWD_AT["d"]] = q_ptr, d_ptr
-        values[_BWD_AT["argmax"]], values[_BWD_AT["offsets"]] = argmax_ptr, offsets_ptr
-        self._values = values
+            # A reusable plan's template holds no pointer of its arrays (offsets: not reusable).
+            self._args = _kernels.ArgTemplate(_kernels.backward_args, [values[name] for name, _ in _kernels.BACKWARD_ARGS],
+                                              _kernels.BACKWARD_HEAD)
+        self._pointers = q.ptr, d.ptr, argmax.ptr
 
     def _template(self) -> "BackwardPlan":
         """This plan without its arrays: what a later plan of the same signature starts from."""
@@ -622,6 +619,7 @@ class BackwardPlan:
         template.d = self.d.with_changes(ptr=0, keepalive=None)
         template.argmax = self.argmax.with_changes(ptr=0, keepalive=None)
         template._scratch = template._stream = template._staged = None
+        template._pointers = ()
         return template
 
     def _rebound(self, pointers: tuple, arrays: tuple, stream: int | None) -> "BackwardPlan":
@@ -631,8 +629,7 @@ class BackwardPlan:
         plan.__dict__.update(self.__dict__)
         plan._keepalive = arrays
         plan._stream = stream
-        if self._values is not None:
-            plan._bind(*pointers, 0)
+        plan._pointers = pointers
         return plan
 
     def _stage(self, output: Output | None = None, scratch_ptr: int | None = None, arrays: tuple | None = None) -> None:
@@ -643,7 +640,7 @@ class BackwardPlan:
         the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt): there,
         only grad_scores is read and the kernels launched. ``arrays``: the caller's q and d
         (default: the operands')."""
-        if self._values is None:
+        if self._args is None:
             return
         output = output if output is not None else Output(self.like)
         if scratch_ptr is None:
@@ -651,18 +648,18 @@ class BackwardPlan:
         q_array, d_array = arrays if arrays is not None else (self.like.keepalive, self.d.keepalive)
         grad_q, grad_q_ptr = output.empty_like(self.like, q_array)
         grad_d, grad_d_ptr = output.empty_like(self.d, d_array)
-        packed = _kernels.PackedArgs(_kernels.backward_args, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr))
-        self._staged = grad_q, grad_d, packed
+        self._staged = grad_q, grad_d, self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr)
 
-    def _arguments(self, scratch_ptr: int, grad_q_ptr: int, grad_d_ptr: int, grad_ptr: int = 0,
-                   grad_strides: tuple = (0, 0)) -> list:
-        """The kernels' arguments in struct order, with the scratch's and the gradients' pointers."""
-        values = list(self._values)
-        for name, start in zip(_BWD_SCRATCH, self._scratch_starts):
-            values[_BWD_AT[name]] = 0 if start is None else scratch_ptr + 4 * start
-        values[_BWD_AT["grad"]], values[_BWD_AT["grad_q"]], values[_BWD_AT["grad_d"]] = grad_ptr, grad_q_ptr, grad_d_ptr
-        values[_BWD_AT["grad_query_stride"]], values[_BWD_AT["grad_doc_stride"]] = grad_strides
-        return values
+    def _arguments(self, scratch_ptr: int, grad_q_ptr: int, grad_d_ptr: int):
+        """The kernels' argument buffer with this forward's, the gradients' and the scratch's
+        pointers; grad_scores' patched in later (_GRAD_FIELDS)."""
+        sources, row_ranges, csr_counts, partial = self._scratch_bytes
+        q_ptr, d_ptr, argmax_ptr = self._pointers
+        return self._args(q_ptr, d_ptr, argmax_ptr, grad_q_ptr, grad_d_ptr,
+                          0 if sources is None else scratch_ptr + sources,
+                          0 if row_ranges is None else scratch_ptr + row_ranges,
+                          0 if csr_counts is None else scratch_ptr + csr_counts,
+                          0 if partial is None else scratch_ptr + partial)
 
     def staged_gradients(self, grad_ptr: int, grad_strides: tuple):
         """The staged first gradients (grad_q, grad_d) in ``q``'s framework for a float32
@@ -674,15 +671,14 @@ class BackwardPlan:
         staged, self._staged = self._staged, None
         if staged is None:
             return None
-        grad_q, grad_d, packed = staged
-        grad_strides = self._grad_strides(grad_strides)
+        grad_q, grad_d, args = staged
+        _GRAD_FIELDS.pack_into(args, _GRAD_AT, grad_ptr, *self._grad_strides(grad_strides))
         stream = self._stream
         with _kernels.on_device(self.like.device):
             if self.offsets is not None and not self.cover:
                 Output(self.like).fill(grad_d, 0)  # tokens outside every document get no gradient
-            _GRAD_FIELDS.pack_into(packed.buffer, _GRAD_AT, grad_ptr, *grad_strides)
             for launch in self._launches:
-                launch.launch_packed(packed, stream)
+                launch.launch_packed(args, stream)
         return grad_q, grad_d
 
     def _grad_strides(self, strides) -> tuple:
@@ -705,7 +701,7 @@ class BackwardPlan:
         grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
         grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
         wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
-        if self._values is None:  # an empty problem
+        if self._args is None:  # an empty problem
             output.fill(grad_q, 0)
             output.fill(grad_d, 0)
             return wrap()
@@ -720,9 +716,10 @@ class BackwardPlan:
             # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
             # lists' starts, global CSR counts of very long documents, dQ's partial sums.
             self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
-            values = self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr, grad.ptr, grad_strides)
+            args = self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr)
+            _GRAD_FIELDS.pack_into(args, _GRAD_AT, grad.ptr, *grad_strides)
             for launch in self._launches:
-                launch(values, stream)
+                launch.launch_packed(args, stream)
         return wrap()
 
 
@@ -967,14 +964,13 @@ class _Replay:
         self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan_args, self.plan, self.tile_map_shape = plan_args, plan, tile_map_shape
         self.grid = (plan.grid_x, plan.groups)
-        names = [name for name, _ in _kernels.FORWARD_ARGS]
-        self.values = [values[name] for name in names]
-        self.q_at, self.d_at, self.out_at, self.argmax_at = (names.index(name) for name in ("q", "d", "out", "argmax"))
         self.torch = like.framework == "torch"
         self.backward = None  # a BackwardPlan template: calls answer (scores, plan) (with_backward)
-        self.launch = _kernels.PreparedLaunch(plan.kernel, self.grid, (plan.threads,), plan.shared,
-                                              _kernels.forward_args,
-                                              0 if tile_map_shape is None else _kernels.DOC_TILE_MAP_BYTES)
+        # The recorded arguments packed once; a call patches in q, d, out and argmax.
+        arguments = _kernels.ArgTemplate(_kernels.forward_args, [values[name] for name, _ in _kernels.FORWARD_ARGS],
+                                         _kernels.FORWARD_HEAD,
+                                         0 if tile_map_shape is None else _kernels.DOC_TILE_MAP_BYTES)
+        self.launch = _kernels.PreparedLaunch(plan.kernel, self.grid, (plan.threads,), plan.shared, arguments)
 
     def with_backward(self, template: "BackwardPlan") -> "_Replay":
         """This replay of a forward with winners, answering (scores, the backward plan of the
@@ -1000,18 +996,15 @@ class _Replay:
             return None
         output = Output(self.like, q if self.torch else None)
         result, out_ptr = output.empty(self.shape, self.dtype)
-        values = list(self.values)
-        values[self.q_at], values[self.d_at], values[self.out_at] = q_ptr, d_ptr, out_ptr
+        argmax_ptr = 0
         if self.backward is not None:  # the winners with the backward's scratch (with_backward)
             argmax, argmax_ptr = output.empty((self.work_words,), "int32")
-            values[self.argmax_at] = argmax_ptr
         elif self.argmax_dtype is not None:
             argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
-            values[self.argmax_at] = argmax_ptr
         stream = self.like.stream
         with _kernels.on_device(self.like.device):
             tile_map = None if self.tile_map_shape is None else _kernels.doc_tile_map(d_ptr, *self.tile_map_shape)
-            self.launch(values, stream, tile_map)
+            self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr), stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)
         if self.backward is not None:

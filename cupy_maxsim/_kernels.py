@@ -50,31 +50,38 @@ FAMILIES = {
 }
 
 #: Field order of ``ForwardArgs`` and ``BackwardArgs`` in common.cuh (Q = pointer, q = int64,
-#: i = int32); the packaging test checks both against the header.
+#: i = int32); the packaging test checks both against the header. Each starts with the pointers
+#: a repeated call changes (FORWARD_HEAD, BACKWARD_HEAD): they are patched into bytes packed once.
 FORWARD_ARGS = (
-    ("q", "Q"), ("q_query_stride", "q"), ("q_row_stride", "q"), ("q_dim_stride", "q"),
+    ("q", "Q"), ("d", "Q"), ("out", "Q"), ("argmax", "Q"),
+    ("q_query_stride", "q"), ("q_row_stride", "q"), ("q_dim_stride", "q"),
     ("q_mask", "Q"), ("q_mask_query_stride", "q"), ("q_mask_row_stride", "q"),
-    ("d", "Q"), ("d_doc_stride", "q"), ("d_row_stride", "q"), ("d_dim_stride", "q"), ("doc_length", "q"),
+    ("d_doc_stride", "q"), ("d_row_stride", "q"), ("d_dim_stride", "q"), ("doc_length", "q"),
     ("offsets", "Q"), ("d_mask", "Q"), ("d_mask_doc_stride", "q"), ("d_mask_row_stride", "q"),
-    ("num_docs", "q"), ("docs_per_block", "q"), ("out", "Q"), ("out_query_stride", "q"),
+    ("num_docs", "q"), ("docs_per_block", "q"), ("out_query_stride", "q"),
     ("q_scale", "Q"), ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
     ("d_scale", "Q"), ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
-    ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("doc_rotation", "q"),
+    ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("doc_rotation", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("argmax_is_32bit", "i"),
 )
+FORWARD_HEAD = ("q", "d", "out", "argmax")
 BACKWARD_ARGS = (
-    ("q", "Q"), ("q_query_stride", "q"), ("q_row_stride", "q"),
-    ("d", "Q"), ("d_doc_stride", "q"), ("d_row_stride", "q"), ("doc_length", "q"),
-    ("offsets", "Q"), ("argmax", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"),
+    ("q", "Q"), ("d", "Q"), ("argmax", "Q"), ("grad_q", "Q"), ("grad_d", "Q"),
+    ("sources", "Q"), ("row_ranges", "Q"), ("csr_counts", "Q"), ("partial", "Q"),
     ("grad", "Q"), ("grad_query_stride", "q"), ("grad_doc_stride", "q"),
-    ("grad_q", "Q"), ("grad_d", "Q"), ("sources", "Q"), ("row_ranges", "Q"),
-    ("csr_counts", "Q"), ("csr_counts_stride", "q"), ("partial", "Q"),
+    ("q_query_stride", "q"), ("q_row_stride", "q"),
+    ("d_doc_stride", "q"), ("d_row_stride", "q"), ("doc_length", "q"),
+    ("offsets", "Q"), ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("csr_counts_stride", "q"),
     ("num_docs", "q"), ("sources_per_doc", "q"), ("docs_per_chunk", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("pairs", "i"), ("argmax_is_32bit", "i"), ("count_warps", "i"), ("vector_loads", "i"),
     ("rows_per_warp", "i"), ("reserved", "i"),
 )
+#: What a backward's arguments patch per call: its arrays' pointers, then grad_scores' pointer
+#: and strides (patched apart in a staged backward).
+BACKWARD_HEAD = ("q", "d", "argmax", "grad_q", "grad_d", "sources", "row_ranges", "csr_counts", "partial")
+BACKWARD_GRAD = ("grad", "grad_query_stride", "grad_doc_stride")
 
 
 class ArgStruct:
@@ -101,17 +108,54 @@ class ArgStruct:
         names = [field for field, _ in self.fields]
         return struct.calcsize("<" + "".join(code for _, code in self.fields[:names.index(name)]))
 
+    def part(self, names: tuple) -> tuple[int, struct.Struct]:
+        """(offset, packer) of the consecutive fields ``names``: what a call patches in place."""
+        order = [name for name, _ in self.fields]
+        first = order.index(names[0])
+        assert tuple(order[first:first + len(names)]) == tuple(names), f"{names} are not consecutive fields"
+        codes = dict(self.fields)
+        return self.offset(names[0]), struct.Struct("<" + "".join(codes[name] for name in names))
 
-class PackedArgs:
-    """A launch's argument struct packed ahead of the launch (:meth:`PreparedLaunch.launch_packed`)
-    into a buffer of its own: a few fields are patched in place later (``struct.pack_into`` at
-    :meth:`ArgStruct.offset`) without packing the rest again."""
 
-    def __init__(self, struct_: ArgStruct, values: list):
-        self.buffer = ctypes.create_string_buffer(struct_.size)
-        struct_.layout.pack_into(self.buffer, 0, *values)
-        self._params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
-        self.params_address = ctypes.addressof(self._params)
+class ArgTemplate:
+    """An argument struct packed once (``values`` in field order), from which each call's
+    arguments are built with only the leading fields ``head`` (the pointers a repeated call
+    changes) patched in. A call's arguments are one ctypes buffer that starts with
+    cuLaunchKernel's parameter array: two pointer slots, to the struct at byte 16 and to a
+    second argument of ``extra_bytes`` after it (the Hopper kernel's tensor map), so a
+    training step builds one ctypes object per launch's arguments, not three."""
+
+    HEADER = 16
+
+    def __init__(self, struct_: ArgStruct, values: list, head: tuple, extra_bytes: int = 0):
+        head_at, self.head = struct_.part(head)
+        assert head_at == 0, "the patched fields lead the struct"
+        self.head_fields = len(head)
+        body = struct_.pack(values)
+        self.extra_at = ArgTemplate.HEADER + -(-len(body) // 16) * 16 if extra_bytes else 0
+        size = self.extra_at + extra_bytes if extra_bytes else ArgTemplate.HEADER + len(body)
+        self._bytes = (bytes(ArgTemplate.HEADER) + body).ljust(size, b"\0")
+        self._type = ctypes.c_char * size
+        self._params_and_head = struct.Struct("<QQ" + self.head.format.lstrip("<"))
+
+    def __call__(self, *head_values):
+        """A buffer of the arguments with ``head_values`` patched in (a launch copies it: the
+        caller may patch it again afterwards, and keeps it as long as it may launch it)."""
+        buffer = self._type.from_buffer_copy(self._bytes)
+        address = ctypes.addressof(buffer)
+        self._params_and_head.pack_into(buffer, 0, address + ArgTemplate.HEADER,
+                                        address + self.extra_at if self.extra_at else 0, *head_values)
+        return buffer
+
+    @staticmethod
+    def patch(buffer, offset: int, layout: struct.Struct, *values) -> None:
+        """Fields at ``offset`` of the struct in ``buffer`` (from a call), packed by ``layout``."""
+        layout.pack_into(buffer, ArgTemplate.HEADER + offset, *values)
+
+    @staticmethod
+    def struct_bytes(buffer, size: int) -> bytes:
+        """The struct's ``size`` bytes in ``buffer`` (what the kernel receives)."""
+        return bytes(buffer)[ArgTemplate.HEADER:ArgTemplate.HEADER + size]
 
 
 forward_args = ArgStruct(FORWARD_ARGS)
@@ -556,42 +600,41 @@ def _stream_or_current(stream_ptr: int | None) -> int:
 
 class PreparedLaunch:
     """A launch whose kernel and geometry are settled, so that only the arguments change from
-    call to call (a replayed call, a training step): the argument bytes go into buffers held
-    here, which cuLaunchKernel copies at the launch, so a launch allocates nothing. ``struct``
-    packs the first argument; ``extra_bytes``: the size of a second one given whole to each
-    call (the Hopper kernel's tensor map). A lock keeps two threads (torch runs backward on a
-    thread of its own) from filling the buffers at once."""
+    call to call (a replayed call, a training step). ``arguments``: an :class:`ArgTemplate` of
+    the launch's own, whose pointers each call (``__call__``) patches into a buffer held here
+    (cuLaunchKernel copies it at the launch, so a launch allocates nothing; a lock keeps two
+    threads from filling it at once); without one, the caller's buffers
+    (:meth:`launch_packed`)."""
 
-    def __init__(self, kernel, grid, block, shared_bytes: int, struct: ArgStruct, extra_bytes: int = 0):
+    def __init__(self, kernel, grid, block, shared_bytes: int, arguments: ArgTemplate | None = None):
         self.kernel = kernel  # holds the module, so that the function pointer stays valid
         self._function = kernel.kernel.ptr
         self._geometry = _launch_geometry(grid, block, shared_bytes)
-        self._pack_into = struct.layout.pack_into
-        self._args = ctypes.create_string_buffer(struct.size)
-        self._extra = ctypes.create_string_buffer(extra_bytes) if extra_bytes else None
-        buffers = [self._args] + ([self._extra] if extra_bytes else [])
-        self._params = (ctypes.c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
-        self._params_address = ctypes.addressof(self._params)
-        self._lock = threading.Lock()
+        if arguments is not None:
+            self._args = arguments(*(0,) * arguments.head_fields)
+            self._head_into = arguments.head.pack_into
+            self._extra_address = ctypes.addressof(self._args) + arguments.extra_at
+            self._extra = None  # the second argument's bytes in the buffer now
+            self._lock = threading.Lock()
         from cupy_backends.cuda.api import driver
 
         self._launch_kernel = driver.launchKernel
 
-    def __call__(self, values: list, stream_ptr: int | None, extra: bytes | None = None) -> None:
-        """Launch with the first argument's ``values`` in field order (and ``extra``'s bytes) on
-        ``stream_ptr`` (None: CuPy's current stream)."""
+    def __call__(self, head_values: tuple, stream_ptr: int | None, extra: bytes | None = None) -> None:
+        """Launch with the template's arguments, ``head_values`` patched in (and ``extra``'s
+        bytes as the second argument) on ``stream_ptr`` (None: CuPy's current stream)."""
         stream_ptr = _stream_or_current(stream_ptr)
+        args = self._args
         with self._lock:
-            self._pack_into(self._args, 0, *values)
-            if extra is not None:
-                ctypes.memmove(self._extra, extra, len(extra))
-            self._launch_kernel(self._function, *self._geometry, stream_ptr, self._params_address, 0)
+            self._head_into(args, ArgTemplate.HEADER, *head_values)
+            if extra is not None and extra is not self._extra:  # tensor maps are cached: mostly the same one
+                ctypes.memmove(self._extra_address, extra, len(extra))
+                self._extra = extra
+            self._launch_kernel(self._function, *self._geometry, stream_ptr, ctypes.addressof(args), 0)
 
-    def launch_packed(self, packed: PackedArgs, stream_ptr: int | None) -> None:
-        """Launch with arguments packed ahead (a launch without a second argument); the caller's
-        buffer, so no lock."""
-        self._launch_kernel(self._function, *self._geometry, _stream_or_current(stream_ptr),
-                            packed.params_address, 0)
+    def launch_packed(self, args, stream_ptr: int | None) -> None:
+        """Launch with the caller's arguments (a buffer from an :class:`ArgTemplate`), no lock."""
+        self._launch_kernel(self._function, *self._geometry, _stream_or_current(stream_ptr), ctypes.addressof(args), 0)
 
 
 #: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is

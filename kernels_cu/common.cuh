@@ -63,25 +63,26 @@ __device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b
 // Every scalar argument of the forward kernels, passed by value as one struct: the host packs
 // it with a single struct.pack (_kernels.FORWARD_ARGS mirrors the field order), which costs far
 // less per launch than two dozen separate arguments. 8-byte fields come first, then 4-byte
-// fields, so there is no padding to get wrong.
+// fields, so there is no padding to get wrong. The four pointers a repeated call changes lead,
+// so that a replayed launch patches them with one pack_into (_kernels.ArgStruct.head).
 struct ForwardArgs {
     const void* q;
+    const void* d;
+    void* out;
+    void* argmax;  // training: winning document token per (query, doc, query token), or null
     i64 q_query_stride, q_row_stride, q_dim_stride;
     const unsigned char* q_mask;
     i64 q_mask_query_stride, q_mask_row_stride;
-    const void* d;
     i64 d_doc_stride, d_row_stride, d_dim_stride, doc_length;
     const void* offsets;
     const unsigned char* d_mask;
     i64 d_mask_doc_stride, d_mask_row_stride;
     i64 num_docs, docs_per_block;
-    void* out;
     i64 out_query_stride;
     const float* q_scale;  // int8 only: per-token scales, (Nq, Lq) strides below
     i64 q_scale_query_stride, q_scale_row_stride;
     const float* d_scale;  // int8 only: (Nd, Ld) padded, or (T,) packed (row stride only)
     i64 d_scale_doc_stride, d_scale_row_stride;
-    void* argmax;  // training: winning document token per (query, doc, query token), or null
     i64 argmax_query_stride, argmax_doc_stride;  // token stride 1; int16 or int32 elements
     i64 doc_rotation;  // wgmma kernel: query group y starts its document range y * this later
     int num_queries, query_length, dim, offsets_are_64bit;
@@ -103,22 +104,24 @@ __device__ __forceinline__ int load_argmax(const void* argmax, int is_32bit, i64
 // (_kernels.BACKWARD_ARGS mirrors it). q and d have unit dim stride (the caller copies a
 // strided operand once); grad_q and grad_d are contiguous, in the input dtype.
 struct BackwardArgs {
+    // The pointers of one forward's arrays, its gradients and its scratch lead, then
+    // grad_scores': a step's staged arguments patch them in (_kernels.PackedArgs).
     const void* q;
-    i64 q_query_stride, q_row_stride;
     const void* d;
-    i64 d_doc_stride, d_row_stride, doc_length;
-    const void* offsets;
     const void* argmax;
-    i64 argmax_query_stride, argmax_doc_stride;
-    const float* grad;  // (Nq, Nd) scores' gradient, float32
-    i64 grad_query_stride, grad_doc_stride;
     void* grad_q;
     void* grad_d;
     int* sources;       // scratch: the inverse CSR, sources_per_doc entries per document
     int* row_ranges;    // scratch: per row (and one per document), its light and hot list starts
     int* csr_counts;    // scratch for documents too long for shared memory, or null
-    i64 csr_counts_stride;
     float* partial;     // scratch: dQ partial sums per document chunk, or null (one chunk)
+    const float* grad;  // (Nq, Nd) scores' gradient, float32
+    i64 grad_query_stride, grad_doc_stride;
+    i64 q_query_stride, q_row_stride;
+    i64 d_doc_stride, d_row_stride, doc_length;
+    const void* offsets;
+    i64 argmax_query_stride, argmax_doc_stride;
+    i64 csr_counts_stride;
     i64 num_docs, sources_per_doc, docs_per_chunk;
     int num_queries, query_length, dim, offsets_are_64bit;
     int pairs, argmax_is_32bit, count_warps, vector_loads;

@@ -128,17 +128,20 @@ def _record_launches(monkeypatch, launches: list) -> None:
     """Launches stubbed: each one, general or prepared (_kernels.PreparedLaunch), appends
     (kernel, grid, block, argument bytes or (bytes, tensor map), shared bytes, stream)."""
     class Recorded:
-        def __init__(self, kernel, grid, block, shared_bytes, struct, extra_bytes=0):
-            self.fixed = kernel, tuple(grid), tuple(block), shared_bytes, struct
+        def __init__(self, kernel, grid, block, shared_bytes, arguments=None):
+            self.fixed = kernel, tuple(grid), tuple(block), shared_bytes
+            self.arguments = arguments
 
-        def __call__(self, values, stream_ptr, extra=None):
-            kernel, grid, block, shared, struct = self.fixed
-            args = struct.pack(values)
+        def __call__(self, head_values, stream_ptr, extra=None):
+            buffer = self.arguments(*head_values)  # what the launch's own buffer holds then
+            args = _kernels.ArgTemplate.struct_bytes(buffer, _kernels.forward_args.size)
+            kernel, grid, block, shared = self.fixed
             launches.append((kernel, grid, block, args if extra is None else (args, extra), shared, stream_ptr))
 
-        def launch_packed(self, packed, stream_ptr):
-            kernel, grid, block, shared, struct = self.fixed
-            launches.append((kernel, grid, block, packed.buffer.raw, shared, stream_ptr))
+        def launch_packed(self, args, stream_ptr):
+            kernel, grid, block, shared = self.fixed
+            launches.append((kernel, grid, block, _kernels.ArgTemplate.struct_bytes(args, _kernels.backward_args.size),
+                             shared, stream_ptr))
 
     monkeypatch.setattr(_kernels, "launch", lambda *call: launches.append(call))
     monkeypatch.setattr(_kernels, "PreparedLaunch", Recorded)
@@ -248,7 +251,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     assert (kernel, grid, block, shared, stream) == (plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
                                                      plan.shared, None)
     sent = dict(zip(names, _kernels.forward_args.layout.unpack(args)))
-    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data)
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0)  # no winners wanted
     assert tile_map == ("map", 0x200000) + tile_map_shape
 
     # With the winners: a second result, its pointer in the argmax field.
@@ -373,8 +376,8 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     # A replayed forward stages the first gradients (outputs and arguments, its scratch allocated
     # with the winners); the backward patches in grad_scores only: the same arguments as the
     # general path's. A second backward of the same forward gets outputs and scratch of its own.
-    assert [name for name, _ in _kernels.BACKWARD_ARGS][_api._BWD_AT["grad"]:_api._BWD_AT["grad"] + 3] == [
-        "grad", "grad_query_stride", "grad_doc_stride"]  # what the staged backward patches
+    grad_at, grad_fields = _kernels.backward_args.part(("grad", "grad_query_stride", "grad_doc_stride"))
+    assert (_api._GRAD_AT, _api._GRAD_FIELDS.format) == (grad_at + _kernels.ArgTemplate.HEADER, grad_fields.format)
     q, d, argmax, grad = arrays[:4]
     replayed = _api._backward_templates[next(iter(_api._backward_templates))]._rebound(
         (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax), None)

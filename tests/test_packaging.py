@@ -89,3 +89,89 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
     packer = _kernels.ArgStruct(fields)
     assert packer.size == size
     assert len(packer(**{name: 1 for name, _ in fields})) == size
+
+
+def test_arg_template_patches_only_the_head():
+    """A call's argument buffer (_kernels.ArgTemplate): the struct packed once with the leading
+    pointers patched in, after cuLaunchKernel's parameter array (the struct's address, then the
+    second argument's, 16-byte aligned after the struct); later patches change only their
+    fields; the head must lead the struct."""
+    import ctypes
+    import struct
+
+    fields = _kernels.BACKWARD_ARGS
+    values = [1000 + k for k in range(len(fields))]
+    template = _kernels.ArgTemplate(_kernels.backward_args, values, _kernels.BACKWARD_HEAD)
+    head = list(range(1, len(_kernels.BACKWARD_HEAD) + 1))
+    buffer = template(*head)
+    address = ctypes.addressof(buffer)
+    assert struct.unpack_from("<QQ", buffer, 0) == (address + _kernels.ArgTemplate.HEADER, 0)
+    size = _kernels.backward_args.size
+    assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(head + values[len(head):])
+    at, layout = _kernels.backward_args.part(_kernels.BACKWARD_GRAD)
+    _kernels.ArgTemplate.patch(buffer, at, layout, 7, 8, 9)
+    expected = head + values[len(head):]
+    expected[len(head):len(head) + 3] = [7, 8, 9]
+    assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(expected)
+    assert _kernels.ArgTemplate.struct_bytes(template(*head), size) == _kernels.backward_args.pack(
+        head + values[len(head):])  # each call starts from the template
+
+    forward = _kernels.ArgTemplate(_kernels.forward_args, [0] * len(_kernels.FORWARD_ARGS), _kernels.FORWARD_HEAD,
+                                   extra_bytes=_kernels.DOC_TILE_MAP_BYTES)
+    buffer = forward(1, 2, 3, 4)
+    address = ctypes.addressof(buffer)
+    extra_at = struct.unpack_from("<QQ", buffer, 0)[1] - address
+    assert extra_at % 16 == 0 and extra_at >= _kernels.ArgTemplate.HEADER + _kernels.forward_args.size
+    assert len(buffer) == extra_at + _kernels.DOC_TILE_MAP_BYTES
+    with pytest.raises(AssertionError):
+        _kernels.ArgTemplate(_kernels.forward_args, [0] * len(_kernels.FORWARD_ARGS), ("d", "out"))
+
+
+def test_prepared_launch_patches_its_own_buffer(monkeypatch):
+    """_kernels.PreparedLaunch with a launch's own ArgTemplate, the driver stubbed (no GPU):
+    each call hands cuLaunchKernel the kernel, the geometry, the stream and a parameter array
+    whose first pointer is the struct with the call's pointers patched in and whose second is
+    the tensor map of the call (copied only when it changes); launch_packed hands over the
+    caller's buffer."""
+    import ctypes
+    import struct
+    import sys
+    import types
+
+    calls = []
+    size = {"struct": _kernels.forward_args.size}  # the bytes a launch's struct has
+
+    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        first, second = struct.unpack("<QQ", ctypes.string_at(params, 16))
+        calls.append(((function, gx, gy, gz, bx, by, bz, shared, stream, extra),
+                      ctypes.string_at(first, size["struct"]),
+                      ctypes.string_at(second, _kernels.DOC_TILE_MAP_BYTES) if second else None))
+
+    driver = types.SimpleNamespace(launchKernel=launch_kernel)
+    api = types.ModuleType("cupy_backends.cuda.api")
+    api.driver = driver
+    for name, module in (("cupy_backends", types.ModuleType("cupy_backends")),
+                         ("cupy_backends.cuda", types.ModuleType("cupy_backends.cuda")),
+                         ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
+        monkeypatch.setitem(sys.modules, name, module)
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
+    values = [500 + k for k in range(len(_kernels.FORWARD_ARGS))]
+    template = _kernels.ArgTemplate(_kernels.forward_args, values, _kernels.FORWARD_HEAD, _kernels.DOC_TILE_MAP_BYTES)
+    launch = _kernels.PreparedLaunch(kernel, (7, 3), (384,), 1000, template)
+    map_a, map_b = bytes([1]) * _kernels.DOC_TILE_MAP_BYTES, bytes([2]) * _kernels.DOC_TILE_MAP_BYTES
+    launch((1, 2, 3, 4), 0xABC, map_a)
+    launch((5, 6, 7, 0), 0xABC, map_a)
+    launch((5, 6, 7, 0), 0xDEF, map_b)
+    geometry = (0xF00, 7, 3, 1, 384, 1, 1, 1000)
+    assert [call[0] for call in calls] == [geometry + (0xABC, 0), geometry + (0xABC, 0), geometry + (0xDEF, 0)]
+    assert [call[1] for call in calls] == [_kernels.forward_args.pack(head + values[4:])
+                                           for head in ([1, 2, 3, 4], [5, 6, 7, 0], [5, 6, 7, 0])]
+    assert [call[2] for call in calls] == [map_a, map_a, map_b]
+
+    calls.clear()
+    size["struct"] = _kernels.backward_args.size
+    backward = _kernels.ArgTemplate(_kernels.backward_args, [0] * len(_kernels.BACKWARD_ARGS), _kernels.BACKWARD_HEAD)
+    args = backward(*range(1, 10))
+    _kernels.PreparedLaunch(kernel, (2,), (256,), 0).launch_packed(args, 0x123)
+    assert calls[0][0] == (0xF00, 2, 1, 1, 256, 1, 1, 0, 0x123, 0) and calls[0][2] is None
+    assert calls[0][1][:9 * 8] == struct.pack("<9Q", *range(1, 10))
