@@ -689,38 +689,23 @@ class BackwardPlan:
         return tuple(strides)
 
     def _gpu_gradients(self, grad: Operand, output: Output):
-        like, d = self.like, self.d
-        # An autograd adapter's forward staged the first gradients (_stage); a second backward
-        # of the same forward (retain_graph) gets outputs of its own: autograd may hold the first.
-        if self._staged is not None:
-            if grad.dtype != "float32":
-                with _kernels.on_device(like.device), _kernels.on_stream(self._stream):
-                    grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
-            grad_q, grad_d = self.staged_gradients(grad.ptr, tuple(grad.strides))
-            return output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype)
-        grad_q, grad_q_ptr = output.empty(like.shape, like.dtype)
-        grad_d, grad_d_ptr = output.empty(d.shape, d.dtype)
-        wrap = lambda: (output.wrap(grad_q, like.dtype), output.wrap(grad_d, d.dtype))  # noqa: E731
-        if self._args is None:  # an empty problem
+        like = self.like
+        if self._args is None:  # an empty problem: zero gradients
+            grad_q, _ = output.empty(like.shape, like.dtype)
+            grad_d, _ = output.empty(self.d.shape, self.d.dtype)
             output.fill(grad_q, 0)
             output.fill(grad_d, 0)
-            return wrap()
-        stream = self._stream
-        with _kernels.on_device(like.device):
-            if grad.dtype != "float32":
-                with _kernels.on_stream(stream):
-                    grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
-            if self.offsets is not None and not self.cover:
-                output.fill(grad_d, 0)  # tokens outside every document get no gradient
-            grad_strides = self._grad_strides(grad.strides)
-            # Scratch (held by the plan while its kernels may run): the inverse CSR, the row
-            # lists' starts, global CSR counts of very long documents, dQ's partial sums.
-            self._scratch, scratch_ptr = output.empty((self._scratch_words,), "int32")
-            args = self._arguments(scratch_ptr, grad_q_ptr, grad_d_ptr)
-            _GRAD_FIELDS.pack_into(args, _GRAD_AT, grad.ptr, *grad_strides)
-            for launch in self._launches:
-                launch.launch_packed(args, stream)
-        return wrap()
+            return output.wrap(grad_q, like.dtype), output.wrap(grad_d, self.d.dtype)
+        if grad.dtype != "float32":  # the kernels read float32
+            with _kernels.on_device(like.device), _kernels.on_stream(self._stream):
+                grad = _cupy_or_host_operand(grad.cupy().astype(np.float32), "grad_scores", grad)
+        # An autograd adapter's forward staged the first gradients (_stage); otherwise, or for a
+        # second backward of the same forward (retain_graph: autograd may hold the first
+        # gradients), outputs and scratch of their own, staged now: one launch path.
+        if self._staged is None:
+            self._stage(output)
+        grad_q, grad_d = self.staged_gradients(grad.ptr, tuple(grad.strides))
+        return output.wrap(grad_q, like.dtype), output.wrap(grad_d, self.d.dtype)
 
 
 def quantize_int8(x, *, mask=None):
