@@ -34,15 +34,17 @@ class _MaxSim(torch.autograd.Function):
                 return _api.score_packed(q, d, offsets, q_mask=q_mask)
             score = _api.score_pairs if mode == "pairs" else _api.score
             return score(q, d, q_mask=q_mask, d_mask=d_mask)
+        # The plan holds q, d and the offsets; their version counters tell whether one changed in
+        # place before the backward (what save_for_backward checks, at a fraction of its host
+        # cost, and torch runs the backward on a thread where host time counts double). Read
+        # before the forward's launch: after it, the host races the forward's GPU time to the
+        # backward's launch.
+        ctx.inputs = q, d, offsets
+        ctx.versions = _versions(q, d, offsets)
         # The backward's checks, launch layout, outputs and arguments are settled here, where
         # they overlap the GPU; the backward only patches in grad_scores and launches.
         scores, ctx.plan = _api.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
                                                 pairs=mode == "pairs")
-        # The plan holds q, d and the offsets; their version counters tell whether one changed in
-        # place before the backward (what save_for_backward checks, at a fraction of its host
-        # cost, and torch runs the backward on a thread where host time counts double).
-        ctx.inputs = q, d, offsets
-        ctx.versions = _versions(q, d, offsets)
         return scores
 
     @staticmethod
