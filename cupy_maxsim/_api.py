@@ -454,8 +454,7 @@ _BWD_SCRATCH = ("sources", "row_ranges", "csr_counts", "partial")
 assert _kernels.BACKWARD_HEAD[-len(_BWD_SCRATCH):] == _BWD_SCRATCH
 #: grad_scores' pointer and strides (where they sit in a call's argument buffer, and their
 #: packer): what a staged backward patches.
-_GRAD_AT, _GRAD_FIELDS = _kernels.backward_args.part(_kernels.BACKWARD_GRAD)
-_GRAD_AT += _kernels.ArgTemplate.HEADER
+_GRAD_AT, _GRAD_FIELDS = _kernels.ArgTemplate.fields_at(_kernels.backward_args, _kernels.BACKWARD_GRAD)
 
 
 def _unit_dim_stride(operand: Operand) -> Operand:

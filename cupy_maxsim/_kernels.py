@@ -148,9 +148,11 @@ class ArgTemplate:
         return buffer
 
     @staticmethod
-    def patch(buffer, offset: int, layout: struct.Struct, *values) -> None:
-        """Fields at ``offset`` of the struct in ``buffer`` (from a call), packed by ``layout``."""
-        layout.pack_into(buffer, ArgTemplate.HEADER + offset, *values)
+    def fields_at(struct_: ArgStruct, names: tuple) -> tuple[int, struct.Struct]:
+        """(offset in a call's buffer, packer) of the consecutive fields ``names``: what is
+        patched into a call's arguments later (``packer.pack_into(buffer, offset, ...)``)."""
+        offset, layout = struct_.part(names)
+        return ArgTemplate.HEADER + offset, layout
 
     @staticmethod
     def struct_bytes(buffer, size: int) -> bytes:

@@ -377,7 +377,7 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     # with the winners); the backward patches in grad_scores only: the same arguments as the
     # general path's. A second backward of the same forward gets outputs and scratch of its own.
     grad_at, grad_fields = _kernels.backward_args.part(("grad", "grad_query_stride", "grad_doc_stride"))
-    assert (_api._GRAD_AT, _api._GRAD_FIELDS.format) == (grad_at + _kernels.ArgTemplate.HEADER, grad_fields.format)
+    assert (_api._GRAD_AT, _api._GRAD_FIELDS.format) == (grad_at + _kernels.ArgTemplate.HEADER, grad_fields.format)  # what the staged backward patches
     q, d, argmax, grad = arrays[:4]
     replayed = _api._backward_templates[next(iter(_api._backward_templates))]._rebound(
         (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax), None)

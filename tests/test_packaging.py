@@ -108,8 +108,8 @@ def test_arg_template_patches_only_the_head():
     assert struct.unpack_from("<QQ", buffer, 0) == (address + _kernels.ArgTemplate.HEADER, 0)
     size = _kernels.backward_args.size
     assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(head + values[len(head):])
-    at, layout = _kernels.backward_args.part(_kernels.BACKWARD_GRAD)
-    _kernels.ArgTemplate.patch(buffer, at, layout, 7, 8, 9)
+    at, layout = _kernels.ArgTemplate.fields_at(_kernels.backward_args, _kernels.BACKWARD_GRAD)
+    layout.pack_into(buffer, at, 7, 8, 9)
     expected = head + values[len(head):]
     expected[len(head):len(head) + 3] = [7, 8, 9]
     assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(expected)
