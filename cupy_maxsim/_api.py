@@ -632,9 +632,10 @@ class BackwardPlan:
         return plan
 
     def _stage(self, output: Output | None = None, scratch_ptr: int | None = None, arrays: tuple | None = None) -> None:
-        """The first gradients' outputs and arguments, all but grad_scores', settled now, on an
-        autograd adapter's forward thread (GPU plans; nothing for host ones), with scratch the
-        caller allocated (a replayed step: with the winners) or its own. Torch runs the
+        """The first gradients' outputs and arguments, all but grad_scores', settled now (GPU
+        plans; nothing for host ones), with scratch the caller allocated (a replayed step: with
+        the winners) or its own. An autograd adapter's forward stages them on its own thread
+        (gradients() does, for a plan nothing staged, just before launching). Torch runs the
         backward on a thread of its own, where each host step took about twice as long as on
         the forward's (H200 host, bench/results/host-timeline-2026-11-30-d330621.txt): there,
         only grad_scores is read and the kernels launched. ``arrays``: the caller's q and d

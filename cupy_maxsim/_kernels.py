@@ -103,18 +103,15 @@ class ArgStruct:
         """The struct of ``values`` given in field order."""
         return self.layout.pack(*values)
 
-    def offset(self, name: str) -> int:
-        """Where field ``name`` starts in the packed struct (little-endian, no padding)."""
-        names = [field for field, _ in self.fields]
-        return struct.calcsize("<" + "".join(code for _, code in self.fields[:names.index(name)]))
-
     def part(self, names: tuple) -> tuple[int, struct.Struct]:
-        """(offset, packer) of the consecutive fields ``names``: what a call patches in place."""
+        """(offset in the packed struct, packer) of the consecutive fields ``names``: what a
+        call patches in place (little-endian, no padding)."""
         order = [name for name, _ in self.fields]
         first = order.index(names[0])
         assert tuple(order[first:first + len(names)]) == tuple(names), f"{names} are not consecutive fields"
-        codes = dict(self.fields)
-        return self.offset(names[0]), struct.Struct("<" + "".join(codes[name] for name in names))
+        codes = [code for _, code in self.fields]
+        return (struct.calcsize("<" + "".join(codes[:first])),
+                struct.Struct("<" + "".join(codes[first:first + len(names)])))
 
 
 class ArgTemplate:
