@@ -1,11 +1,12 @@
-"""One forward call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
+"""One call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
 compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
 
-    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed]
+    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward]
 
 ``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
 with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
-the mma.sync kernel on Hopper.
+the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then three
+``score_backward`` calls (the same launch-skip profiles the third backward's kernels).
 """
 
 import sys
@@ -27,8 +28,13 @@ if "packed" in flags:
 if "int8" in flags:
     (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
     extra = dict(q_scale=q_scale, d_scale=d_scale)
+if "backward" in flags:
+    _, argmax = cm.score(q, d, return_argmax=True)
+    grad = rng.standard_normal((nq, nd), dtype=cupy.float32)
 for _ in range(3):
-    if "packed" in flags:
+    if "backward" in flags:
+        cm.score_backward(grad, q, d, argmax)
+    elif "packed" in flags:
         cm.score_packed(q, d, offsets, return_argmax="argmax" in flags, **extra)
     else:
         cm.score(q, d, return_argmax="argmax" in flags, **extra)
