@@ -80,6 +80,9 @@ for fused_limit in (one_launch_limit, 0):
             tokens, offsets = rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
             sk, ak = cm.score_packed(q, tokens, offsets, return_argmax=True)
             cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=offsets)
+            ends_empty = cupy.asarray([0, 5, 5, 41, 41], dtype=cupy.int32)  # an empty last document
+            sk, ak = cm.score_packed(q, tokens, ends_empty, return_argmax=True)
+            cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=ends_empty)
     for dtype in (cupy.float32, cupy.float16):  # float16: hot rows in the _wide kernels
         hot_q = rows((40, 32, 64), dtype)
         hot_d = rows((3, 20, 64), dtype) * 0.01

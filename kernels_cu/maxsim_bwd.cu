@@ -32,8 +32,8 @@
 // document chunk). Lanes read the argmax and g of 64 documents at once and broadcast them;
 // each lane accumulates 4 dims, 8 document rows in flight (16-bit rows; 4 otherwise; a weight
 // of 0 marks a document the token has no winner in); 16-bit rows on 16 bytes take the wide
-// layout (gather_rows_wide: 8 dims a lane, the warp's halves adding alternate batches of 16
-// documents, their sums added at the end). With one document chunk the warp writes
+// layout (gather_rows_wide: 8 dims a lane, the warp's halves adding the first and the second
+// half of each batch of documents, their sums added at the end). With one document chunk the warp writes
 // grad_q directly; with several it writes fp32 partials, which blocks past the documents of
 // the dD launch sum in chunk order.
 //
@@ -159,29 +159,29 @@ __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_w
 // moves two rows, one per half, and the per-row overhead (shuffles, addresses, bounds, the loop)
 // is paid once for both. H200, ColBERT in-batch: the two-launch backward executed ~45 (dD) and
 // ~20 (dQ) warp instructions per gathered row against 8 for the converts and FMAs alone
-// (bench/NOTES.md, fourteenth day). Lane l of half h = l & 16 holds the offset and weight of
-// the (l & 15)-th of its half's my_count rows (at most 16); each half adds weight *
-// row[dim0, dim0 + 8) for its rows in lane order into acc. count_max: the larger count of the
-// two halves. Rows past a half's count add nothing (not loaded, not added). Offsets count 16
-// bytes (8 elements) from `base`: one 32-bit shuffle a row (Python keeps them under 2^32).
+// (bench/NOTES.md, fourteenth day). Lane `first + j` (this half's first, at most 16 apart)
+// holds the offset and weight of the half's j-th row, j < my_count <= 16; each half adds
+// weight * row[dim0, dim0 + 8) for its rows in order into acc. count_max: the larger count of
+// the two halves. Offsets count 16 bytes (8 elements) from `base`: one 32-bit shuffle a row
+// (Python keeps them under 2^32). Rows past a half's count, and lanes past dim (in_dims
+// false), load nothing and add nothing.
 template <typename T>
-__device__ __forceinline__ void gather_rows_wide(const T* base, u32 my_offset, float my_weight, int my_count,
-                                                 int count_max, int dim0, bool in_dims, float (&acc)[8]) {
+__device__ __forceinline__ void gather_rows_wide(const T* base, u32 my_offset, float my_weight, int first,
+                                                 int my_count, int count_max, int dim0, bool in_dims,
+                                                 float (&acc)[8]) {
     constexpr int RAW_ROWS = bwd::WIDE_INFLIGHT;  // per half: twice that per warp in flight
-    const int half = threadIdx.x & 16;
     const uint4* rows16 = (const uint4*)base + dim0 / 8;
     for (int j0 = 0; j0 < count_max; j0 += RAW_ROWS) {
         uint4 rows[RAW_ROWS];
 #pragma unroll
         for (int u = 0; u < RAW_ROWS; ++u) {
-            const int src = j0 + u;
-            const u32 offset = __shfl_sync(0xffffffffu, my_offset, half | (src & 15));
-            rows[u] = src < my_count && in_dims ? rows16[offset] : make_uint4(0, 0, 0, 0);
+            const u32 offset = __shfl_sync(0xffffffffu, my_offset, (first + j0 + u) & 31);
+            rows[u] = j0 + u < my_count && in_dims ? rows16[offset] : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < RAW_ROWS; ++u) {
             if (j0 + u >= count_max) break;  // warp-uniform: no lane leaves a shuffle
-            const float weight = __shfl_sync(0xffffffffu, my_weight, half | ((j0 + u) & 15));
+            const float weight = __shfl_sync(0xffffffffu, my_weight, (first + j0 + u) & 31);
             if (j0 + u >= my_count) continue;  // this half's rows are done
             const u32 words[4] = {rows[u].x, rows[u].y, rows[u].z, rows[u].w};
 #pragma unroll
@@ -224,8 +224,8 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
     if (token_index >= num_tokens) return;
     const i64 query = token_index / args.query_length;
     const int token = (int)(token_index % args.query_length);
-    // WIDE (16-byte loads): the two halves of the warp take alternate batches of 16 documents
-    // and add their sums at the end, lanes l and l + 16 holding the same 8 dims.
+    // WIDE (16-byte loads): the two halves of the warp take the first and second half of each
+    // batch's documents and add their sums at the end, lanes l and l + 16 holding the same dims.
     constexpr int DIMS = WIDE ? 8 : 4;  // a lane's
     const int dim0 = block_y * DIM_CHUNK + (WIDE ? (lane & 15) * 8 : lane * 4);
     const int valid = min(DIMS, args.dim - dim0);
@@ -256,7 +256,9 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
                 const A weight = (A)args.grad[query * args.grad_query_stride + my_doc * args.grad_doc_stride];
                 const bool won = row >= 0 && row < length;
                 my_weight[u] = won ? weight : (A)0;
-                const i64 element = won ? base + (i64)row * args.d_row_stride : base;
+                // (not the document's start where it has no winner: an empty last packed
+                // document starts past the last row)
+                const i64 element = won ? base + (i64)row * args.d_row_stride : 0;
                 my_base[u] = WIDE ? (u32)(element >> 3) : element;
             }
         }
@@ -265,10 +267,13 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
             const i64 batch = n0 + 32 * u;
             if (batch >= doc_end) break;
             const int count = (int)min((i64)32, doc_end - batch);
-            if constexpr (WIDE)  // this half's documents of the batch: lanes (lane & 16) + [0, 16)
-                gather_rows_wide<T>(d, my_base[u], my_weight[u], max(0, min(16, count - (lane & 16))),
-                                    min(16, count), dim0, valid > 0, acc);
-            else
+            if constexpr (WIDE) {  // the batch's first half of documents in the first half-warp
+                const int first_count = min(16, (count + 1) / 2);
+                const bool second = lane & 16;
+                gather_rows_wide<T>(d, my_base[u], my_weight[u], second ? first_count : 0,
+                                    second ? count - first_count : first_count, first_count, dim0,
+                                    valid > 0, acc);
+            } else
                 gather_rows<T, A>(d, my_base[u], my_weight[u], count, dim0, valid, vector, acc);
         }
     }
@@ -543,7 +548,7 @@ __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, 
                     i64 my_offset = 0;
                     A my_weight = 0;
                     if (p0 + mine < count) source(begin + p0 + mine, my_offset, my_weight);
-                    gather_rows_wide<T>(q, (u32)(my_offset >> 3), my_weight, max(0, min(16, count - p0)),
+                    gather_rows_wide<T>(q, (u32)(my_offset >> 3), my_weight, lane & 16, max(0, min(16, count - p0)),
                                         min(16, count_max - p0), wide_dim0, in_dims, acc);
                 }
                 if (has_row && in_dims && hot_start(row + 1) == hot_start(row))
