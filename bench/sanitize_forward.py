@@ -66,7 +66,8 @@ for fused_limit in (one_launch_limit, 0):
     _kernels.BWD_FUSED_SHARED_LIMIT = fused_limit
     _api._backward_templates.clear()
     for dtype in (cupy.float16, cupy.float32, cupy.float64):
-        for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100)]:
+        # (16, 32, 4, 40, 136): dense rows, the _wide kernels in 16 bits, two dim chunks
+        for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100), (16, 32, 4, 40, 136)]:
             q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
             mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
             scores, argmax = cm.score(q, d, d_mask=mask, return_argmax=True)
@@ -79,11 +80,15 @@ for fused_limit in (one_launch_limit, 0):
             tokens, offsets = rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
             sk, ak = cm.score_packed(q, tokens, offsets, return_argmax=True)
             cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=offsets)
-    hot_q = rows((40, 32, 64), cupy.float32)
-    hot_d = rows((3, 20, 64), cupy.float32) * 0.01
-    hot_d[:, 4] = hot_q.mean(axis=(0, 1)) * 50
-    sh, ah = cm.score(hot_q, hot_d, return_argmax=True)
-    cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
+            ends_empty = cupy.asarray([0, 5, 5, 41, 41], dtype=cupy.int32)  # an empty last document
+            sk, ak = cm.score_packed(q, tokens, ends_empty, return_argmax=True)
+            cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=ends_empty)
+    for dtype in (cupy.float32, cupy.float16):  # float16: hot rows in the _wide kernels
+        hot_q = rows((40, 32, 64), dtype)
+        hot_d = rows((3, 20, 64), dtype) * 0.01
+        hot_d[:, 4] = hot_q.mean(axis=(0, 1)) * (50 if dtype == cupy.float32 else 5)
+        sh, ah = cm.score(hot_q, hot_d, return_argmax=True)
+        cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
 _kernels.BWD_FUSED_SHARED_LIMIT = one_launch_limit
 _api._backward_templates.clear()
 many_d = rows((5000, 8, 64), cupy.float16)

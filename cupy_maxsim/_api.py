@@ -531,18 +531,28 @@ class BackwardPlan:
             # A later plan of the same signature may reuse this one's layout unless operands were
             # copied here (their pointers would not be the caller's).
             self._reusable = q is self.q and d is self.d and offsets is None
-            aligned = dim % 4 == 0 and all(
-                s % 4 == 0 for s in q.strides[:-1] + d.strides[:-1]) and q.ptr % 16 == 0 and d.ptr % 16 == 0
+            # Vector loads of rows: 16 bytes of 16-bit rows (the _wide kernels: 8 dims a lane,
+            # two rows a warp instruction, 32-bit offsets in 16-byte steps) where rows start on
+            # 16 bytes, else 4 dims a lane (8 bytes of 16-bit, 16 of float32) where they start
+            # on 4 elements, else element by element.
+            pointers_aligned = q.ptr % 16 == 0 and d.ptr % 16 == 0
+            row_starts = q.strides[:-1] + d.strides[:-1] + (dim,)
+            aligned = pointers_aligned and all(s % 4 == 0 for s in row_starts)
+            furthest_row = max(sum((n - 1) * s for n, s in zip(x.shape[:-1], x.strides[:-1])) for x in (q, d))
             num_tokens = num_queries * query_length
             num_rows = d.shape[0] * (d.shape[1] if offsets is None else 1)  # destination rows
             # dD: rows per warp for about 64 sources per warp on average (dense ColBERT rows get a
             # handful), at most 32 (sparse ColPali rows: more blocks in flight; H200, dD 35.7 us
             # with 64 rows a warp, 27.6 with 32: bench/results/tune-dd-rows-2026-11-30-3572412.txt).
             rows_per_warp = max(1, min(32, 64 * longest // max(1, sources_per_doc)))
+            # The _wide kernels walk dD's rows two at a time, one per half-warp: dense rows only.
+            wide = (pointers_aligned and ITEMSIZE[like.dtype] == 2 and all(s % 8 == 0 for s in row_starts)
+                    and min(row_starts) >= 0 and furthest_row < 8 * 2**32
+                    and rows_per_warp <= _kernels.BWD_WIDE_MAX_ROWS_PER_WARP)
             warps, threads = _kernels.BWD_THREADS // 32, _kernels.BWD_THREADS
             block_rows = warps * rows_per_warp
             groups = -(-longest // block_rows)
-            suffix = _DTYPE_SUFFIX[like.dtype]
+            suffix = _DTYPE_SUFFIX[like.dtype] + ("_wide" if wide else "")
             kernel = functools.partial(_kernels.get_kernel, like.device, "maxsim_bwd", defines=_kernels.BWD_DEFINES)
             dim_chunks = -(-dim // _kernels.BWD_DIM_CHUNK)
             fused_shared = _kernels.bwd_fused_shared_bytes(warps, block_rows, sources_per_doc)

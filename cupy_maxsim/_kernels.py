@@ -44,7 +44,8 @@ FAMILIES = {
     ),
     "maxsim_bwd": (
         "maxsim_bwd.cu",
-        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64") for stage in ("csr_dq", "dd", "fused")),
+        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64", "fp16_wide", "bf16_wide")
+              for stage in ("csr_dq", "dd", "fused")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
 }
@@ -409,6 +410,10 @@ def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> 
 BWD_THREADS = 256
 BWD_BLOCKS_PER_SM = 4
 BWD_DIM_CHUNK = 128
+#: The backward's _wide kernels (16-byte rows) walk dD's rows a pair at a time, each row's sources
+#: in a half-warp: where a warp owns at most this many rows (about 8 or more sources a row).
+#: Sparser rows (ColPali's ~1 a patch) keep the 8-byte kernels' segment walk over 32 lanes.
+BWD_WIDE_MAX_ROWS_PER_WARP = 8
 #: Compile-time tunables of maxsim_bwd.cu (rows in flight, blocks per SM), chosen by
 #: bench/tune_backward.py on the H200.
 BWD_DEFINES: tuple[str, ...] = ()

@@ -31,7 +31,9 @@
 // maxsim_bwd_csr_dq_*, the other blocks: dQ, one warp per (query token, 128-wide dim chunk,
 // document chunk). Lanes read the argmax and g of 64 documents at once and broadcast them;
 // each lane accumulates 4 dims, 8 document rows in flight (16-bit rows; 4 otherwise; a weight
-// of 0 marks a document the token has no winner in). With one document chunk the warp writes
+// of 0 marks a document the token has no winner in); 16-bit rows on 16 bytes take the wide
+// layout (gather_rows_wide: 8 dims a lane, the warp's halves adding the first and the second
+// half of each batch of documents, their sums added at the end). With one document chunk the warp writes
 // grad_q directly; with several it writes fp32 partials, which blocks past the documents of
 // the dD launch sum in chunk order.
 //
@@ -39,11 +41,14 @@
 // warp, which sums its sources in list order and writes the row once (zeros for a token
 // nobody chose); a warp walks the light sources of rows_per_warp consecutive rows as one
 // contiguous segment, so that sparse rows (ColPali: about one source per patch) do not cost a
-// round trip each. Hot rows (more than HOT_ROW sources, e.g. a token every query picks) are
+// round trip each; dense rows in the wide layout are walked two at a time instead, a row per
+// half-warp. Hot rows (more than HOT_ROW sources, e.g. a token every query picks) are
 // split over all warps of the block into contiguous parts, added in warp order.
 //
-// Preconditions (checked in Python): q, d unit dim stride; vector_loads only when every row
-// start is 16-byte aligned and dim % 4 == 0; sources holds sources_per_doc (Nq * Lq, or Lq
+// Preconditions (checked in Python): q, d unit dim stride; vector_loads only when q and d
+// start on 16 bytes and every row start and dim are multiples of 4 elements; the _wide kernels
+// only for 16-bit types where they are multiples of 8, every row under 2^32 16-byte steps
+// from its array's start, and grad_q, grad_d on 16 bytes; sources holds sources_per_doc (Nq * Lq, or Lq
 // in pairs mode) entries per document, fewer than 2^31 in all per document.
 
 namespace bwd {
@@ -67,6 +72,9 @@ constexpr int HOT_ROW = 64;     // rows with more sources are split over the blo
 // Rows loaded before they are accumulated (2 for float64: registers) and blocks per SM: 4 and 4
 // measured best on the H200 (occupancy beats rows in flight; bench/results/tune-backward-*.log).
 constexpr int INFLIGHT = MAXSIM_BWD_INFLIGHT;
+// The wide layout's rows loaded before they are added, per half-warp: 4 (16 registers of raw
+// rows) spilled in the dQ and dD kernels at 64 registers (sm_80 to sm_90).
+constexpr int WIDE_INFLIGHT = 3;
 template <typename A> struct Inflight { static constexpr int value = sizeof(A) == 8 ? (INFLIGHT < 2 ? INFLIGHT : 2) : INFLIGHT; };
 }  // namespace bwd
 
@@ -146,8 +154,67 @@ __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_w
     gather_rows<T, A>(base, my_offset, my_weight, count, dim0, valid, vector, acc, [](int) {});
 }
 
-// dQ block (block_x, block_y, block_z): query tokens, dim chunk, document chunk.
+// 16-bit rows with 16-byte loads (the _wide kernels: rows 16-byte aligned, dim % 8 == 0):
+// each half of the warp covers a 128-wide dim chunk (16 lanes x 8 dims), so one instruction
+// moves two rows, one per half, and the per-row overhead (shuffles, addresses, bounds, the loop)
+// is paid once for both. H200, ColBERT in-batch: the two-launch backward executed ~45 (dD) and
+// ~20 (dQ) warp instructions per gathered row against 8 for the converts and FMAs alone
+// (bench/NOTES.md, fourteenth day). Lane `first + j` (this half's first, at most 16 apart)
+// holds the offset and weight of the half's j-th row, j < my_count <= 16; each half adds
+// weight * row[dim0, dim0 + 8) for its rows in order into acc. count_max: the larger count of
+// the two halves. Offsets count 16 bytes (8 elements) from `base`: one 32-bit shuffle a row
+// (Python keeps them under 2^32). Rows past a half's count, and lanes past dim (in_dims
+// false), load nothing and add nothing.
 template <typename T>
+__device__ __forceinline__ void gather_rows_wide(const T* base, u32 my_offset, float my_weight, int first,
+                                                 int my_count, int count_max, int dim0, bool in_dims,
+                                                 float (&acc)[8]) {
+    constexpr int RAW_ROWS = bwd::WIDE_INFLIGHT;  // per half: twice that per warp in flight
+    const uint4* rows16 = (const uint4*)base + dim0 / 8;
+    for (int j0 = 0; j0 < count_max; j0 += RAW_ROWS) {
+        uint4 rows[RAW_ROWS];
+#pragma unroll
+        for (int u = 0; u < RAW_ROWS; ++u) {
+            const u32 offset = __shfl_sync(0xffffffffu, my_offset, (first + j0 + u) & 31);
+            rows[u] = j0 + u < my_count && in_dims ? rows16[offset] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < RAW_ROWS; ++u) {
+            if (j0 + u >= count_max) break;  // warp-uniform: no lane leaves a shuffle
+            const float weight = __shfl_sync(0xffffffffu, my_weight, (first + j0 + u) & 31);
+            if (j0 + u >= my_count) continue;  // this half's rows are done
+            const u32 words[4] = {rows[u].x, rows[u].y, rows[u].z, rows[u].w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                T t;
+                t.bits = (u16)(words[e / 2] >> (16 * (e % 2)));
+                acc[e] += weight * convert<float, T>(t);
+            }
+        }
+    }
+}
+
+// A row's offset from its array's start: elements, or 16-byte steps in the wide layout.
+template <bool WIDE> struct RowOffset { typedef i64 type; };
+template <> struct RowOffset<true> { typedef u32 type; };
+
+// Eight fp32 sums to 8 consecutive 16-bit elements with one 16-byte store (p: 16-byte aligned,
+// as the wide layout's outputs are: fresh allocations, dim % 8 == 0).
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
+    u32 words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        T low, high;
+        store_value(&low, v[2 * w]);
+        store_value(&high, v[2 * w + 1]);
+        words[w] = (u32)low.bits | ((u32)high.bits << 16);
+    }
+    *(uint4*)p = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// dQ block (block_x, block_y, block_z): query tokens, dim chunk, document chunk.
+template <typename T, bool WIDE>
 __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 block_x, int block_y, i64 block_z) {
     typedef typename AccumulatorOf<T>::type A;
     using namespace bwd;
@@ -157,8 +224,11 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
     if (token_index >= num_tokens) return;
     const i64 query = token_index / args.query_length;
     const int token = (int)(token_index % args.query_length);
-    const int dim0 = block_y * DIM_CHUNK + lane * 4;
-    const int valid = min(4, args.dim - dim0);
+    // WIDE (16-byte loads): the two halves of the warp take the first and second half of each
+    // batch's documents and add their sums at the end, lanes l and l + 16 holding the same dims.
+    constexpr int DIMS = WIDE ? 8 : 4;  // a lane's
+    const int dim0 = block_y * DIM_CHUNK + (WIDE ? (lane & 15) * 8 : lane * 4);
+    const int valid = min(DIMS, args.dim - dim0);
     const bool vector = args.vector_loads != 0;
     const T* d = (const T*)args.d;
 
@@ -169,10 +239,10 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
     // Lane l fetches the winner and weight of documents n0 + l, n0 + 32 + l, ... (PREFETCH
     // batches of 32, all loads in flight at once); the warp then walks them in order.
     constexpr int PREFETCH = 2;  // 4 spilled beside the raw rows in flight (gather_rows); chunks are mostly <= 64 documents
-    A acc[4] = {0, 0, 0, 0};
+    A acc[DIMS] = {};
     for (i64 n0 = doc_begin; n0 < doc_end; n0 += 32 * PREFETCH) {
         A my_weight[PREFETCH];
-        i64 my_base[PREFETCH];
+        typename RowOffset<WIDE>::type my_base[PREFETCH];  // WIDE: in 16-byte steps
 #pragma unroll
         for (int u = 0; u < PREFETCH; ++u) {
             const i64 my_doc = n0 + 32 * u + lane;
@@ -186,16 +256,31 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
                 const A weight = (A)args.grad[query * args.grad_query_stride + my_doc * args.grad_doc_stride];
                 const bool won = row >= 0 && row < length;
                 my_weight[u] = won ? weight : (A)0;
-                my_base[u] = won ? base + (i64)row * args.d_row_stride : base;
+                // (not the document's start where it has no winner: an empty last packed
+                // document starts past the last row)
+                const i64 element = won ? base + (i64)row * args.d_row_stride : 0;
+                my_base[u] = WIDE ? (u32)(element >> 3) : element;
             }
         }
 #pragma unroll
         for (int u = 0; u < PREFETCH; ++u) {
             const i64 batch = n0 + 32 * u;
             if (batch >= doc_end) break;
-            gather_rows<T, A>(d, my_base[u], my_weight[u], (int)min((i64)32, doc_end - batch), dim0, valid, vector,
-                              acc);
+            const int count = (int)min((i64)32, doc_end - batch);
+            if constexpr (WIDE) {  // the batch's first half of documents in the first half-warp
+                const int first_count = min(16, (count + 1) / 2);
+                const bool second = lane & 16;
+                gather_rows_wide<T>(d, my_base[u], my_weight[u], second ? first_count : 0,
+                                    second ? count - first_count : first_count, first_count, dim0,
+                                    valid > 0, acc);
+            } else
+                gather_rows<T, A>(d, my_base[u], my_weight[u], count, dim0, valid, vector, acc);
         }
+    }
+    if constexpr (WIDE) {  // the second half's sum onto the first's (a fixed order: bitwise repeatable)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += __shfl_down_sync(0xffffffffu, acc[e], 16);
+        if (lane & 16) return;
     }
     if (valid <= 0) return;
     const i64 out = token_index * args.dim + dim0;
@@ -204,7 +289,10 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
         for (int e = 0; e < valid; ++e) partial[e] = (float)acc[e];
     } else {
         T* grad_q = (T*)args.grad_q + out;
-        for (int e = 0; e < valid; ++e) store_value(grad_q + e, acc[e]);
+        if constexpr (WIDE)
+            store8<T>(grad_q, acc);
+        else
+            for (int e = 0; e < valid; ++e) store_value(grad_q + e, acc[e]);
     }
 }
 
@@ -389,7 +477,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs& args, i64 
 // list entries and 8 query rows in flight at a time, and writes each row once when the walk
 // passes its end (zeros for a row nobody chose). Then each hot row of the block is summed by
 // all warps in contiguous parts, added in warp order.
-template <typename T>
+template <typename T, bool WIDE>
 __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, int group, int length, i64 row0,
                                              const int* list, const int* ranges, bool block_ranges) {
     typedef typename AccumulatorOf<T>::type A;
@@ -424,44 +512,79 @@ __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, 
     };
     const int warp_first = block_first + warp * rows_per_warp;
     const int warp_last = min(length, warp_first + rows_per_warp);
+    // Lane l: whether row g0 + l (l < rows) is hot; the block's hot rows are noted once, and
+    // each is summed block-wide below.
+    auto note_hot_rows = [&](int g0, int rows, bool hot) {
+        const unsigned hot_lanes = __ballot_sync(0xffffffffu, hot && lane < rows);
+        int slot = 0;
+        if (lane == 0 && hot_lanes) slot = atomicAdd(&sHotCount, __popc(hot_lanes));
+        slot = __shfl_sync(0xffffffffu, slot, 0);
+        if (hot && lane < rows) sHotRows[slot + __popc(hot_lanes & ((1u << lane) - 1))] = g0 + lane;
+    };
+    // WIDE (16-bit rows, 16-byte loads; Python takes these kernels for dense rows, about 8 or
+    // more sources a row): a warp walks its rows two at a time, a row per half, each half its
+    // row's sources in list order (the same sums, bit for bit, as the segment walk's), with no
+    // row boundary to test per source. Sparse rows (ColPali) keep the segment walk, which fills
+    // all 32 lanes with list entries.
     for (int chunk0 = 0; chunk0 < args.dim; chunk0 += DIM_CHUNK) {
         const int dim0 = chunk0 + lane * 4;
         const int valid = min(4, args.dim - dim0);
-        for (int g0 = warp_first; g0 < warp_last; g0 += 32) {
-            const int rows = min(32, warp_last - g0);
-            // Lane l: row g0 + l's light end and whether it is hot.
-            const int k = g0 + min(lane, rows - 1);
-            const int light_end = light_start(k + 1);
-            const bool hot = hot_start(k + 1) > hot_start(k);
-            const int segment_begin = light_start(g0), segment_end = __shfl_sync(0xffffffffu, light_end, rows - 1);
-            if (chunk0 == 0) {  // note the hot rows once; each is summed block-wide below
-                const unsigned hot_lanes = __ballot_sync(0xffffffffu, hot && lane < rows);
-                int slot = 0;
-                if (lane == 0 && hot_lanes) slot = atomicAdd(&sHotCount, __popc(hot_lanes));
-                slot = __shfl_sync(0xffffffffu, slot, 0);
-                if (hot && lane < rows) sHotRows[slot + __popc(hot_lanes & ((1u << lane) - 1))] = g0 + lane;
-            }
-            int current = 0, current_end = __shfl_sync(0xffffffffu, light_end, 0);
-            bool current_hot = __shfl_sync(0xffffffffu, hot, 0);
-            A acc[4] = {0, 0, 0, 0};
-            // Passing `position` closes every row that ends at or before it.
-            auto close_rows_up_to = [&](int position) {
-                while (current < rows && position >= current_end) {
-                    if (!current_hot) store_row(g0 + current, dim0, valid, acc);
-                    acc[0] = acc[1] = acc[2] = acc[3] = 0;
-                    ++current;
-                    current_end = __shfl_sync(0xffffffffu, light_end, min(current, 31));
-                    current_hot = __shfl_sync(0xffffffffu, hot, min(current, 31));
+        if constexpr (WIDE) {
+            if (chunk0 == 0)
+                for (int g0 = warp_first; g0 < warp_last; g0 += 32) {
+                    const int k = min(g0 + lane, warp_last - 1);
+                    note_hot_rows(g0, min(32, warp_last - g0), hot_start(k + 1) > hot_start(k));
                 }
-            };
-            for (int p0 = segment_begin; p0 < segment_end; p0 += 32) {
-                i64 my_offset = 0;
-                A my_weight = 0;
-                if (p0 + lane < segment_end) source(p0 + lane, my_offset, my_weight);
-                gather_rows<T, A>(q, my_offset, my_weight, min(32, segment_end - p0), dim0, valid, vector, acc,
-                                  [&](int j) { close_rows_up_to(p0 + j); });
+            const int wide_dim0 = chunk0 + (lane & 15) * 8;
+            const bool in_dims = wide_dim0 < args.dim;
+            for (int g = warp_first; g < warp_last; g += 2) {
+                const int row = min(g + (lane >> 4), warp_last - 1), mine = lane & 15;
+                const bool has_row = g + (lane >> 4) < warp_last;
+                const int begin = light_start(row);
+                const int count = has_row ? light_start(row + 1) - begin : 0;  // 0 for a hot row
+                const int count_max = max(count, __shfl_xor_sync(0xffffffffu, count, 16));
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (int p0 = 0; p0 < count_max; p0 += 16) {
+                    i64 my_offset = 0;
+                    A my_weight = 0;
+                    if (p0 + mine < count) source(begin + p0 + mine, my_offset, my_weight);
+                    gather_rows_wide<T>(q, (u32)(my_offset >> 3), my_weight, lane & 16, max(0, min(16, count - p0)),
+                                        min(16, count_max - p0), wide_dim0, in_dims, acc);
+                }
+                if (has_row && in_dims && hot_start(row + 1) == hot_start(row))
+                    store8<T>(grad_d + (row0 + row) * args.dim + wide_dim0, acc);
             }
-            close_rows_up_to(0x7fffffff);  // the last row, and rows nobody chose after it
+        } else {
+            for (int g0 = warp_first; g0 < warp_last; g0 += 32) {
+                const int rows = min(32, warp_last - g0);
+                // Lane l: row g0 + l's light end and whether it is hot.
+                const int k = g0 + min(lane, rows - 1);
+                const int light_end = light_start(k + 1);
+                const bool hot = hot_start(k + 1) > hot_start(k);
+                const int segment_begin = light_start(g0), segment_end = __shfl_sync(0xffffffffu, light_end, rows - 1);
+                if (chunk0 == 0) note_hot_rows(g0, rows, hot);
+                int current = 0, current_end = __shfl_sync(0xffffffffu, light_end, 0);
+                bool current_hot = __shfl_sync(0xffffffffu, hot, 0);
+                A acc[4] = {0, 0, 0, 0};
+                // Passing `position` closes every row that ends at or before it.
+                auto close_rows_up_to = [&](int position) {
+                    while (current < rows && position >= current_end) {
+                        if (!current_hot) store_row(g0 + current, dim0, valid, acc);
+                        acc[0] = acc[1] = acc[2] = acc[3] = 0;
+                        ++current;
+                        current_end = __shfl_sync(0xffffffffu, light_end, min(current, 31));
+                        current_hot = __shfl_sync(0xffffffffu, hot, min(current, 31));
+                    }
+                };
+                for (int p0 = segment_begin; p0 < segment_end; p0 += 32) {
+                    i64 my_offset = 0;
+                    A my_weight = 0;
+                    if (p0 + lane < segment_end) source(p0 + lane, my_offset, my_weight);
+                    gather_rows<T, A>(q, my_offset, my_weight, min(32, segment_end - p0), dim0, valid, vector, acc,
+                                      [&](int j) { close_rows_up_to(p0 + j); });
+                }
+                close_rows_up_to(0x7fffffff);  // the last row, and rows nobody chose after it
+            }
         }
         // Hot rows of this block: every warp sums a contiguous part; parts added in warp order
         // (each row's bits do not depend on the order the rows are visited in).
@@ -495,7 +618,7 @@ __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, 
 
 // dD of the two-launch backward: blocks (document, row group) from the global inverse CSR;
 // blocks past the documents (x >= num_docs) sum the dQ partials instead (maxsim_bwd_dq_reduce).
-template <typename T>
+template <typename T, bool WIDE>
 __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs& args) {
     if ((i64)blockIdx.x >= args.num_docs) {
         maxsim_bwd_dq_reduce<T>(args, (blockIdx.x - args.num_docs) * (i64)gridDim.y + blockIdx.y,
@@ -506,7 +629,7 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs& args) {
     i64 doc_base, length, first_token;
     bwd_doc_extent(args, doc, doc_base, length, first_token);
     const i64 row0 = args.offsets == nullptr ? doc * length : first_token;
-    dd_row_group<T>(args, doc, blockIdx.y, (int)length, row0, args.sources + doc * args.sources_per_doc,
+    dd_row_group<T, WIDE>(args, doc, blockIdx.y, (int)length, row0, args.sources + doc * args.sources_per_doc,
                     args.row_ranges + 2 * (row0 + doc), false);
 }
 
@@ -514,7 +637,7 @@ __device__ __forceinline__ void maxsim_bwd_dd(const BackwardArgs& args) {
 // (build_inverse_csr, which needs only the winners), the blocks after them compute dQ, the
 // grid (x: query tokens, y: dim chunks, z: document chunks) flattened in that order. One
 // launch instead of two, and the CSR's latency-bound blocks run beside dQ's gathers.
-template <typename T>
+template <typename T, bool WIDE>
 __device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
     if ((i64)blockIdx.x < args.num_docs) {
         build_inverse_csr(args, blockIdx.x);
@@ -525,7 +648,7 @@ __device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
     const u32 tokens_per_block = blockDim.x >> 5;
     const u32 grid_x = (u32)(((i64)args.num_queries * args.query_length + tokens_per_block - 1) / tokens_per_block);
     const u32 grid_y = (args.dim + bwd::DIM_CHUNK - 1) / bwd::DIM_CHUNK;
-    maxsim_bwd_dq<T>(args, dq_block % grid_x, (int)(dq_block / grid_x % grid_y), dq_block / (grid_x * grid_y));
+    maxsim_bwd_dq<T, WIDE>(args, dq_block % grid_x, (int)(dq_block / grid_x % grid_y), dq_block / (grid_x * grid_y));
 }
 
 // The one-launch backward, where a document's sources fit in shared memory (_kernels.py
@@ -537,7 +660,7 @@ __device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
 // launch took 13 us on the H200: bench/results/host-timeline-ab-2026-11-30-a8ca6d6.txt).
 // Shared memory (dynamic, bytes): 4 * (warps * R + 4 * (R + 1) + S), R = warps * rows_per_warp,
 // S = sources_per_doc; _kernels.py mirrors this formula.
-template <typename T>
+template <typename T, bool WIDE>
 __device__ __forceinline__ void maxsim_bwd_fused(const BackwardArgs& args) {
     extern __shared__ __align__(16) unsigned char smem[];
     // Grid (dQ columns + documents, row groups): dQ's blocks fill the first columns (linear index
@@ -550,7 +673,7 @@ __device__ __forceinline__ void maxsim_bwd_fused(const BackwardArgs& args) {
     const u32 dq_columns = (grid_x * grid_y + gridDim.y - 1) / gridDim.y;
     if (blockIdx.x < dq_columns) {
         const u32 dq_block = blockIdx.x * gridDim.y + blockIdx.y;
-        if (dq_block < grid_x * grid_y) maxsim_bwd_dq<T>(args, dq_block % grid_x, (int)(dq_block / grid_x), 0);
+        if (dq_block < grid_x * grid_y) maxsim_bwd_dq<T, WIDE>(args, dq_block % grid_x, (int)(dq_block / grid_x), 0);
         return;
     }
     const i64 doc = blockIdx.x - dq_columns;
@@ -569,34 +692,33 @@ __device__ __forceinline__ void maxsim_bwd_fused(const BackwardArgs& args) {
     int* light = counts + warps * block_rows;               // [block_rows + 1]
     int* hot = light + block_rows + 1;                      // [block_rows + 1]
     invert_winners(args, doc, length, row_begin, rows, warps, counts, light, hot, list, ranges);
-    dd_row_group<T>(args, doc, blockIdx.y, length, args.offsets == nullptr ? doc * length : first_token, list, ranges,
+    dd_row_group<T, WIDE>(args, doc, blockIdx.y, length, args.offsets == nullptr ? doc * length : first_token, list, ranges,
                     true);
 }
 
-// THREADS: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS: per SM.
-#define MAXSIM_BWD_CSR_DQ_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
-        maxsim_bwd_csr_dq<T>(args);                                                          \
+// 256 threads: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS:
+// per SM. WIDE: the 16-byte layout (gather_rows_wide) for 16-bit rows on 16 bytes with dense dD
+// rows (_api.py picks the _wide kernels), a kernel of its own so that each layout gets the
+// registers it needs.
+#define MAXSIM_BWD_ENTRY(NAME, STAGE, T, WIDE, MIN_BLOCKS)                                         \
+    extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME(const BackwardArgs args) { \
+        STAGE<T, WIDE>(args);                                                                  \
     }
-#define MAXSIM_BWD_DD_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                      \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
-        maxsim_bwd_dd<T>(args);                                                              \
-    }
-
-MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_CSR_DQ_ENTRY(maxsim_bwd_csr_dq_fp64, double, 256, 1)  // registers
-#define MAXSIM_BWD_FUSED_ENTRY(NAME, T, THREADS, MIN_BLOCKS)                                   \
-    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(const BackwardArgs args) { \
-        maxsim_bwd_fused<T>(args);                                                           \
-    }
-
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp16, fp16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_bf16, bf16_t, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp32, float, 256, MAXSIM_BWD_MIN_BLOCKS)
-MAXSIM_BWD_DD_ENTRY(maxsim_bwd_dd_fp64, double, 256, 1)  // registers
-MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_fp16, fp16_t, 256, MAXSIM_BWD_FUSED_MIN_BLOCKS)
-MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_bf16, bf16_t, 256, MAXSIM_BWD_FUSED_MIN_BLOCKS)
-MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_fp32, float, 256, MAXSIM_BWD_FUSED_MIN_BLOCKS)
-MAXSIM_BWD_FUSED_ENTRY(maxsim_bwd_fused_fp64, double, 256, 1)  // registers
+MAXSIM_BWD_ENTRY(maxsim_bwd_csr_dq_fp16, maxsim_bwd_csr_dq, fp16_t, false, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_csr_dq_bf16, maxsim_bwd_csr_dq, bf16_t, false, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_csr_dq_fp32, maxsim_bwd_csr_dq, float, false, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_csr_dq_fp64, maxsim_bwd_csr_dq, double, false, 1)  // registers
+MAXSIM_BWD_ENTRY(maxsim_bwd_csr_dq_fp16_wide, maxsim_bwd_csr_dq, fp16_t, true, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_csr_dq_bf16_wide, maxsim_bwd_csr_dq, bf16_t, true, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_dd_fp16, maxsim_bwd_dd, fp16_t, false, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_dd_bf16, maxsim_bwd_dd, bf16_t, false, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_dd_fp32, maxsim_bwd_dd, float, false, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_dd_fp64, maxsim_bwd_dd, double, false, 1)  // registers
+MAXSIM_BWD_ENTRY(maxsim_bwd_dd_fp16_wide, maxsim_bwd_dd, fp16_t, true, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_dd_bf16_wide, maxsim_bwd_dd, bf16_t, true, MAXSIM_BWD_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_fused_fp16, maxsim_bwd_fused, fp16_t, false, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_fused_bf16, maxsim_bwd_fused, bf16_t, false, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_fused_fp32, maxsim_bwd_fused, float, false, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_fused_fp64, maxsim_bwd_fused, double, false, 1)  // registers
+MAXSIM_BWD_ENTRY(maxsim_bwd_fused_fp16_wide, maxsim_bwd_fused, fp16_t, true, MAXSIM_BWD_FUSED_MIN_BLOCKS)
+MAXSIM_BWD_ENTRY(maxsim_bwd_fused_bf16_wide, maxsim_bwd_fused, bf16_t, true, MAXSIM_BWD_FUSED_MIN_BLOCKS)

@@ -619,6 +619,56 @@ def test_gpu_one_launch_backward_matches_two(case, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dim,packed", [(128, False), (136, False), (64, True)])
+def test_gpu_wide_backward_matches_the_8_byte_layout(dtype, dim, packed, monkeypatch):
+    """Dense rows in 16 bits take the _wide kernels (16-byte rows, dD's rows a pair at a time):
+    each dD row sums the same sources in the same order as the 8-byte kernels' segment walk, so
+    dD is bitwise equal; dQ's halves associate differently, and both match the float64
+    reference. dim 136: a second dim chunk with one lane of each half in it."""
+    from cupy_maxsim import _api, _kernels
+
+    pytest.importorskip("torch") if dtype == "bfloat16" else None
+    rng = np.random.default_rng(dim)
+    nq, nd, ld = 24, 9, 70  # 768 sources a document over 70 rows: about 11 a row
+    q64 = _round_to(unit_rows(rng, (nq, 32, dim), np.float64), dtype)
+    d64 = _round_to(unit_rows(rng, (nd, ld, dim), np.float64), dtype)
+    q, d = _device(q64, dtype), _device(d64, dtype)
+    d_mask = holey_mask(rng, (nd, ld), 0.7)
+    if packed:
+        operand, offsets = cm.pack(d, mask=_device_mask(q, d_mask))
+        _, argmax = cm.score_packed(q, operand, offsets, return_argmax=True)
+        kwargs = {"offsets": offsets}
+        _, padded_argmax = cm.score(q, d, d_mask=_device_mask(q, d_mask), return_argmax=True)
+    else:
+        operand, kwargs = d, {}
+        _, argmax = cm.score(q, d, d_mask=_device_mask(q, d_mask), return_argmax=True)
+        padded_argmax = argmax
+    grad64 = rng.standard_normal((nq, nd)).astype(np.float32).astype(np.float64)
+    grad = _device(grad64, "float32")
+
+    def gradients():
+        monkeypatch.setattr(_api, "_backward_templates", {})
+        plan = _api.backward_plan(q, operand, argmax, **kwargs)
+        grad_q, grad_d = plan.gradients(grad)
+        return [launch.kernel.name for launch in plan._launches], to_numpy(grad_q), to_numpy(grad_d)
+
+    kernels_wide, q_wide, d_wide = gradients()
+    monkeypatch.setattr(_kernels, "BWD_WIDE_MAX_ROWS_PER_WARP", 0)
+    kernels_narrow, q_narrow, d_narrow = gradients()
+    assert all(name.endswith("_wide") for name in kernels_wide) and kernels_wide, kernels_wide
+    assert not any(name.endswith("_wide") for name in kernels_narrow)
+    np.testing.assert_array_equal(d_wide, d_narrow)
+    expected_q, expected_d = reference.maxsim_backward_reference(grad64, q64, d64, to_numpy(padded_argmax))
+    for grad_q in (q_wide, q_narrow):
+        np.testing.assert_allclose(grad_q.astype(np.float64), expected_q, rtol=0,
+                                   atol=_gradient_bound(expected_q, dtype, nd))
+    got_d = d_wide.astype(np.float64)
+    np.testing.assert_allclose(got_d, expected_d[d_mask] if packed else expected_d, rtol=0,
+                               atol=_gradient_bound(expected_d, dtype, nq * 32))
+
+
+@pytest.mark.gpu
 def test_gpu_torch_autograd_matches_cpu_and_runs_on_torch_stream():
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt

@@ -351,7 +351,7 @@ def test_backward_templates_without_a_gpu(monkeypatch):
     first, arrays, csr_dq, dd = gradients_at(0x10000000)
     args = sent(dd)
     assert len(_api._backward_templates) == 1 and args["vector_loads"] == 1
-    assert (csr_dq[0], dd[0]) == ("maxsim_bwd_csr_dq_fp16", "maxsim_bwd_dd_fp16")
+    assert (csr_dq[0], dd[0]) == ("maxsim_bwd_csr_dq_fp16", "maxsim_bwd_dd_fp16")  # sparse rows: the segment walk
     chunks = -(-300 // args["docs_per_chunk"])
     dq_blocks = 8 * 32 // (_kernels.BWD_THREADS // 32) * chunks  # query tokens x 1 dim chunk x doc chunks
     assert chunks == 10 and csr_dq[1] == (300 + dq_blocks,)  # the CSR's blocks, then dQ's
@@ -417,7 +417,8 @@ def test_one_launch_backward_without_a_gpu(monkeypatch):
     BWD_FUSED_MAX_DOCS documents, few winners re-read per row group) take one launch: dQ's
     blocks in the first columns of the grid, then a column of row groups per document, no
     scratch (the staged replay's work buffer is the winners alone); more documents, more
-    sources than shared memory holds or ColBERT's dense rows take two."""
+    sources than shared memory holds or ColBERT's dense rows take two (16-bit dense rows: the
+    _wide kernels)."""
     from cupy_maxsim import _api
 
     launches = _stub_backward_launches(monkeypatch)
@@ -444,7 +445,10 @@ def test_one_launch_backward_without_a_gpu(monkeypatch):
     assert plan._scratch_words == 0 and args["docs_per_chunk"] == 40
     assert [args[k] for k in ("sources", "row_ranges", "csr_counts", "partial")] == [0, 0, 0, 0]
     assert launched(32, 128, 1030)[1][0][0] == "maxsim_bwd_fused_fp16"  # ColPali in-batch training
-    assert len(launched(128, 128, 300)[1]) == 2  # ColBERT's: 10 row groups x 4,096 winners a document
+    # ColBERT's: 10 row groups x 4,096 winners a document; dense rows in 16-bit: the wide kernels
+    assert [c[0] for c in launched(128, 128, 300)[1]] == ["maxsim_bwd_csr_dq_fp16_wide", "maxsim_bwd_dd_fp16_wide"]
+    assert [c[0] for c in launched(128, 128, 300, dtype=np.float32)[1]] == ["maxsim_bwd_csr_dq_fp32",
+                                                                            "maxsim_bwd_dd_fp32"]
     assert launched(8, _kernels.BWD_FUSED_MAX_DOCS + 1)[1][0][0] == "maxsim_bwd_csr_dq_fp16"  # dQ in chunks
     assert launched(8, _kernels.BWD_FUSED_MAX_DOCS + 1, dtype=np.float64)[1][0][0] == "maxsim_bwd_fused_fp64"
     assert len(launched(320, 40)[1]) == 2  # 10,240 sources a document: more than shared memory holds
