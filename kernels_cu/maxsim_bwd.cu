@@ -198,19 +198,40 @@ __device__ __forceinline__ void gather_rows_wide(const T* base, u32 my_offset, f
 template <bool WIDE> struct RowOffset { typedef i64 type; };
 template <> struct RowOffset<true> { typedef u32 type; };
 
-// Eight fp32 sums to 8 consecutive 16-bit elements with one 16-byte store (p: 16-byte aligned,
-// as the wide layout's outputs are: fresh allocations, dim % 8 == 0).
-template <typename T>
-__device__ __forceinline__ void store8(T* p, const float (&v)[8]) {
-    u32 words[4];
+// N sums to N consecutive elements at p: one vector store where `vector` (p aligned to the
+// vector: outputs are fresh allocations, dim a multiple of N) and all N are inside the row
+// (16-bit: 8 or 16 bytes; 8 float32: two 16-byte pieces), else element by element. A row's vector stores
+// write each 32-byte sector once; 2-byte element stores came back to each sector 4 times, and
+// were half the L2 traffic of ColPali's backward (bench/NOTES.md, fourteenth day).
+template <typename T, typename A, int N>
+__device__ __forceinline__ void store_sums(T* p, const A (&v)[N], int valid, bool vector) {
+    if constexpr (sizeof(T) == 2) {
+        if (vector && valid == N) {
+            u32 words[N / 2];
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        T low, high;
-        store_value(&low, v[2 * w]);
-        store_value(&high, v[2 * w + 1]);
-        words[w] = (u32)low.bits | ((u32)high.bits << 16);
+            for (int w = 0; w < N / 2; ++w) {
+                T low, high;
+                store_value(&low, v[2 * w]);
+                store_value(&high, v[2 * w + 1]);
+                words[w] = (u32)low.bits | ((u32)high.bits << 16);
+            }
+            if constexpr (N == 8)
+                *(uint4*)p = make_uint4(words[0], words[1], words[2], words[3]);
+            else
+                *(uint2*)p = make_uint2(words[0], words[1]);
+            return;
+        }
+    } else if constexpr (sizeof(T) == 4 && N == 8) {  // (N == 4: a float4 spilled dd_fp32 on sm_80)
+        if (vector && valid == N) {
+#pragma unroll
+            for (int e = 0; e < N; e += 4)
+                *(float4*)(p + e) = make_float4((float)v[e], (float)v[e + 1], (float)v[e + 2], (float)v[e + 3]);
+            return;
+        }
     }
-    *(uint4*)p = make_uint4(words[0], words[1], words[2], words[3]);
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+        if (e < valid) store_value(p + e, v[e]);
 }
 
 // dQ block (block_x, block_y, block_z): query tokens, dim chunk, document chunk.
@@ -284,16 +305,10 @@ __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 bloc
     }
     if (valid <= 0) return;
     const i64 out = token_index * args.dim + dim0;
-    if (args.partial != nullptr) {
-        float* partial = args.partial + block_z * num_tokens * args.dim + out;
-        for (int e = 0; e < valid; ++e) partial[e] = (float)acc[e];
-    } else {
-        T* grad_q = (T*)args.grad_q + out;
-        if constexpr (WIDE)
-            store8<T>(grad_q, acc);
-        else
-            for (int e = 0; e < valid; ++e) store_value(grad_q + e, acc[e]);
-    }
+    if (args.partial != nullptr)
+        store_sums<float, A, DIMS>(args.partial + block_z * num_tokens * args.dim + out, acc, valid, vector);
+    else
+        store_sums<T, A, DIMS>((T*)args.grad_q + out, acc, valid, vector);
 }
 
 // Sums the dQ partials of the document chunks in chunk order, as block `block` of `blocks`
@@ -507,8 +522,7 @@ __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, 
         weight = (A)args.grad[query * args.grad_query_stride + doc * args.grad_doc_stride];
     };
     auto store_row = [&](int row, int dim0, int valid, const A (&acc)[4]) {
-        T* out = grad_d + (row0 + row) * args.dim + dim0;
-        for (int e = 0; e < valid; ++e) store_value(out + e, acc[e]);
+        store_sums<T, A, 4>(grad_d + (row0 + row) * args.dim + dim0, acc, valid, vector);
     };
     const int warp_first = block_first + warp * rows_per_warp;
     const int warp_last = min(length, warp_first + rows_per_warp);
@@ -552,7 +566,7 @@ __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, 
                                         min(16, count_max - p0), wide_dim0, in_dims, acc);
                 }
                 if (has_row && in_dims && hot_start(row + 1) == hot_start(row))
-                    store8<T>(grad_d + (row0 + row) * args.dim + wide_dim0, acc);
+                    store_sums<T, float, 8>(grad_d + (row0 + row) * args.dim + wide_dim0, acc, 8, true);
             }
         } else {
             for (int g0 = warp_first; g0 < warp_last; g0 += 32) {
