@@ -66,8 +66,10 @@ for fused_limit in (one_launch_limit, 0):
     _kernels.BWD_FUSED_SHARED_LIMIT = fused_limit
     _api._backward_templates.clear()
     for dtype in (cupy.float16, cupy.float32, cupy.float64):
-        # (16, 32, 4, 40, 136): dense rows, the _wide kernels in 16 bits, two dim chunks
-        for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100), (16, 32, 4, 40, 136)]:
+        # (16, 32, 4, 40, 136): dense rows, the _wide kernels in 16 bits, two dim chunks;
+        # (8, 32, 130, 40, 128): one launch with 130 documents
+        for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100), (16, 32, 4, 40, 136),
+                                    (8, 32, 130, 40, 128)]:
             q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
             mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
             scores, argmax = cm.score(q, d, d_mask=mask, return_argmax=True)

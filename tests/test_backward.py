@@ -553,7 +553,8 @@ def test_gpu_hot_rows_pairs_packed_and_long_documents():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["masked", "hot-rows", "packed", "pairs", "bfloat16"])
+@pytest.mark.parametrize("case", ["masked", "hot-rows", "packed", "pairs", "bfloat16", "many-documents",
+                                  "many-documents-dense"])
 def test_gpu_one_launch_backward_matches_two(case, monkeypatch):
     """The one-launch backward (dD blocks inverting their own rows' winners in shared memory,
     dQ in one document chunk) against the two-launch one (a global inverse CSR, dQ in chunks):
@@ -564,7 +565,10 @@ def test_gpu_one_launch_backward_matches_two(case, monkeypatch):
     rng = np.random.default_rng(11)
     dtype = "bfloat16" if case == "bfloat16" else "float16"
     pytest.importorskip("torch") if dtype == "bfloat16" else None
-    nq, nd, ld, dim = (64, 6, 40, 64) if case == "hot-rows" else (6, 20, 300, 128)
+    # many-documents: 130 documents (a query token's dQ walks them all in one launch, in chunks in
+    # two), with the 8-byte kernels (sparse rows) and the _wide ones (dense rows)
+    nq, nd, ld, dim = {"hot-rows": (64, 6, 40, 64), "many-documents": (4, 130, 60, 128),
+                       "many-documents-dense": (32, 130, 40, 128)}.get(case, (6, 20, 300, 128))
     q64 = unit_rows(rng, (nq, 32, dim), np.float64)
     d64 = unit_rows(rng, (nd, ld, dim), np.float64)
     if case == "hot-rows":  # every query token picks token 3 of each document (split rows)
