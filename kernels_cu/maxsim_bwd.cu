@@ -33,9 +33,9 @@
 // each lane accumulates 4 dims, 8 document rows in flight (16-bit rows; 4 otherwise; a weight
 // of 0 marks a document the token has no winner in); 16-bit rows on 16 bytes take the wide
 // layout (gather_rows_wide: 8 dims a lane, the warp's halves adding the first and the second
-// half of each batch of documents, their sums added at the end). With one document chunk the warp writes
-// grad_q directly; with several it writes fp32 partials, which blocks past the documents of
-// the dD launch sum in chunk order.
+// half of each batch of documents, their sums added at the end). With one document chunk the
+// warp writes grad_q directly; with several it writes fp32 partials, which blocks past the
+// documents of the dD launch sum in chunk order.
 //
 // maxsim_bwd_dd_*: one block per (document, row group). Each destination row is owned by one
 // warp, which sums its sources in list order and writes the row once (zeros for a token
@@ -48,8 +48,8 @@
 // Preconditions (checked in Python): q, d unit dim stride; vector_loads only when q and d
 // start on 16 bytes and every row start and dim are multiples of 4 elements; the _wide kernels
 // only for 16-bit types where they are multiples of 8, every row under 2^32 16-byte steps
-// from its array's start, and grad_q, grad_d on 16 bytes; sources holds sources_per_doc (Nq * Lq, or Lq
-// in pairs mode) entries per document, fewer than 2^31 in all per document.
+// from its array's start, and grad_q, grad_d on 16 bytes; sources holds sources_per_doc
+// (Nq * Lq, or Lq in pairs mode) entries per document, fewer than 2^31 in all per document.
 
 namespace bwd {
 // The most warps per block the kernels handle (their shared arrays); they run with 8
@@ -200,9 +200,9 @@ template <> struct RowOffset<true> { typedef u32 type; };
 
 // N sums to N consecutive elements at p: one vector store where `vector` (p aligned to the
 // vector: outputs are fresh allocations, dim a multiple of N) and all N are inside the row
-// (16-bit: 8 or 16 bytes; 8 float32: two 16-byte pieces), else element by element. A row's vector stores
-// write each 32-byte sector once; 2-byte element stores came back to each sector 4 times, and
-// were half the L2 traffic of ColPali's backward (bench/NOTES.md, fourteenth day).
+// (16-bit: 8 or 16 bytes; 8 float32: two 16-byte pieces), else element by element. A row's
+// vector stores write each 32-byte sector once; 2-byte element stores came back to each
+// sector 4 times (ColPali's backward: dD 27.7 -> 22.9 us; bench/NOTES.md, fourteenth day).
 template <typename T, typename A, int N>
 __device__ __forceinline__ void store_sums(T* p, const A (&v)[N], int valid, bool vector) {
     if constexpr (sizeof(T) == 2) {
