@@ -6,7 +6,8 @@ compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
 ``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
 with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
 the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then three
-``score_backward`` calls (the same launch-skip profiles the third backward's kernels).
+``score_backward`` calls (the same launch-skip profiles the third backward's kernels; padded
+fp16 documents only).
 """
 
 import sys
@@ -17,6 +18,8 @@ import cupy_maxsim as cm
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
 flags = set(sys.argv[5:])
+if "backward" in flags and flags & {"int8", "packed"}:
+    raise SystemExit("backward: padded fp16 documents only")
 rng = cupy.random.default_rng(0)
 q = (rng.standard_normal((nq, lq, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
 d = (rng.standard_normal((nd, ld, 128), dtype=cupy.float32) / 11).astype(cupy.float16)

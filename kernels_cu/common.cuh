@@ -64,7 +64,7 @@ __device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b
 // it with a single struct.pack (_kernels.FORWARD_ARGS mirrors the field order), which costs far
 // less per launch than two dozen separate arguments. 8-byte fields come first, then 4-byte
 // fields, so there is no padding to get wrong. The four pointers a repeated call changes lead,
-// so that a replayed launch patches them with one pack_into (_kernels.ArgStruct.head).
+// so that a replayed launch patches them with one pack_into (_kernels.ArgTemplate, FORWARD_HEAD).
 struct ForwardArgs {
     const void* q;
     const void* d;
@@ -105,7 +105,8 @@ __device__ __forceinline__ int load_argmax(const void* argmax, int is_32bit, i64
 // strided operand once); grad_q and grad_d are contiguous, in the input dtype.
 struct BackwardArgs {
     // The pointers of one forward's arrays, its gradients and its scratch lead, then
-    // grad_scores': a step's staged arguments patch them in (_kernels.PackedArgs).
+    // grad_scores': a step's staged arguments patch them in (_kernels.ArgTemplate, BACKWARD_HEAD
+    // and BACKWARD_GRAD).
     const void* q;
     const void* d;
     const void* argmax;
