@@ -1,0 +1,321 @@
+"""The planners' decisions, recorded: a guard that a restructuring moves code, not behaviour.
+
+Every problem below runs through the public functions on made-up device arrays with the GPU
+layer stubbed (device properties of an A100, sm_80, and of an H200, sm_90; kernels, launches and
+outputs stubbed, no GPU): each launch it would make is written down as the kernel's name, its
+compile-time defines, grid, block, dynamic shared bytes, whether a TMA tile map goes with it,
+and every non-pointer field of its argument struct. ``tests/data/plan_decisions.json`` holds the
+decisions of the tree they were recorded on; this test fails on any difference. A deliberate
+change to a planner rewrites the file (``python tests/test_plans.py --write``) in the commit
+that changes it, and the commit says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+
+DECISIONS = Path(__file__).parent / "data" / "plan_decisions.json"
+
+#: device_properties of the two stubbed devices: SMs, shared memory per block (opt-in) and per
+#: SM, compute capability, L2 bytes.
+DEVICES = {
+    "sm80-a100": (108, 163 * 1024, 164 * 1024, 80, 40 * 2**20),
+    "sm90-h200": (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20),
+}
+
+
+class FakeDeviceArray:
+    """What the library reads of a C-contiguous CuPy array (shape, strides, dtype, device,
+    pointer), at a made-up device address."""
+
+    __module__ = "cupy"
+
+    def __init__(self, shape, dtype, ptr, values=None):
+        self.shape, self.dtype = tuple(shape), _dtype(dtype)
+        self.strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * self.dtype.itemsize
+                             for k in range(len(shape)))
+        self.device = types.SimpleNamespace(id=0)
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.values = values  # offsets: what the stubbed device check reads back
+
+
+class _Bfloat16:
+    """What the library reads of a bfloat16 dtype (NumPy has none)."""
+
+    name, itemsize = "bfloat16", 2
+
+
+def _dtype(name: str):
+    return _Bfloat16() if name == "bfloat16" else np.dtype(name)
+
+
+class _Arrays:
+    """Fresh fake device arrays at distinct 256-byte-aligned addresses."""
+
+    def __init__(self):
+        self.next = 0x10000000
+
+    def __call__(self, shape, dtype="float16", values=None):
+        ptr = self.next
+        self.next += -(-int(np.prod(shape, dtype=np.int64)) * _dtype(dtype).itemsize // 256) * 256 + 256
+        return FakeDeviceArray(shape, dtype, ptr, values)
+
+
+def _problems():
+    """name -> function(arrays) making the call. Sizes chosen to reach every planner branch:
+    one query and many, short and long documents, every dtype, masks, pairs, packed, argmax on
+    and off, dims off the tensor-core path, forward and backward."""
+    problems = {}
+
+    def score(nq, lq, nd, ld, dim=128, dtype="float16", masks=False, argmax=False):
+        def run(a):
+            q = a((lq, dim) if nq == 0 else (nq, lq, dim), dtype)
+            d = a((nd, ld, dim), dtype)
+            extra = {}
+            if masks:
+                extra = dict(q_mask=a(q.shape[:-1], "bool"), d_mask=a((nd, ld), "bool"))
+            if dtype == "int8":
+                extra.update(q_scale=a(q.shape[:-1], "float32"), d_scale=a((nd, ld), "float32"))
+            cm.score(q, d, return_argmax=argmax, **extra)
+        return run
+
+    def pairs(b, lq, ld, dim=128, dtype="float16", argmax=False, masks=False):
+        def run(a):
+            q, d = a((b, lq, dim), dtype), a((b, ld, dim), dtype)
+            extra = dict(q_mask=a((b, lq), "bool"), d_mask=a((b, ld), "bool")) if masks else {}
+            if dtype == "int8":
+                extra.update(q_scale=a((b, lq), "float32"), d_scale=a((b, ld), "float32"))
+            cm.score_pairs(q, d, return_argmax=argmax, **extra)
+        return run
+
+    def packed(nq, lq, lengths, dim=128, dtype="float16", argmax=False):
+        def run(a):
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            q = a((lq, dim) if nq == 0 else (nq, lq, dim), dtype)
+            tokens = a((int(offsets[-1]), dim), dtype)
+            extra = {}
+            if dtype == "int8":
+                extra.update(q_scale=a(q.shape[:-1], "float32"), d_scale=a((int(offsets[-1]),), "float32"))
+            cm.score_packed(q, tokens, a(offsets.shape, "int64", offsets), return_argmax=argmax, **extra)
+        return run
+
+    def backward(nq, lq, nd, ld, dim=128, dtype="float16", mode="padded", lengths=None):
+        def run(a):
+            q = a((lq, dim) if nq == 0 else (nq, lq, dim), dtype)
+            scores_shape = (nd,) if nq == 0 or mode == "pairs" else (nq, nd)
+            extra = {}
+            if mode == "packed":
+                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+                d = a((int(offsets[-1]), dim), dtype)
+                extra["offsets"] = a(offsets.shape, "int64", offsets)
+                longest = max(lengths)
+            else:
+                d = a((nd, ld, dim), dtype)
+                extra["pairs"] = mode == "pairs"
+                longest = ld
+            argmax = a(scores_shape + (lq,), "int16" if longest < 32768 else "int32")
+            cm.score_backward(a(scores_shape, "float32"), q, d, argmax, **extra)
+        return run
+
+    ragged = [int(x) for x in np.random.default_rng(0).integers(16, 301, 500)]
+    for dtype, short in (("float16", "fp16"), ("bfloat16", "bf16")):
+        problems[f"{short}-rerank-1q-1k-300"] = score(0, 32, 1_000, 300, dtype=dtype)
+        problems[f"{short}-corpus-1q-10k-300"] = score(0, 32, 10_000, 300, dtype=dtype)
+        problems[f"{short}-colpali-1q-10k-1030"] = score(0, 32, 10_000, 1030, dtype=dtype)
+        problems[f"{short}-colpali-32q-10k-1030"] = score(32, 32, 10_000, 1030, dtype=dtype)
+        problems[f"{short}-inbatch-128q-128-300"] = score(128, 32, 128, 300, dtype=dtype)
+        problems[f"{short}-colbert-256q-100k-128"] = score(256, 32, 100_000, 128, dtype=dtype)
+        problems[f"{short}-inbatch-argmax"] = score(128, 32, 128, 300, dtype=dtype, argmax=True)
+    problems["fp16-colbert-1q-1M-128"] = score(0, 32, 1_000_000, 128)
+    problems["fp16-4q-masks"] = score(4, 31, 500, 77, masks=True)
+    problems["fp16-8q-argmax-masks"] = score(8, 32, 300, 200, masks=True, argmax=True)
+    problems["fp16-lq64-2q"] = score(2, 64, 1_000, 100)
+    problems["fp16-lq65-3q"] = score(3, 65, 1_000, 100)
+    problems["fp16-lq200-1q"] = score(1, 200, 100, 100)
+    problems["fp16-dim64-16q"] = score(16, 32, 2_000, 180, dim=64)
+    problems["fp16-dim96-1q"] = score(0, 32, 2_000, 180, dim=96)
+    problems["fp16-dim256-1q"] = score(0, 32, 1_000, 300, dim=256)
+    problems["fp16-dim100-simt"] = score(2, 32, 1_000, 300, dim=100)
+    problems["fp16-long-doc-argmax32"] = score(1, 32, 4, 40_000, argmax=True)
+    problems["fp16-long-doc-argmax32-many"] = score(16, 32, 4, 40_000, argmax=True)
+    problems["int8-corpus-1q-10k-300"] = score(0, 32, 10_000, 300, dtype="int8")
+    problems["int8-colpali-1q-10k-1030"] = score(0, 32, 10_000, 1030, dtype="int8")
+    problems["int8-colpali-32q-10k-1030"] = score(32, 32, 10_000, 1030, dtype="int8")
+    problems["int8-inbatch-argmax"] = score(128, 32, 128, 300, dtype="int8", argmax=True)
+    problems["int8-dim256-32q"] = score(32, 32, 1_000, 300, dim=256, dtype="int8")
+    problems["fp32-corpus-1q"] = score(0, 32, 10_000, 300, dtype="float32")
+    problems["fp32-inbatch-argmax"] = score(128, 32, 128, 300, dtype="float32", argmax=True)
+    problems["fp64-4q"] = score(4, 32, 100, 50, dtype="float64")
+    problems["pairs-fp16-64"] = pairs(64, 32, 300)
+    problems["pairs-bf16-argmax-masks"] = pairs(64, 32, 300, dtype="bfloat16", argmax=True, masks=True)
+    problems["pairs-int8"] = pairs(64, 32, 300, dtype="int8")
+    problems["pairs-fp32"] = pairs(16, 32, 100, dtype="float32")
+    problems["packed-fp16-1q-ragged"] = packed(0, 32, ragged)
+    problems["packed-fp16-32q-ragged-argmax"] = packed(32, 32, ragged, argmax=True)
+    problems["packed-bf16-colpali"] = packed(0, 32, [1030] * 300, dtype="bfloat16")
+    problems["packed-int8-1q"] = packed(0, 32, ragged, dtype="int8")
+    problems["bwd-colbert-128q-128-300"] = backward(128, 32, 128, 300)
+    problems["bwd-colpali-32q-128-1030"] = backward(32, 32, 128, 1030)
+    problems["bwd-bf16-8q-300-70"] = backward(8, 32, 300, 70, dtype="bfloat16")
+    problems["bwd-fp32-inbatch"] = backward(128, 32, 128, 300, dtype="float32")
+    problems["bwd-fp64-small"] = backward(4, 32, 40, 50, dtype="float64")
+    problems["bwd-1q-10k"] = backward(0, 32, 10_000, 300)
+    problems["bwd-pairs-fp16"] = backward(64, 32, 64, 300, mode="pairs")
+    problems["bwd-packed-ragged"] = backward(16, 32, 500, 0, mode="packed", lengths=ragged)
+    problems["bwd-long-docs-8192"] = backward(8, 32, 16, 8192)
+    problems["bwd-long-docs-40000"] = backward(4, 32, 2, 40_000)
+    problems["bwd-320q-fused-too-big"] = backward(320, 32, 40, 70)
+    problems["bwd-dim96"] = backward(64, 32, 64, 180, dim=96)
+    return problems
+
+
+PROBLEMS = _problems()
+
+
+class _StubKernel:
+    """What the planners read of a compiled kernel, and what the record shows of it."""
+
+    num_regs = 128
+
+    def __init__(self, family, name, defines):
+        self.family, self.name, self.defines = family, name, tuple(defines)
+
+
+class _HostOutput:
+    """Results in host memory instead of the caller's framework (no GPU)."""
+
+    def __init__(self, like, tensor=None):
+        pass
+
+    def empty(self, shape, dtype):
+        array = np.empty(shape, np.uint16 if dtype == "bfloat16" else dtype)
+        return array, array.ctypes.data
+
+    def empty_like(self, operand, array):
+        return self.empty(operand.shape, operand.dtype)
+
+    def fill(self, array, value):
+        array.fill(value)
+
+    def wrap(self, array, dtype=None):
+        return array
+
+
+def _struct_values(layout, fields, data: bytes) -> dict:
+    """The non-pointer fields of a packed argument struct (pointers are made-up addresses)."""
+    values = layout.unpack(data[:layout.size])
+    return {name: value for (name, code), value in zip(fields, values) if code != "Q"}
+
+
+@contextlib.contextmanager
+def stubbed_gpu(monkeypatch, properties):
+    """The GPU layer stubbed on ``properties``; yields the list each launch is recorded in.
+    The stubs are the seam between the planners and the GPU: a restructuring that moves them
+    changes only this function (named in its commit)."""
+    from cupy_maxsim import _api, _kernels
+
+    launches = []
+    forward, backward = _kernels.forward_args, _kernels.backward_args
+
+    def record(kernel, grid, block, shared, struct_bytes, tile_map):
+        is_backward = kernel.family == "maxsim_bwd"
+        layout, fields = (backward, _kernels.BACKWARD_ARGS) if is_backward else (forward, _kernels.FORWARD_ARGS)
+        entry = dict(kernel=kernel.name, defines=sorted(kernel.defines), grid=list(grid), block=list(block),
+                     shared_bytes=shared, tile_map=tile_map)
+        if kernel.family != "maxsim_offsets":
+            entry["args"] = _struct_values(layout.layout, fields, struct_bytes)
+        launches.append(entry)
+
+    def launch(kernel, grid, block, args, shared_bytes, stream_ptr):
+        if kernel.family == "maxsim_offsets":
+            return
+        tile_map = isinstance(args, tuple)
+        record(kernel, grid, block, shared_bytes, args[0] if tile_map else args, tile_map)
+
+    class PreparedLaunch:
+        def __init__(self, kernel, grid, block, shared_bytes, arguments=None):
+            self.fixed = kernel, tuple(grid), tuple(block), shared_bytes
+
+        def launch_packed(self, args, stream_ptr):
+            kernel, grid, block, shared = self.fixed
+            record(kernel, grid, block, shared, _kernels.ArgTemplate.struct_bytes(args, backward.size), False)
+
+    def offsets_summary(pointer, count, stride, is_64bit, device, stream_ptr):
+        values = arrays_by_pointer[pointer].values
+        steps = np.diff(values)
+        return int(values[0]), int(values[-1]), int((steps < 0).sum()), int(steps.max(initial=0))
+
+    arrays_by_pointer = {}
+    original_init = FakeDeviceArray.__init__
+
+    def remembering_init(self, shape, dtype, ptr, values=None):
+        original_init(self, shape, dtype, ptr, values)
+        arrays_by_pointer[ptr] = self
+
+    monkeypatch.setattr(FakeDeviceArray, "__init__", remembering_init)
+    monkeypatch.setattr(_kernels, "device_properties", lambda device: properties)
+    monkeypatch.setattr(_kernels, "get_kernel",
+                        lambda device, family, name, defines=(), shared_bytes=0: _StubKernel(family, name, defines))
+    monkeypatch.setattr(_kernels, "launch", launch)
+    monkeypatch.setattr(_kernels, "PreparedLaunch", PreparedLaunch)
+    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(_kernels, "doc_tile_map", lambda *args, **kwargs: b"tile map")
+    monkeypatch.setattr(_kernels, "offsets_summary", offsets_summary)
+    monkeypatch.setattr(_api, "Output", _HostOutput)
+    monkeypatch.setattr(_api, "_replays", {})
+    monkeypatch.setattr(_api, "_backward_templates", {})
+    _api._mma_plan.cache_clear()
+    try:
+        yield launches
+    finally:
+        _api._mma_plan.cache_clear()
+
+
+def decide(monkeypatch, device: str, problem: str) -> list:
+    """The launches ``problem`` makes on ``device``, as recorded."""
+    with monkeypatch.context() as patch, stubbed_gpu(patch, DEVICES[device]) as launches:
+        PROBLEMS[problem](_Arrays())
+        return launches
+
+
+CASES = [(device, problem) for device in DEVICES for problem in PROBLEMS]
+
+
+def _recorded() -> dict:
+    return json.loads(DECISIONS.read_text()) if DECISIONS.is_file() else {}
+
+
+def test_enough_problems_are_guarded():
+    assert len(CASES) >= 40
+    assert set(_recorded()) == {f"{device}/{problem}" for device, problem in CASES}
+
+
+@pytest.mark.parametrize("device,problem", CASES, ids=[f"{d}-{p}" for d, p in CASES])
+def test_planner_decisions_unchanged(device, problem, monkeypatch):
+    recorded = _recorded().get(f"{device}/{problem}")
+    assert recorded is not None, f"{device}/{problem} is not recorded: python tests/test_plans.py --write"
+    assert decide(monkeypatch, device, problem) == recorded
+
+
+def _write() -> None:
+    """Record every problem's decisions into DECISIONS (a deliberate planner change)."""
+    monkeypatch = pytest.MonkeyPatch()
+    result = {f"{device}/{problem}": decide(monkeypatch, device, problem) for device, problem in CASES}
+    DECISIONS.parent.mkdir(exist_ok=True)
+    DECISIONS.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"{len(result)} problems recorded in {DECISIONS}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_plans.py --write")
+    _write()
