@@ -4,7 +4,10 @@
 and JAX only when their arrays do (or through ``cupy_maxsim.torch`` / ``cupy_maxsim.jax``).
 """
 
-from ._api import pack, quantize_int8, score, score_backward, score_packed, score_pairs
+from . import tuning
+from .quantize import pack, quantize_int8
+from .scoring import score, score_packed, score_pairs
+from .training import score_backward
 
 __version__ = "0.1.0"
-__all__ = ["score", "score_pairs", "score_packed", "score_backward", "pack", "quantize_int8", "__version__"]
+__all__ = ["score", "score_pairs", "score_packed", "score_backward", "pack", "quantize_int8", "tuning", "__version__"]

@@ -22,10 +22,10 @@ def _gpu_available() -> bool:
 
 
 def info(_args) -> int:
-    from . import _kernels
+    from ._gpu.registry import kernel_dir
 
     print(f"cupy_maxsim {cm.__version__}  python {platform.python_version()}  numpy {np.__version__}")
-    print(f"kernels_cu: {_kernels.kernel_dir()}")
+    print(f"kernels_cu: {kernel_dir()}")
     try:
         import cupy
 
@@ -51,16 +51,17 @@ def info(_args) -> int:
 
 
 def compile_kernels(args) -> int:
-    from . import _kernels
+    from ._gpu.nvrtc import compile_with_nvrtc
+    from ._plan.variants import compile_targets, compile_variants
 
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     failures = 0
     print(f"{'kernel':<26} {'arch':<7} {'variant':<34} {'regs':>5} {'spill':>6}")
-    for family, defines in _kernels.compile_variants():
-        for arch in _kernels.compile_targets(family, archs):
+    for family, defines in compile_variants():
+        for arch in compile_targets(family, archs):
             variant = " ".join(d.split("=")[1] for d in defines) or "-"
             try:
-                reports = _kernels.compile_with_nvrtc(family, arch, defines)
+                reports = compile_with_nvrtc(family, arch, defines)
             except RuntimeError as error:
                 failures += 1
                 print(f"{family:<26} {arch:<7} {variant:<34} FAILED\n{error}")
@@ -69,7 +70,7 @@ def compile_kernels(args) -> int:
                 spill = r.spill_store_bytes + r.spill_load_bytes
                 failures += spill > 0
                 print(f"{r.kernel:<26} {arch:<7} {variant:<34} {r.registers:>5} {spill:>6}")
-    print("variant = the kernel's compile-time defines (see _kernels.MmaConfig, WgmmaConfig); shared memory is dynamic")
+    print("variant = the kernel's compile-time defines (see _plan/configs.py: MmaConfig, WgmmaConfig); shared memory is dynamic")
     print("all kernels compiled, no spills" if not failures else f"{failures} failures or spilling kernels")
     return 1 if failures else 0
 

@@ -265,7 +265,7 @@ class Output:
             return
         import cupy
 
-        from ._kernels import on_stream
+        from ._gpu.device import on_stream
 
         with cupy.cuda.Device(self.like.device), on_stream(self.like.stream):
             array.fill(value)

@@ -23,7 +23,7 @@ except ImportError as error:  # a JAX without buffer_callback
     raise ImportError(f"cupy_maxsim.jax needs jax.experimental.buffer_callback (tested with JAX 0.10 and 0.11); "
                       f"this JAX is {jax.__version__}") from error
 
-from . import _api
+from . import scoring, training
 from ._arrays import device_buffer_operand
 
 __all__ = ["maxsim", "maxsim_packed"]
@@ -97,9 +97,9 @@ def _forward(q, d, offsets, q_mask, d_mask):
         with _on_stream(ctx, buffers[0]):
             q_op, d_op, o_op, qm_op, dm_op = _operands(buffers, dtypes, ("q", "d", "offsets", "q_mask", "d_mask"))
             if o_op is not None:  # int16 or int32 by the longest document; stored as int32
-                scores, argmax = _api.score_packed(q_op, d_op, o_op, q_mask=qm_op, return_argmax=True)
+                scores, argmax = scoring.score_packed(q_op, d_op, o_op, q_mask=qm_op, return_argmax=True)
             else:
-                scores, argmax = _api.score(q_op, d_op, q_mask=qm_op, d_mask=dm_op, return_argmax=True)
+                scores, argmax = scoring.score(q_op, d_op, q_mask=qm_op, d_mask=dm_op, return_argmax=True)
             _store(out[0], scores)
             _store(out[1], argmax)
 
@@ -113,7 +113,7 @@ def _backward(grad, q, d, offsets, argmax):
     def callback(ctx, out, *buffers):
         with _on_stream(ctx, buffers[1]):
             g_op, q_op, d_op, o_op, a_op = _operands(buffers, dtypes, ("grad_scores", "q", "d", "offsets", "argmax"))
-            grad_q, grad_d = _api.score_backward(g_op, q_op, d_op, a_op, offsets=o_op)
+            grad_q, grad_d = training.score_backward(g_op, q_op, d_op, a_op, offsets=o_op)
             _store(out[0], grad_q)
             _store(out[1], grad_d)
 

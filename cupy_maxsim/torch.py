@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _api
+from . import scoring, training
 
 __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed"]
 
@@ -31,8 +31,8 @@ class _MaxSim(torch.autograd.Function):
         mode, offsets, q_mask, d_mask = call
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             if mode == "packed":
-                return _api.score_packed(q, d, offsets, q_mask=q_mask)
-            score = _api.score_pairs if mode == "pairs" else _api.score
+                return scoring.score_packed(q, d, offsets, q_mask=q_mask)
+            score = scoring.score_pairs if mode == "pairs" else scoring.score
             return score(q, d, q_mask=q_mask, d_mask=d_mask)
         # The plan holds q, d and the offsets; their version counters tell whether one changed in
         # place before the backward (what save_for_backward checks, at a fraction of its host
@@ -43,7 +43,7 @@ class _MaxSim(torch.autograd.Function):
         ctx.versions = _versions(q, d, offsets)
         # The backward's checks, launch layout, outputs and arguments are settled here, where
         # they overlap the GPU; the backward only patches in grad_scores and launches.
-        scores, ctx.plan = _api.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
+        scores, ctx.plan = training.score_with_plan(q, d, q_mask=q_mask, d_mask=d_mask, offsets=offsets,
                                                 pairs=mode == "pairs")
         return scores
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 
@@ -41,15 +43,15 @@ def holey_mask(rng, shape, keep=0.7) -> np.ndarray:
 
 
 def replay_device(framework: str):
-    """For tests of replayed launches ("repeated calls" in _api): a function putting a NumPy
+    """For tests of replayed launches (_replay.py): a function putting a NumPy
     array on the GPU as a torch tensor or a CuPy array; skips where launches are not recorded
     (before sm_80) or torch is missing."""
     import cupy
     import pytest
 
-    from cupy_maxsim import _kernels
+    from cupy_maxsim._gpu.device import device_properties
 
-    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] < 80:
+    if device_properties(cupy.cuda.runtime.getDevice())[3] < 80:
         pytest.skip("launches are recorded for the tensor-core kernels (sm_80 and later)")
     if framework == "torch":
         torch = pytest.importorskip("torch")
@@ -70,3 +72,52 @@ def count_calls(monkeypatch, owner, name: str) -> list:
     original = getattr(owner, name)
     monkeypatch.setattr(owner, name, lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     return calls
+
+
+class HostOutput:
+    """Results in host memory instead of the caller's framework (the GPU layer stubbed)."""
+
+    def __init__(self, like, tensor=None):
+        pass
+
+    def empty(self, shape, dtype):
+        array = np.empty(shape, np.uint16 if dtype == "bfloat16" else dtype)
+        return array, array.ctypes.data
+
+    def empty_like(self, operand, array):
+        return self.empty(operand.shape, operand.dtype)
+
+    def fill(self, array, value):
+        array.fill(value)
+
+    def wrap(self, array, dtype=None):
+        return array
+
+
+@contextlib.contextmanager
+def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launch=None, doc_tile_map=None,
+             offsets_summary=None):
+    """The seam between the library's host logic and the GPU, stubbed for tests without one:
+    device ``properties`` (gpu.device.device_properties' tuple), kernels from ``get_kernel``,
+    launches (general and prepared), the current device, tensor maps and the packed offsets'
+    check where given, results in host memory (HostOutput). Every cache is emptied on entry
+    and on exit, so that no plan holding a stub kernel outlives the block."""
+    from cupy_maxsim import _arrays, _cache
+    from cupy_maxsim._gpu import compile as gpu_compile
+    from cupy_maxsim._gpu import device as gpu_device
+    from cupy_maxsim._gpu import launch as gpu_launch
+    from cupy_maxsim._gpu import tma
+
+    _cache.clear_all()
+    monkeypatch.setattr(gpu_device, "device_properties", lambda device: properties)
+    monkeypatch.setattr(gpu_device, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(gpu_compile, "get_kernel", get_kernel)
+    monkeypatch.setattr(_arrays, "Output", HostOutput)
+    for owner, name, stub in ((gpu_launch, "launch", launch), (gpu_launch, "PreparedLaunch", prepared_launch),
+                              (tma, "doc_tile_map", doc_tile_map), (gpu_launch, "offsets_summary", offsets_summary)):
+        if stub is not None:
+            monkeypatch.setattr(owner, name, stub)
+    try:
+        yield
+    finally:
+        _cache.clear_all()

@@ -113,12 +113,12 @@ def test_backward_validation():
 def test_backward_plan_serves_several_gradients():
     """backward_plan (what the autograd adapters build in the forward) gives score_backward's
     gradients, for as many gradients of the scores as asked (a retained graph), and checks each."""
-    from cupy_maxsim import _api
+    from cupy_maxsim import training
 
     rng = np.random.default_rng(5)
     q, d = _inputs(rng, 3, 4, 5, 6, 8)
     _, argmax = cm.score(q, d, return_argmax=True)
-    plan = _api.backward_plan(q, d, argmax)
+    plan = training.backward_plan(q, d, argmax)
     for _ in range(2):
         grad = rng.standard_normal((3, 5))
         for got, expected in zip(plan.gradients(grad), cm.score_backward(grad, q, d, argmax)):
@@ -159,14 +159,14 @@ def test_torch_packed_step_checks_its_offsets_once(monkeypatch):
     path's, which checks them twice."""
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
-    from cupy_maxsim import _api
+    from cupy_maxsim import training
 
     torch.manual_seed(1)
     q = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     tokens = torch.randn(20, 8, dtype=torch.float64, requires_grad=True)
     offsets = torch.tensor([0, 4, 4, 13, 18])  # an empty document, tokens past the last one
     grad = torch.randn(2, 4, dtype=torch.float64)
-    checks = count_calls(monkeypatch, _api, "_check_offsets")
+    checks = count_calls(monkeypatch, _problem, "check_offsets")
     cmt.maxsim_packed(q, tokens, offsets).backward(grad)
     assert len(checks) == 1
     _, argmax = cm.score_packed(q.detach(), tokens.detach(), offsets, return_argmax=True)
@@ -340,7 +340,7 @@ def test_gpu_backward_plan_serves_several_gradients(packed):
     and matches score_backward bitwise (which builds its own)."""
     import cupy
 
-    from cupy_maxsim import _api
+    from cupy_maxsim import training
 
     rng = np.random.default_rng(6)
     q64, d64 = _inputs(rng, 9, 32, 11, 70, 64)
@@ -354,7 +354,7 @@ def test_gpu_backward_plan_serves_several_gradients(packed):
         extra = dict(offsets=offsets)
     else:
         _, argmax = cm.score(q, d, return_argmax=True)
-    plan = _api.backward_plan(q, d, argmax, **extra)
+    plan = training.backward_plan(q, d, argmax, **extra)
     for _ in range(2):
         grad = cupy.asarray(rng.standard_normal((9, 11)), cupy.float32)
         for got, expected in zip(plan.gradients(grad), cm.score_backward(grad, q, d, argmax, **extra)):
@@ -399,16 +399,16 @@ def test_gpu_int8_winners_with_many_queries():
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
 def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
     """A training step repeats one signature: the forward with winners is replayed and the
-    backward plan starts from a template ("repeated calls" in _api). New data under the same
+    backward plan starts from a template (_replay.py). New data under the same
     signature must give the general path's winners and gradients bitwise; documents off 16-byte
     alignment must go the general way (and leave a template of their own); the inputs stay as
     passed."""
-    from cupy_maxsim import _api
+    from cupy_maxsim import training
 
     device = replay_device(framework)
-    rebound = count_calls(monkeypatch, _api.BackwardPlan, "_rebound")
-    _api._replays.clear()
-    _api._backward_templates.clear()
+    rebound = count_calls(monkeypatch, _backward.BackwardPlan, "_rebound")
+    _replay.replays.clear()
+    _replay.backward_templates.clear()
     rng = np.random.default_rng(13)
     for step in range(4):
         q = unit_rows(rng, (6, 32, 64), np.float16)
@@ -419,7 +419,7 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
         scores, argmax = cm.score(q_dev, d_dev, return_argmax=True)
         np.testing.assert_array_equal(to_numpy(argmax), reference.maxsim_argmax_reference(
             q.astype(np.float64), d.astype(np.float64)))  # unit rows, dim 64: no fp16 near-ties here
-        plan = _api.backward_plan(q_dev, d_dev, argmax)
+        plan = training.backward_plan(q_dev, d_dev, argmax)
         grad = device(rng.standard_normal((6, 10)).astype(np.float32))
         got = plan.gradients(grad)
         expected = cm.score_backward(grad, q_dev, d_dev, argmax)  # the general path, a plan of its own
@@ -427,7 +427,7 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
             np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
         assert np.array_equal(to_numpy(q_dev), q) and np.array_equal(to_numpy(d_dev), d)
     assert len(rebound) == 2  # steps 1 and 2; step 3's alignment is a signature of its own
-    assert len(_api._replays) == 1 and len(_api._backward_templates) == 2
+    assert len(_replay.replays) == 1 and len(_replay.backward_templates) == 2
 
 
 @pytest.mark.gpu
@@ -439,10 +439,10 @@ def test_gpu_torch_steps_replay_and_capture():
     its inputs gives them too."""
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
-    from cupy_maxsim import _api
+    from cupy_maxsim import training
 
-    _api._replays.clear()
-    _api._backward_templates.clear()
+    _replay.replays.clear()
+    _replay.backward_templates.clear()
     generator = torch.Generator(device="cuda").manual_seed(5)
 
     def data():
@@ -462,7 +462,7 @@ def test_gpu_torch_steps_replay_and_capture():
         scores = cmt.maxsim(q_leaf, d_leaf)
         scores.backward(grad)
         assert_general_path(q, d, grad, scores.detach(), q_leaf.grad, d_leaf.grad)
-    assert _api._replay_key(q_leaf, d_leaf, "plan") in _api._replays
+    assert _replay.replay_key(q_leaf, d_leaf, "plan") in _replay.replays
     # A second backward of one replayed forward (retain_graph): the first gradients (staged in
     # the forward, then held by autograd as q.grad and d.grad) stay, the second get outputs of
     # their own and add to them.
@@ -560,7 +560,7 @@ def test_gpu_one_launch_backward_matches_two(case, monkeypatch):
     dQ in one document chunk) against the two-launch one (a global inverse CSR, dQ in chunks):
     every dD row sums the same sources in the same order, so dD is bitwise equal; dQ's sums
     associate differently, and both match the float64 reference."""
-    from cupy_maxsim import _api, _kernels
+    from cupy_maxsim import _replay, training, tuning
 
     rng = np.random.default_rng(11)
     dtype = "bfloat16" if case == "bfloat16" else "float16"
@@ -598,14 +598,14 @@ def test_gpu_one_launch_backward_matches_two(case, monkeypatch):
     grad = _device(grad64, "float32")
 
     def gradients():
-        monkeypatch.setattr(_api, "_backward_templates", {})
-        plan = _api.backward_plan(q, operand, argmax, **kwargs)
+        _replay.backward_templates.clear()
+        plan = training.backward_plan(q, operand, argmax, **kwargs)
         grad_q, grad_d = plan.gradients(grad)
         return len(plan._launches), to_numpy(grad_q), to_numpy(grad_d)
 
     launches_one, q_one, d_one = gradients()
-    monkeypatch.setattr(_kernels, "BWD_FUSED_SHARED_LIMIT", 0)
-    launches_two, q_two, d_two = gradients()
+    with tuning.override(bwd_fused_shared_limit=0):
+        launches_two, q_two, d_two = gradients()
     assert (launches_one, launches_two) == (1, 2)
     np.testing.assert_array_equal(d_one, d_two)
     if case == "pairs":
@@ -630,7 +630,7 @@ def test_gpu_wide_backward_matches_the_8_byte_layout(dtype, dim, packed, monkeyp
     each dD row sums the same sources in the same order as the 8-byte kernels' segment walk, so
     dD is bitwise equal; dQ's halves associate differently, and both match the float64
     reference. dim 136: a second dim chunk with one lane of each half in it."""
-    from cupy_maxsim import _api, _kernels
+    from cupy_maxsim import _replay, training, tuning
 
     pytest.importorskip("torch") if dtype == "bfloat16" else None
     rng = np.random.default_rng(dim)
@@ -652,14 +652,14 @@ def test_gpu_wide_backward_matches_the_8_byte_layout(dtype, dim, packed, monkeyp
     grad = _device(grad64, "float32")
 
     def gradients():
-        monkeypatch.setattr(_api, "_backward_templates", {})
-        plan = _api.backward_plan(q, operand, argmax, **kwargs)
+        _replay.backward_templates.clear()
+        plan = training.backward_plan(q, operand, argmax, **kwargs)
         grad_q, grad_d = plan.gradients(grad)
         return [launch.kernel.name for launch in plan._launches], to_numpy(grad_q), to_numpy(grad_d)
 
     kernels_wide, q_wide, d_wide = gradients()
-    monkeypatch.setattr(_kernels, "BWD_WIDE_MAX_ROWS_PER_WARP", 0)
-    kernels_narrow, q_narrow, d_narrow = gradients()
+    with tuning.override(bwd_wide_max_rows_per_warp=0):
+        kernels_narrow, q_narrow, d_narrow = gradients()
     assert all(name.endswith("_wide") for name in kernels_wide) and kernels_wide, kernels_wide
     assert not any(name.endswith("_wide") for name in kernels_narrow)
     np.testing.assert_array_equal(d_wide, d_narrow)

@@ -132,17 +132,17 @@ def test_torch_cpu_in_torch_out():
 
 
 def test_host_calls_are_never_replayed():
-    """Replayed launches and backward templates (_api, "repeated calls") are for GPU arrays: a
+    """Replayed launches and backward templates (_replay.py) are for GPU arrays: a
     host call records nothing, whatever its framework, and a repeated one still answers right."""
-    from cupy_maxsim import _api
+    from cupy_maxsim import _replay, training
 
     try:
         import torch
     except ImportError:  # the NumPy half still runs
         torch = None
     rng = np.random.default_rng(21)
-    _api._replays.clear()
-    _api._backward_templates.clear()
+    _replay.replays.clear()
+    _replay.backward_templates.clear()
     for _ in range(2):
         q, d = unit_rows(rng, (2, 5, 16), np.float32), unit_rows(rng, (3, 7, 16), np.float32)
         expected = reference.maxsim_reference(q, d)
@@ -151,10 +151,10 @@ def test_host_calls_are_never_replayed():
             tq, td = torch.from_numpy(q), torch.from_numpy(d)
             assert_scores_match(cm.score(tq, td).numpy(), expected, atol=1e-5)
             _, argmax = cm.score(tq, td, return_argmax=True)
-            grad_q, _ = _api.backward_plan(tq, td, argmax).gradients(torch.ones(2, 3))
+            grad_q, _ = training.backward_plan(tq, td, argmax).gradients(torch.ones(2, 3))
             expected_q, _ = reference.maxsim_backward_reference(np.ones((2, 3)), q, d, argmax.numpy())
             np.testing.assert_allclose(grad_q.numpy(), expected_q, atol=1e-5)
-    assert _api._replays == {} and _api._backward_templates == {}
+    assert _replay.replays == {} and _replay.backward_templates == {}
 
 
 def test_jax_cpu_in_jax_out():
@@ -189,7 +189,7 @@ def test_any_dlpack_producer():
 
 def test_on_device_sets_the_device_once_per_thread(monkeypatch):
     """The driver launches need a current context; a fresh thread has none though cudaGetDevice
-    answers 0: _kernels.on_device sets the device on a thread's first call, then stays a no-op,
+    answers 0: gpu_device.on_device sets the device on a thread's first call, then stays a no-op,
     and switches (a context manager) when another device is current. A stand-in for CuPy's
     runtime records the calls (no GPU here)."""
     import contextlib
@@ -197,17 +197,17 @@ def test_on_device_sets_the_device_once_per_thread(monkeypatch):
     import threading
     import types
 
-    from cupy_maxsim import _kernels
+    from cupy_maxsim._gpu import device as gpu_device
 
     calls = []
     runtime = types.SimpleNamespace(getDevice=lambda: 0, setDevice=lambda device: calls.append(device))
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime, Device=lambda device: ("switch", device)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(_kernels, "_thread_devices", threading.local())
-    assert isinstance(_kernels.on_device(0), contextlib.nullcontext) and calls == [0]
-    assert isinstance(_kernels.on_device(0), contextlib.nullcontext) and calls == [0]  # once per thread
-    assert _kernels.on_device(1) == ("switch", 1)
-    thread = threading.Thread(target=lambda: _kernels.on_device(0))
+    monkeypatch.setattr(gpu_device, "_thread_devices", threading.local())
+    assert isinstance(gpu_device.on_device(0), contextlib.nullcontext) and calls == [0]
+    assert isinstance(gpu_device.on_device(0), contextlib.nullcontext) and calls == [0]  # once per thread
+    assert gpu_device.on_device(1) == ("switch", 1)
+    thread = threading.Thread(target=lambda: gpu_device.on_device(0))
     thread.start()
     thread.join()
     assert calls == [0, 0]  # the new thread set it too

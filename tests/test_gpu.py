@@ -233,21 +233,21 @@ def test_every_framework_in_and_out():
 
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
 def test_repeated_calls_replay_the_launch(framework, monkeypatch):
-    """After a plain call, later calls with the same signature replay its launch (_api,
-    "repeated calls"): new data must give new scores; a pointer the kernel cannot take, under the
-    same signature, and an emptied planner cache must go the general way; inputs stay as passed."""
-    from cupy_maxsim import _api
+    """After a plain call, later calls with the same signature replay its launch (_replay.py):
+    new data must give new scores; emptied caches and a pointer the kernel cannot take, under
+    the same signature, must go the general way; inputs stay as passed."""
+    from cupy_maxsim import _cache, _replay
 
     device = replay_device(framework)
-    replayed = count_calls(monkeypatch, _api._Replay, "__call__")
-    _api._replays.clear()
+    replayed = count_calls(monkeypatch, _replay.Replay, "__call__")
+    _replay.replays.clear()
     rng = np.random.default_rng(12)
     for step in range(4):
         q = unit_rows(rng, (2, 32, 128), np.float16)
         d = unit_rows(rng, (40, 70, 128), np.float16)
         q_dev, d_dev = device(q), device(d)
-        if step == 2:  # the same signature with an emptied planner cache
-            _api._mma_plan.cache_clear()
+        if step == 2:  # the same signature with every cache emptied (no replay left to ask)
+            _cache.clear_all()
         if step == 3:  # ... and with documents 2 bytes off 16-byte alignment
             d_dev = off_alignment(device, d)
         got = cm.score(q_dev, d_dev)
@@ -255,8 +255,8 @@ def test_repeated_calls_replay_the_launch(framework, monkeypatch):
         assert np.array_equal(to_numpy(q_dev), q) and np.array_equal(to_numpy(d_dev), d)
         single = cm.score(q_dev[1], d_dev)  # one 2-D query: a signature of its own
         assert_scores_match(single, reference.maxsim_reference(q[1:], d)[0], atol=1e-2)
-    assert len(replayed) == 6  # every call but the first of each signature asked its replay
-    assert len(_api._replays) == 2
+    assert len(replayed) == 4  # every call but the first of each signature after an emptying
+    assert len(_replay.replays) == 2
 
 
 def test_pack_on_gpu_round_trips():
@@ -344,7 +344,7 @@ def test_device_offsets_summary_matches_numpy(dtype):
     views, exact counts of decreasing steps; and score_packed's error from it."""
     import cupy
 
-    from cupy_maxsim import _kernels
+    from cupy_maxsim._gpu import launch as gpu_launch
 
     rng = np.random.default_rng(5)
     ragged = np.concatenate([[3], 3 + np.cumsum(rng.integers(0, 300, 1_000_000))])
@@ -357,7 +357,7 @@ def test_device_offsets_summary_matches_numpy(dtype):
             steps = np.diff(values)
             decreasing = int((values[1:] < values[:-1]).sum())
             operand = _arrays.as_operand(view, "offsets")
-            got = _kernels.offsets_summary(operand.ptr, operand.shape[0], operand.strides[0], dtype == np.int64,
+            got = gpu_launch.offsets_summary(operand.ptr, operand.shape[0], operand.strides[0], dtype == np.int64,
                                            operand.device, operand.stream)
             assert got[:3] == (values[0], values[-1], decreasing)
             if decreasing == 0:  # the longest step is defined for valid (non-decreasing) offsets only
@@ -375,13 +375,11 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
     documents of 1..300 tokens with holes, packed documents, non-finite document elements, and the saved argmax."""
     import cupy
 
-    from cupy_maxsim import _api, _kernels
+    from cupy_maxsim import tuning
+    from cupy_maxsim._gpu.device import device_properties
 
-    if _kernels.device_properties(cupy.cuda.runtime.getDevice())[3] != 90:
+    if device_properties(cupy.cuda.runtime.getDevice())[3] != 90:
         pytest.skip("the warpgroup-MMA kernel runs on sm_90 only")
-    # int8 with 128 forced: 128-row tiles where one query's warpgroups split the documents,
-    # 64 elsewhere (its only 128-row build).
-    monkeypatch.setattr(_kernels, "WGMMA_TILE_ROWS", tile_n)
     if dtype == "bfloat16":
         pytest.importorskip("torch")
     rng = np.random.default_rng(11)
@@ -408,11 +406,10 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
         copies is checked here to give the same scores (and argmax) as with TMA."""
         results = []
         for use_wgmma, use_tma in ((True, True), (True, False), (False, True)):
-            monkeypatch.setattr(_kernels, "USE_WGMMA", use_wgmma)
-            monkeypatch.setattr(_kernels, "USE_TMA", use_tma)
-            _api._mma_plan.cache_clear()
-            results.append(call())
-        _api._mma_plan.cache_clear()
+            # int8 with 128 forced: 128-row tiles where one query's warpgroups split the
+            # documents, 64 elsewhere (its only 128-row build).
+            with tuning.override(use_wgmma=use_wgmma, use_tma=use_tma, wgmma_tile_rows=tile_n):
+                results.append(call())
         tma, copies, classic = results
         for a, b in zip(tma if isinstance(tma, tuple) else (tma,), copies if isinstance(copies, tuple) else (copies,)):
             np.testing.assert_array_equal(to_numpy(a), to_numpy(b))

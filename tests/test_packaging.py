@@ -9,35 +9,50 @@ from pathlib import Path
 
 import pytest
 
-import cupy_maxsim
-from cupy_maxsim import _api, _kernels
+from cupy_maxsim._gpu import args as gpu_args
+from cupy_maxsim._gpu import launch as gpu_launch
+from cupy_maxsim._gpu import registry, tma
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_kernel_name_exists_in_its_source():
-    for family, (filename, names) in _kernels.FAMILIES.items():
-        text = _kernels.source(family)
+    for family, (filename, names) in registry.FAMILIES.items():
+        text = registry.source(family)
         for name in names:
             assert re.search(rf"ENTRY\({name},", text), f"{name} missing from kernels_cu/{filename}"
 
 
-def test_api_asks_only_for_declared_kernels():
-    text = Path(_api.__file__).read_text()
-    declared = {name for _, names in _kernels.FAMILIES.values() for name in names}
-    for prefix in re.findall(r'f"(maxsim_fwd(?:_simt)?|maxsim_bwd_(?:csr_dq|dd))_\{suffix\}"', text):
-        for suffix in _api._DTYPE_SUFFIX.values():
-            name = f"{prefix}_{suffix}"
-            if prefix == "maxsim_fwd" and suffix in ("fp32", "fp64"):
-                continue  # fp32 / fp64 never take the tensor-core path (see _api._mma_eligible)
-            if prefix.startswith("maxsim_bwd") and suffix == "int8":
-                continue  # int8 has no gradient (score_backward refuses it)
-            assert name in declared, name
+def test_registry_is_complete():
+    """The kernel registry is the one list of kernels: every .cu file is a registered family,
+    every entry point in a source is registered, every family has compile variants (the CI
+    compile check builds them), and the planners ask only for registered kernels (the guard's
+    recorded decisions, tests/data/plan_decisions.json)."""
+    import json
+
+    from cupy_maxsim._plan.variants import compile_variants
+
+    files = {path.name for path in (ROOT / "kernels_cu").glob("*.cu")}
+    assert files == {filename for filename, _ in registry.FAMILIES.values()}
+    for family, (filename, names) in registry.FAMILIES.items():
+        entries = set(re.findall(r"^ENTRY\((\w+),", (ROOT / "kernels_cu" / filename).read_text(), re.M))
+        entries |= set(re.findall(r"^\s*MAXSIM_\w*ENTRY\((\w+),", (ROOT / "kernels_cu" / filename).read_text(), re.M))
+        assert entries <= set(names), f"{filename} defines unregistered kernels {entries - set(names)}"
+    assert {family for family, _ in compile_variants()} == set(registry.FAMILIES)
+    declared = {name for _, names in registry.FAMILIES.values() for name in names}
+    decisions = json.loads((ROOT / "tests" / "data" / "plan_decisions.json").read_text())
+    asked = {launch["kernel"] for launches in decisions.values() for launch in launches}
+    assert asked <= declared, asked - declared
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
+        for stage in ("csr_dq", "dd", "fused"):
+            assert registry.kernel_name("maxsim_bwd", dtype, stage) in declared
+    with pytest.raises(KeyError):
+        registry.kernel_name("maxsim_bwd", "int8", "dd")  # int8 has no gradient
 
 
 def test_loader_finds_sources_in_checkout():
-    assert _kernels.kernel_dir() == ROOT / "kernels_cu"
-    assert "maxsim_fwd_mma" in _kernels.source("maxsim_fwd")
+    assert registry.kernel_dir() == ROOT / "kernels_cu"
+    assert "maxsim_fwd_mma" in registry.source("maxsim_fwd")
 
 
 def test_every_cu_file_documents_itself():
@@ -62,17 +77,17 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
-    code = ("from cupy_maxsim import _kernels; p = _kernels.kernel_dir(); print(p); "
+    code = ("from cupy_maxsim._gpu import registry; p = registry.kernel_dir(); print(p); "
             "assert 'site' in str(p) and (p / 'maxsim_fwd.cu').is_file()")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
 
 
 @pytest.mark.parametrize("struct_name,fields,size", [
-    ("ForwardArgs", _kernels.FORWARD_ARGS, 30 * 8 + 8 * 4),
-    ("BackwardArgs", _kernels.BACKWARD_ARGS, 24 * 8 + 10 * 4),
+    ("ForwardArgs", gpu_args.FORWARD_ARGS, 30 * 8 + 8 * 4),
+    ("BackwardArgs", gpu_args.BACKWARD_ARGS, 24 * 8 + 10 * 4),
 ])
 def test_argument_structs_match_the_header(struct_name, fields, size):
-    """_kernels packs exactly the fields of each argument struct, in order, with their sizes."""
+    """gpu.args packs exactly the fields of each argument struct, in order, with their sizes."""
     header = (ROOT / "kernels_cu" / "common.cuh").read_text()
     body = re.search(r"struct " + struct_name + r" \{(.*?)\};", header, re.S).group(1)
     body = re.sub(r"//[^\n]*", "", body)
@@ -86,49 +101,49 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
         for name in names.split(","):
             parsed.append((name.strip().split()[-1], kind))
     assert parsed == list(fields)
-    packer = _kernels.ArgStruct(fields)
+    packer = gpu_args.ArgStruct(fields)
     assert packer.size == size
     assert len(packer(**{name: 1 for name, _ in fields})) == size
 
 
 def test_arg_template_patches_only_the_head():
-    """A call's argument buffer (_kernels.ArgTemplate): the struct packed once with the leading
+    """A call's argument buffer (gpu_args.ArgTemplate): the struct packed once with the leading
     pointers patched in, after cuLaunchKernel's parameter array (the struct's address, then the
     second argument's, 16-byte aligned after the struct); later patches change only their
     fields; the head must lead the struct."""
     import ctypes
     import struct
 
-    fields = _kernels.BACKWARD_ARGS
+    fields = gpu_args.BACKWARD_ARGS
     values = [1000 + k for k in range(len(fields))]
-    template = _kernels.ArgTemplate(_kernels.backward_args, values, _kernels.BACKWARD_HEAD)
-    head = list(range(1, len(_kernels.BACKWARD_HEAD) + 1))
+    template = gpu_args.ArgTemplate(gpu_args.backward_args, values, gpu_args.BACKWARD_HEAD)
+    head = list(range(1, len(gpu_args.BACKWARD_HEAD) + 1))
     buffer = template(*head)
     address = ctypes.addressof(buffer)
-    assert struct.unpack_from("<QQ", buffer, 0) == (address + _kernels.ArgTemplate.HEADER, 0)
-    size = _kernels.backward_args.size
-    assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(head + values[len(head):])
-    at, layout = _kernels.ArgTemplate.fields_at(_kernels.backward_args, _kernels.BACKWARD_GRAD)
+    assert struct.unpack_from("<QQ", buffer, 0) == (address + gpu_args.ArgTemplate.HEADER, 0)
+    size = gpu_args.backward_args.size
+    assert gpu_args.ArgTemplate.struct_bytes(buffer, size) == gpu_args.backward_args.pack(head + values[len(head):])
+    at, layout = gpu_args.ArgTemplate.fields_at(gpu_args.backward_args, gpu_args.BACKWARD_GRAD)
     layout.pack_into(buffer, at, 7, 8, 9)
     expected = head + values[len(head):]
     expected[len(head):len(head) + 3] = [7, 8, 9]
-    assert _kernels.ArgTemplate.struct_bytes(buffer, size) == _kernels.backward_args.pack(expected)
-    assert _kernels.ArgTemplate.struct_bytes(template(*head), size) == _kernels.backward_args.pack(
+    assert gpu_args.ArgTemplate.struct_bytes(buffer, size) == gpu_args.backward_args.pack(expected)
+    assert gpu_args.ArgTemplate.struct_bytes(template(*head), size) == gpu_args.backward_args.pack(
         head + values[len(head):])  # each call starts from the template
 
-    forward = _kernels.ArgTemplate(_kernels.forward_args, [0] * len(_kernels.FORWARD_ARGS), _kernels.FORWARD_HEAD,
-                                   extra_bytes=_kernels.DOC_TILE_MAP_BYTES)
+    forward = gpu_args.ArgTemplate(gpu_args.forward_args, [0] * len(gpu_args.FORWARD_ARGS), gpu_args.FORWARD_HEAD,
+                                   extra_bytes=tma.DOC_TILE_MAP_BYTES)
     buffer = forward(1, 2, 3, 4)
     address = ctypes.addressof(buffer)
     extra_at = struct.unpack_from("<QQ", buffer, 0)[1] - address
-    assert extra_at % 16 == 0 and extra_at >= _kernels.ArgTemplate.HEADER + _kernels.forward_args.size
-    assert len(buffer) == extra_at + _kernels.DOC_TILE_MAP_BYTES
+    assert extra_at % 16 == 0 and extra_at >= gpu_args.ArgTemplate.HEADER + gpu_args.forward_args.size
+    assert len(buffer) == extra_at + tma.DOC_TILE_MAP_BYTES
     with pytest.raises(AssertionError):
-        _kernels.ArgTemplate(_kernels.forward_args, [0] * len(_kernels.FORWARD_ARGS), ("d", "out"))
+        gpu_args.ArgTemplate(gpu_args.forward_args, [0] * len(gpu_args.FORWARD_ARGS), ("d", "out"))
 
 
 def test_prepared_launch_patches_its_own_buffer(monkeypatch):
-    """_kernels.PreparedLaunch with a launch's own ArgTemplate, the driver stubbed (no GPU):
+    """gpu_launch.PreparedLaunch with a launch's own ArgTemplate, the driver stubbed (no GPU):
     each call hands cuLaunchKernel the kernel, the geometry, the stream and a parameter array
     whose first pointer is the struct with the call's pointers patched in and whose second is
     the tensor map of the call (copied only when it changes); launch_packed hands over the
@@ -139,13 +154,13 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
     import types
 
     calls = []
-    size = {"struct": _kernels.forward_args.size}  # the bytes a launch's struct has
+    size = {"struct": gpu_args.forward_args.size}  # the bytes a launch's struct has
 
     def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         first, second = struct.unpack("<QQ", ctypes.string_at(params, 16))
         calls.append(((function, gx, gy, gz, bx, by, bz, shared, stream, extra),
                       ctypes.string_at(first, size["struct"]),
-                      ctypes.string_at(second, _kernels.DOC_TILE_MAP_BYTES) if second else None))
+                      ctypes.string_at(second, tma.DOC_TILE_MAP_BYTES) if second else None))
 
     driver = types.SimpleNamespace(launchKernel=launch_kernel)
     api = types.ModuleType("cupy_backends.cuda.api")
@@ -155,23 +170,23 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
                          ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
         monkeypatch.setitem(sys.modules, name, module)
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
-    values = [500 + k for k in range(len(_kernels.FORWARD_ARGS))]
-    template = _kernels.ArgTemplate(_kernels.forward_args, values, _kernels.FORWARD_HEAD, _kernels.DOC_TILE_MAP_BYTES)
-    launch = _kernels.PreparedLaunch(kernel, (7, 3), (384,), 1000, template)
-    map_a, map_b = bytes([1]) * _kernels.DOC_TILE_MAP_BYTES, bytes([2]) * _kernels.DOC_TILE_MAP_BYTES
+    values = [500 + k for k in range(len(gpu_args.FORWARD_ARGS))]
+    template = gpu_args.ArgTemplate(gpu_args.forward_args, values, gpu_args.FORWARD_HEAD, tma.DOC_TILE_MAP_BYTES)
+    launch = gpu_launch.PreparedLaunch(kernel, (7, 3), (384,), 1000, template)
+    map_a, map_b = bytes([1]) * tma.DOC_TILE_MAP_BYTES, bytes([2]) * tma.DOC_TILE_MAP_BYTES
     launch((1, 2, 3, 4), 0xABC, map_a)
     launch((5, 6, 7, 0), 0xABC, map_a)
     launch((5, 6, 7, 0), 0xDEF, map_b)
     geometry = (0xF00, 7, 3, 1, 384, 1, 1, 1000)
     assert [call[0] for call in calls] == [geometry + (0xABC, 0), geometry + (0xABC, 0), geometry + (0xDEF, 0)]
-    assert [call[1] for call in calls] == [_kernels.forward_args.pack(head + values[4:])
+    assert [call[1] for call in calls] == [gpu_args.forward_args.pack(head + values[4:])
                                            for head in ([1, 2, 3, 4], [5, 6, 7, 0], [5, 6, 7, 0])]
     assert [call[2] for call in calls] == [map_a, map_a, map_b]
 
     calls.clear()
-    size["struct"] = _kernels.backward_args.size
-    backward = _kernels.ArgTemplate(_kernels.backward_args, [0] * len(_kernels.BACKWARD_ARGS), _kernels.BACKWARD_HEAD)
+    size["struct"] = gpu_args.backward_args.size
+    backward = gpu_args.ArgTemplate(gpu_args.backward_args, [0] * len(gpu_args.BACKWARD_ARGS), gpu_args.BACKWARD_HEAD)
     args = backward(*range(1, 10))
-    _kernels.PreparedLaunch(kernel, (2,), (256,), 0).launch_packed(args, 0x123)
+    gpu_launch.PreparedLaunch(kernel, (2,), (256,), 0).launch_packed(args, 0x123)
     assert calls[0][0] == (0xF00, 2, 1, 1, 256, 1, 1, 0, 0x123, 0) and calls[0][2] is None
     assert calls[0][1][:9 * 8] == struct.pack("<9Q", *range(1, 10))

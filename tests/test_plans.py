@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import cupy_maxsim as cm
+from support import stub_gpu
 
 DECISIONS = Path(__file__).parent / "data" / "plan_decisions.json"
 
@@ -190,26 +191,6 @@ class _StubKernel:
         self.family, self.name, self.defines = family, name, tuple(defines)
 
 
-class _HostOutput:
-    """Results in host memory instead of the caller's framework (no GPU)."""
-
-    def __init__(self, like, tensor=None):
-        pass
-
-    def empty(self, shape, dtype):
-        array = np.empty(shape, np.uint16 if dtype == "bfloat16" else dtype)
-        return array, array.ctypes.data
-
-    def empty_like(self, operand, array):
-        return self.empty(operand.shape, operand.dtype)
-
-    def fill(self, array, value):
-        array.fill(value)
-
-    def wrap(self, array, dtype=None):
-        return array
-
-
 def _struct_values(layout, fields, data: bytes) -> dict:
     """The non-pointer fields of a packed argument struct (pointers are made-up addresses)."""
     values = layout.unpack(data[:layout.size])
@@ -218,26 +199,21 @@ def _struct_values(layout, fields, data: bytes) -> dict:
 
 @contextlib.contextmanager
 def stubbed_gpu(monkeypatch, properties):
-    """The GPU layer stubbed on ``properties``; yields the list each launch is recorded in.
-    The stubs are the seam between the planners and the GPU: a restructuring that moves them
-    changes only this function (named in its commit)."""
-    from cupy_maxsim import _api, _kernels
+    """The GPU layer stubbed on ``properties`` (support.stub_gpu, the one seam); yields the
+    list each launch is recorded in."""
+    from cupy_maxsim._gpu import args as gpu_args
 
     launches = []
-    forward, backward = _kernels.forward_args, _kernels.backward_args
+    forward, backward = gpu_args.forward_args, gpu_args.backward_args
 
     def record(kernel, grid, block, shared, struct_bytes, tile_map):
         is_backward = kernel.family == "maxsim_bwd"
-        layout, fields = (backward, _kernels.BACKWARD_ARGS) if is_backward else (forward, _kernels.FORWARD_ARGS)
-        entry = dict(kernel=kernel.name, defines=sorted(kernel.defines), grid=list(grid), block=list(block),
-                     shared_bytes=shared, tile_map=tile_map)
-        if kernel.family != "maxsim_offsets":
-            entry["args"] = _struct_values(layout.layout, fields, struct_bytes)
-        launches.append(entry)
+        layout, fields = (backward, gpu_args.BACKWARD_ARGS) if is_backward else (forward, gpu_args.FORWARD_ARGS)
+        launches.append(dict(kernel=kernel.name, defines=sorted(kernel.defines), grid=list(grid), block=list(block),
+                             shared_bytes=shared, tile_map=tile_map,
+                             args=_struct_values(layout.layout, fields, struct_bytes)))
 
     def launch(kernel, grid, block, args, shared_bytes, stream_ptr):
-        if kernel.family == "maxsim_offsets":
-            return
         tile_map = isinstance(args, tuple)
         record(kernel, grid, block, shared_bytes, args[0] if tile_map else args, tile_map)
 
@@ -247,7 +223,7 @@ def stubbed_gpu(monkeypatch, properties):
 
         def launch_packed(self, args, stream_ptr):
             kernel, grid, block, shared = self.fixed
-            record(kernel, grid, block, shared, _kernels.ArgTemplate.struct_bytes(args, backward.size), False)
+            record(kernel, grid, block, shared, gpu_args.ArgTemplate.struct_bytes(args, backward.size), False)
 
     def offsets_summary(pointer, count, stride, is_64bit, device, stream_ptr):
         values = arrays_by_pointer[pointer].values
@@ -262,22 +238,11 @@ def stubbed_gpu(monkeypatch, properties):
         arrays_by_pointer[ptr] = self
 
     monkeypatch.setattr(FakeDeviceArray, "__init__", remembering_init)
-    monkeypatch.setattr(_kernels, "device_properties", lambda device: properties)
-    monkeypatch.setattr(_kernels, "get_kernel",
-                        lambda device, family, name, defines=(), shared_bytes=0: _StubKernel(family, name, defines))
-    monkeypatch.setattr(_kernels, "launch", launch)
-    monkeypatch.setattr(_kernels, "PreparedLaunch", PreparedLaunch)
-    monkeypatch.setattr(_kernels, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(_kernels, "doc_tile_map", lambda *args, **kwargs: b"tile map")
-    monkeypatch.setattr(_kernels, "offsets_summary", offsets_summary)
-    monkeypatch.setattr(_api, "Output", _HostOutput)
-    monkeypatch.setattr(_api, "_replays", {})
-    monkeypatch.setattr(_api, "_backward_templates", {})
-    _api._mma_plan.cache_clear()
-    try:
+    with stub_gpu(monkeypatch, properties,
+                  get_kernel=lambda device, family, name, defines=(), shared_bytes=0: _StubKernel(family, name, defines),
+                  launch=launch, prepared_launch=PreparedLaunch, doc_tile_map=lambda *args, **kwargs: b"tile map",
+                  offsets_summary=offsets_summary):
         yield launches
-    finally:
-        _api._mma_plan.cache_clear()
 
 
 def decide(monkeypatch, device: str, problem: str) -> list:

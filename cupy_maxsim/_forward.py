@@ -1,0 +1,202 @@
+"""The forward on a GPU: a validated problem's results allocated, planned and launched.
+
+The plan comes from the pure planner (_plan/forward.py) and is cached under everything it was
+made from (device, problem shape, tunables); the argument struct is filled from the problem;
+the launch goes through the GPU layer on the caller's stream.
+"""
+
+from __future__ import annotations
+
+import typing
+
+from . import _arrays
+from ._cache import Cache
+from ._gpu import compile as gpu_compile
+from ._gpu import device as gpu_device
+from ._gpu import launch as gpu_launch
+from ._gpu import tma
+from ._gpu.args import forward_args
+from ._gpu.registry import DTYPE_SUFFIX
+from ._plan import forward as planner
+from ._problem import ScoreProblem
+from .tuning import Tunables
+
+ITEMSIZE = _arrays.ITEMSIZE
+_plans = Cache("forward plans")
+
+
+class ForwardPlan(typing.NamedTuple):
+    """How the tensor-core forward runs one problem shape: the compiled kernel and its grid."""
+
+    kernel: object
+    threads: int
+    shared: int
+    group: int  # queries per block
+    groups: int  # query groups (grid y)
+    docs_per_block: int
+    grid_x: int  # document ranges
+    doc_rotation: int
+    tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
+
+
+def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
+    """The tensor-core plan of ``shape`` on ``device`` (None: the CUDA-core kernel), cached: a
+    repeated call pays no configuration work (small calls are host-bound)."""
+    key = (device, shape, tunables)
+    plan = _plans.get(key)
+    if plan is None and key not in _plans:
+        properties = gpu_device.device_properties(device)
+        choice = planner.choose_kernel(shape, properties, tunables)
+        if choice is not None:
+            config = choice.config
+            kernel = gpu_compile.get_kernel(device, choice.family, choice.name, config.defines(), config.shared_bytes)
+            resident = gpu_device.resident_blocks(kernel, config.threads, config.shared_bytes, device)
+            plan = ForwardPlan(kernel, config.threads, config.shared_bytes,
+                               *planner.geometry(shape, choice, resident, properties))
+        _plans.put(key, plan)
+    return plan
+
+
+def forward_shape(problem: ScoreProblem) -> planner.ForwardShape:
+    num_queries, query_length, dim = problem.q.shape
+    offsets, num_docs = problem.offsets, problem.num_docs
+    # Tokens of one (average) document: the Hopper tile rows, the L2 working-set estimate.
+    mean_doc_length = problem.d.shape[0] / max(1, num_docs) if offsets is not None else problem.doc_length
+    winners = problem.argmax_dtype
+    return planner.ForwardShape(DTYPE_SUFFIX[problem.q.dtype], num_queries, query_length, dim, num_docs,
+                                problem.pairs, 0 if winners is None else 32 if winners == "int32" else 16,
+                                mean_doc_length, offsets is not None)
+
+
+def run(problem: ScoreProblem, tunables: Tunables, record: list | None = None):
+    """Allocate the scores (and the winners, where wanted) in the caller's framework and run
+    the forward on its stream. ``record``: a list that gets what a replay of this call needs
+    (the shape, the plan, the argument values, the tile map's shape: see _replay.py)."""
+    like = problem.like
+    output = _arrays.Output(like)
+    shape = problem.shape
+    result, out_ptr = output.empty(shape, problem.result_dtype)
+    num_queries, query_length, dim = problem.q.shape
+    num_docs = problem.num_docs
+    argmax = None
+    if problem.argmax_dtype is not None:
+        argmax, argmax_ptr = output.empty(shape + (query_length,), problem.argmax_dtype)
+        # (query, doc, token) strides in elements; pairs: query b meets document b only.
+        argmax_strides = (query_length, 0) if problem.pairs else (num_docs * query_length, query_length)
+    if num_docs == 0 or num_queries == 0:
+        return result if argmax is None else (result, argmax)
+    if query_length == 0 or dim == 0 or (problem.offsets is None and problem.doc_length == 0):
+        scores = _fill_trivial(output, problem, like.stream)
+        if argmax is None:
+            return scores
+        output.fill(argmax, -1)  # no token can win
+        return scores, output.wrap(argmax)
+    winners = None if argmax is None else (argmax_ptr, argmax_strides, problem.argmax_dtype == "int32")
+    _launch(problem, tunables, out_ptr, winners, like.stream, record)
+    return output.wrap(result) if argmax is None else (output.wrap(result), output.wrap(argmax))
+
+
+def _fill_trivial(output, problem: ScoreProblem, stream):
+    """No query token, no dim or no document token: 0 for documents with a real token, else -inf."""
+    import cupy
+
+    with cupy.cuda.Device(problem.d.device), gpu_device.on_stream(stream):
+        if problem.offsets is not None:
+            values = problem.offsets.cupy()
+            has_token = values[1:] > values[:-1]
+        elif problem.d_mask is not None:
+            has_token = problem.d_mask.cupy().any(axis=1)
+        else:
+            has_token = cupy.full(problem.num_docs, problem.doc_length > 0)
+        scores = cupy.where(has_token, 0.0, -cupy.inf).astype(problem.result_dtype)
+        return output.wrap(cupy.ascontiguousarray(cupy.broadcast_to(scores, problem.shape)))
+
+
+def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
+    """The ForwardArgs fields of ``problem`` (a plan's fields at their neutral values);
+    ``winners``: (pointer, (query, doc) strides, is 32-bit) or None."""
+    q, d, q_mask, d_mask, q_scale, d_scale, offsets = (problem.q, problem.d, problem.q_mask, problem.d_mask,
+                                                       problem.q_scale, problem.d_scale, problem.offsets)
+    num_queries, query_length, dim = q.shape
+    return dict(
+        q=q.ptr, q_query_stride=q.strides[0], q_row_stride=q.strides[1], q_dim_stride=q.strides[2],
+        q_mask=0 if q_mask is None else q_mask.ptr,
+        q_mask_query_stride=0 if q_mask is None else q_mask.strides[0],
+        q_mask_row_stride=0 if q_mask is None else q_mask.strides[1],
+        d=d.ptr, d_doc_stride=problem.doc_stride, d_row_stride=d.strides[-2], d_dim_stride=d.strides[-1],
+        doc_length=problem.doc_length, offsets=0 if offsets is None else offsets.ptr,
+        d_mask=0 if d_mask is None else d_mask.ptr,
+        d_mask_doc_stride=0 if d_mask is None else d_mask.strides[0],
+        d_mask_row_stride=0 if d_mask is None else d_mask.strides[1],
+        num_docs=problem.num_docs, docs_per_block=1, out=out_ptr,
+        out_query_stride=0 if problem.pairs else problem.num_docs,
+        num_queries=num_queries, query_length=query_length, dim=dim,
+        offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
+        queries_per_group=1, pairs=int(problem.pairs), rows_per_chunk=0,
+        argmax=0 if winners is None else winners[0],
+        argmax_query_stride=0 if winners is None else winners[1][0],
+        argmax_doc_stride=0 if winners is None else winners[1][1], doc_rotation=0,
+        argmax_is_32bit=int(winners is not None and winners[2]),
+        q_scale=0 if q_scale is None else q_scale.ptr,
+        q_scale_query_stride=0 if q_scale is None else q_scale.strides[0],
+        q_scale_row_stride=0 if q_scale is None else q_scale.strides[1],
+        d_scale=0 if d_scale is None else d_scale.ptr,
+        d_scale_doc_stride=0 if d_scale is None or d_scale.ndim < 2 else d_scale.strides[0],
+        d_scale_row_stride=0 if d_scale is None else d_scale.strides[-1],
+    )
+
+
+def tile_map_shape(problem: ScoreProblem, tile_rows: int) -> tuple:
+    """The Hopper kernel's TMA descriptor's shape of the documents (tma.doc_tile_map's arguments
+    after the pointer; packed: one long document); masked rows come too, and the kernel skips
+    their columns."""
+    d, packed = problem.d, problem.offsets is not None
+    item = ITEMSIZE[d.dtype]
+    return (item, d.shape[-1], d.shape[0] if packed else problem.doc_length, 1 if packed else problem.num_docs,
+            d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows)
+
+
+def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
+    q, d, q_mask, q_scale = problem.q, problem.d, problem.q_mask, problem.q_scale
+    num_queries, query_length, dim = q.shape
+    values = argument_values(problem, out_ptr, winners)
+    with gpu_device.on_device(q.device):
+        properties = gpu_device.device_properties(q.device)
+        shape = forward_shape(problem)
+        eligible = planner.tensor_core_eligible(shape.suffix, dim, query_length, (q.strides, d.strides),
+                                                (q.ptr, d.ptr), properties[3])
+        plan = mma_plan(q.device, shape, tunables) if eligible else None
+        if plan is None:
+            simt = planner.simt_plan(shape.suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
+            kernel = gpu_compile.get_kernel(q.device, "maxsim_fwd_simt", simt.name, (), simt.shared)
+            values.update(rows_per_chunk=simt.rows_per_chunk)
+            gpu_launch.launch(kernel, (simt.grid,), (simt.threads,), forward_args(**values), simt.shared, stream)
+            return
+        values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation)
+        tile_map = map_shape = None
+        if plan.tile_rows:
+            map_shape = tile_map_shape(problem, plan.tile_rows)
+            d_scale = problem.d_scale
+            # int8 scales by TMA only for padded corpora: a packed tile starts at any token,
+            # and a box whose first float is off 16 bytes is an illegal instruction.
+            scales = None if d_scale is None or problem.offsets is not None else (
+                d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
+            tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma)
+        if record is not None and plan.groups <= 65535:
+            record.append((shape, plan, dict(values), map_shape))
+        out_item = 8 if q.dtype == "float64" else 4
+        out_query_stride = values["out_query_stride"]
+        for first in range(0, plan.groups, 65535):  # grid.y is limited to 65535 query groups
+            first_query = first * plan.group
+            values.update(
+                q=q.ptr + first_query * q.strides[0] * ITEMSIZE[q.dtype],
+                q_mask=0 if q_mask is None else q_mask.ptr + first_query * q_mask.strides[0],
+                q_scale=0 if q_scale is None else q_scale.ptr + first_query * q_scale.strides[0] * 4,
+                num_queries=num_queries - first_query,
+                out=out_ptr + first_query * out_query_stride * out_item,
+            )
+            if winners is not None:
+                values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
+            args = forward_args(**values)
+            gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),
+                              args if tile_map is None else (args, tile_map), plan.shared, stream)

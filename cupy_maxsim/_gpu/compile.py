@@ -1,0 +1,84 @@
+"""Compile and cache the kernels: one ``cupy.RawModule`` per (device, family, defines).
+
+CuPy's disk cache keeps the modules across processes; it hashes the source string only, so
+``common.cuh`` is concatenated into each source (registry.source), never ``#include``-d. The
+sm_90a family (wgmma), which CuPy's own -arch choice cannot build, is compiled here to a cubin
+kept under :func:`cache_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from .._cache import Cache
+from .registry import ARCH_SPECIFIC, source
+
+NVRTC_OPTIONS = ("-std=c++17",)
+_modules = Cache("compiled modules")
+_kernel_cache = Cache("kernels", limit=1024)
+
+
+def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (), shared_bytes: int = 0):
+    """The compiled ``RawKernel`` ``name`` of ``family`` for ``device`` (the current device),
+    allowed ``shared_bytes`` of dynamic shared memory. Driver attributes are set once per
+    (kernel, size), never on the per-call path."""
+    key = (device, family, defines, name, shared_bytes)
+    kernel = _kernel_cache.get(key)
+    if kernel is None:
+        module = _modules.get(key[:3])
+        if module is None:
+            module = _modules.put(key[:3], _load_module(family, defines))
+        kernel = module.get_function(name)
+        if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
+            kernel.max_dynamic_shared_size_bytes = shared_bytes
+            # Ask for the largest shared-memory carve-out, so that several blocks fit on an SM
+            # (the default may leave room for one).
+            kernel.preferred_shared_memory_carveout = 100
+        _kernel_cache.put(key, kernel)
+    return kernel
+
+
+
+def cache_dir() -> Path:
+    """Where compiled architecture-specific kernels are kept across processes."""
+    return Path(os.environ.get("CUPY_MAXSIM_CACHE_DIR") or Path.home() / ".cache" / "cupy_maxsim")
+
+
+def _load_module(family: str, defines: tuple[str, ...]):
+    import cupy
+
+    arch = ARCH_SPECIFIC.get(family)
+    if arch is None:
+        return cupy.RawModule(code=source(family), options=NVRTC_OPTIONS + defines)
+    # CuPy adds -arch=sm_90 itself, which has no wgmma: compile the cubin here (CuPy's own
+    # NVRTC), keep it on disk under a hash of everything that went into it, and load that.
+    from cupy_backends.cuda.libs import nvrtc
+
+    code = source(family)
+    options = NVRTC_OPTIONS + defines + (f"-arch={arch}",)
+    key = hashlib.sha256(repr((code, options, nvrtc.getVersion())).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{family}-{key}.cubin"
+    if not path.is_file():
+        program = nvrtc.createProgram(code, f"{family}.cu", (), ())
+        try:
+            try:
+                nvrtc.compileProgram(program, list(options))
+            except nvrtc.NVRTCError as error:
+                raise RuntimeError(f"NVRTC failed to compile {family} {options}:\n"
+                                   f"{nvrtc.getProgramLog(program)}") from error
+            cubin = nvrtc.getCUBIN(program)
+        finally:
+            nvrtc.destroyProgram(program)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(cubin)
+            os.replace(partial, path)  # atomic: a concurrent process sees all of it or none
+        except OSError:  # no writable cache: this process compiles for itself
+            path = Path(tempfile.mkdtemp(prefix="cupy_maxsim-")) / path.name
+            path.write_bytes(cubin)
+    return cupy.RawModule(path=str(path))
+

@@ -1,0 +1,109 @@
+"""Launches straight through the driver (cuLaunchKernel) with by-value struct arguments.
+
+CuPy's generic argument handling cost several microseconds per launch, and small calls are
+host-bound; a :class:`PreparedLaunch` settles kernel and geometry once, so that a repeated call
+only patches pointers into bytes packed once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+from .._cache import Cache
+from .args import ArgTemplate
+from .compile import get_kernel
+from .device import device_properties, on_device, on_stream
+
+def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: int, stream_ptr: int | None) -> None:
+    """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, or a tuple
+    of such bytes) on the caller's stream (``stream_ptr``), or CuPy's current stream when None.
+    Straight through the driver (cuLaunchKernel): CuPy's generic argument handling cost several
+    microseconds per launch, and small calls are host-bound."""
+    from cupy_backends.cuda.api import driver
+
+    entry = _function_pointers.get(id(kernel))
+    if entry is None:
+        entry = _function_pointers.put(id(kernel), (kernel, kernel.kernel.ptr))
+    values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    driver.launchKernel(entry[1], *_launch_geometry(grid, block, shared_bytes), _stream_or_current(stream_ptr),
+                        ctypes.addressof(params), 0)
+
+
+def _launch_geometry(grid, block, shared_bytes: int) -> tuple:
+    """cuLaunchKernel's grid x, y, z, block x, y, z and shared bytes from 1-3 dimensional tuples."""
+    return tuple(grid) + (1,) * (3 - len(grid)) + tuple(block) + (1,) * (3 - len(block)) + (shared_bytes,)
+
+
+def _stream_or_current(stream_ptr: int | None) -> int:
+    """``stream_ptr``, or CuPy's current stream where it is None."""
+    if stream_ptr is None:
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return stream_ptr
+
+
+class PreparedLaunch:
+    """A launch whose kernel and geometry are settled, so that only the arguments change from
+    call to call (a replayed call, a training step). ``arguments``: an :class:`ArgTemplate` of
+    the launch's own, whose pointers each call (``__call__``) patches into a buffer held here
+    (cuLaunchKernel copies it at the launch, so a launch allocates nothing; a lock keeps two
+    threads from filling it at once); without one, the caller's buffers
+    (:meth:`launch_packed`)."""
+
+    def __init__(self, kernel, grid, block, shared_bytes: int, arguments: ArgTemplate | None = None):
+        self.kernel = kernel  # holds the module, so that the function pointer stays valid
+        self._function = kernel.kernel.ptr
+        self._geometry = _launch_geometry(grid, block, shared_bytes)
+        if arguments is not None:
+            self._args = arguments(*(0,) * arguments.head_fields)
+            self._head_into = arguments.head.pack_into
+            self._extra_address = ctypes.addressof(self._args) + arguments.extra_at
+            self._extra = None  # the second argument's bytes in the buffer now
+            self._lock = threading.Lock()
+        from cupy_backends.cuda.api import driver
+
+        self._launch_kernel = driver.launchKernel
+
+    def __call__(self, head_values: tuple, stream_ptr: int | None, extra: bytes | None = None) -> None:
+        """Launch with the template's arguments, ``head_values`` patched in (and ``extra``'s
+        bytes as the second argument) on ``stream_ptr`` (None: CuPy's current stream)."""
+        stream_ptr = _stream_or_current(stream_ptr)
+        args = self._args
+        with self._lock:
+            self._head_into(args, ArgTemplate.HEADER, *head_values)
+            if extra is not None and extra is not self._extra:  # tensor maps are cached: mostly the same one
+                ctypes.memmove(self._extra_address, extra, len(extra))
+                self._extra = extra
+            self._launch_kernel(self._function, *self._geometry, stream_ptr, ctypes.addressof(args), 0)
+
+    def launch_packed(self, args, stream_ptr: int | None) -> None:
+        """Launch with the caller's arguments (a buffer from an :class:`ArgTemplate`), no lock."""
+        self._launch_kernel(self._function, *self._geometry, _stream_or_current(stream_ptr), ctypes.addressof(args), 0)
+
+
+#: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is
+#: never recycled: a tool that empties _kernel_cache (bench/ablate_wgmma.py) would otherwise find
+#: a freed kernel's function under a new kernel's id, and launch it.
+_function_pointers = Cache("function pointers", limit=1024)
+
+
+def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, device: int,
+                    stream_ptr: int | None) -> tuple[int, int, int, int]:
+    """(first, last, number of decreasing steps, longest step) of ``count`` device-resident
+    packed-document offsets (``stride`` in elements), on the caller's stream: one launch and one
+    read back (maxsim_offsets.cu). The longest step means something only where no step
+    decreases (callers reject the offsets otherwise)."""
+    import cupy
+
+    with on_device(device), on_stream(stream_ptr):
+        summary = cupy.zeros(4, cupy.int64)
+        blocks = max(1, min(2 * device_properties(device)[0], -(-(count - 1) // 256)))
+        launch(get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary"), (blocks,), (256,),
+               (struct.pack("<Q", pointer), struct.pack("<q", count), struct.pack("<q", stride),
+                struct.pack("<i", int(is_64bit)), struct.pack("<Q", summary.data.ptr)), 0, stream_ptr)
+        return tuple(int(v) for v in summary.get())
+

@@ -1,0 +1,112 @@
+"""NVRTC without a GPU: compile a family for any architecture and read ptxas's report.
+
+The CI compile check and ``python -m cupy_maxsim compile`` use it: NVRTC and its headers come
+from the nvidia-cuda-nvrtc wheels (or a CUDA toolkit); CuPy refuses to compile without a driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import glob
+import os
+import re
+import sys
+
+from .compile import NVRTC_OPTIONS
+from .registry import source
+
+def _find_nvrtc() -> ctypes.CDLL:
+    candidates = []
+    for entry in sys.path:
+        candidates += glob.glob(os.path.join(entry, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*"))
+        candidates += glob.glob(os.path.join(entry, "nvidia", "cu13", "lib", "libnvrtc.so*"))
+    for root in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            candidates += glob.glob(os.path.join(root, "lib64", "libnvrtc.so*"))
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    candidates = [c for c in candidates if "builtins" not in c and ".alt." not in c]
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    raise RuntimeError(
+        "NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (or set CUDA_PATH to a CUDA toolkit)"
+    )
+
+
+@dataclasses.dataclass
+class CompileReport:
+    kernel: str
+    arch: str
+    defines: tuple[str, ...]
+    registers: int = 0
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+    static_shared_bytes: int = 0
+    stack_frame_bytes: int = 0  # local memory: an array indexed at run time, or a call's frame
+    serialized_wgmma: bool = False  # ptxas serialized the asynchronous MMAs (its C7518 advice)
+
+
+def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) -> list[CompileReport]:
+    """Compile a family to a cubin for ``arch`` (e.g. ``"sm_90"``) and return the ptxas report
+    of each kernel. Raises ``RuntimeError`` with the compiler log on failure."""
+    nvrtc = _find_nvrtc()
+    program = ctypes.c_void_p()
+    code = source(family).encode()
+    _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, f"{family}.cu".encode(), 0, None, None))
+    try:
+        options = list(NVRTC_OPTIONS) + list(defines) + [f"-arch={arch}", "--ptxas-options=-v"]
+        array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        status = nvrtc.nvrtcCompileProgram(program, len(options), array)
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(program, log)
+        text = log.value.decode(errors="replace")
+        if status != 0:
+            raise RuntimeError(f"NVRTC failed to compile {family} for {arch} {defines}:\n{text}")
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+    return _parse_ptxas(text, arch, defines)
+
+
+def _parse_ptxas(log: str, arch: str, defines: tuple[str, ...]) -> list[CompileReport]:
+    reports: dict[str, CompileReport] = {}
+    current = None
+    for line in log.splitlines():
+        entry = re.search(r"Compiling entry function '(\w+)'|Function properties for (\w+)", line)
+        if entry:
+            name = entry.group(1) or entry.group(2)
+            current = reports.setdefault(name, CompileReport(name, arch, defines))
+            continue
+        serialized = re.search(r"C7518.*in the function '(\w+)'", line)  # ahead of its function's report
+        if serialized:
+            reports.setdefault(serialized.group(1), CompileReport(serialized.group(1), arch, defines)).serialized_wgmma = True
+            continue
+        if current is None:
+            continue
+        stack = re.search(r"(\d+) bytes stack frame", line)
+        if stack:
+            current.stack_frame_bytes = int(stack.group(1))
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if spill:
+            current.spill_store_bytes = int(spill.group(1))
+            current.spill_load_bytes = int(spill.group(2))
+        used = re.search(r"Used (\d+) registers", line)
+        if used:
+            current.registers = int(used.group(1))
+            shared = re.search(r"(\d+) bytes smem", line)
+            current.static_shared_bytes = int(shared.group(1)) if shared else 0
+    return [r for r in reports.values() if r.kernel.startswith("maxsim")]
+
+
+def _check(nvrtc, status: int) -> None:
+    if status != 0:
+        nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError(f"NVRTC error {status}: {nvrtc.nvrtcGetErrorString(status).decode()}")
+

@@ -1,0 +1,67 @@
+"""The kernel registry: every source family, the kernels it defines and where its source is.
+
+One table (:data:`FAMILIES`) that compiling, dispatch and the packaging tests all read: a
+family's kernels are named ``<family>_<suffix>`` by the dtype suffixes of :data:`DTYPE_SUFFIX`
+(plus a layout tag where a family has one), and every name must appear as ``ENTRY(name,`` in
+its source (tests/test_packaging.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: dtype name -> the suffix of its kernels' names.
+DTYPE_SUFFIX = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "int8"}
+SUFFIX_DTYPE = {suffix: dtype for dtype, suffix in DTYPE_SUFFIX.items()}
+
+#: Kernel names each source family defines; tests check that every one exists in the source.
+FAMILIES = {
+    "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_int8")),
+    "maxsim_fwd_wgmma": (
+        "maxsim_fwd_wgmma.cu", ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8"),
+    ),
+    "maxsim_fwd_simt": (
+        "maxsim_fwd_simt.cu",
+        ("maxsim_fwd_simt_fp16", "maxsim_fwd_simt_bf16", "maxsim_fwd_simt_fp32", "maxsim_fwd_simt_fp64",
+         "maxsim_fwd_simt_int8"),
+    ),
+    "maxsim_bwd": (
+        "maxsim_bwd.cu",
+        tuple(f"maxsim_bwd_{stage}_{suffix}" for suffix in ("fp16", "bf16", "fp32", "fp64", "fp16_wide", "bf16_wide")
+              for stage in ("csr_dq", "dd", "fused")),
+    ),
+    "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
+}
+
+
+#: Families written with architecture-specific instructions (wgmma exists on sm_90a only).
+ARCH_SPECIFIC = {"maxsim_fwd_wgmma": "sm_90a"}
+
+
+def kernel_name(family: str, dtype: str, stage: str = "", wide: bool = False) -> str:
+    """The registered name of ``family``'s kernel for ``dtype``: ``<family>[_<stage>]_<suffix>``
+    (``stage``: the backward's csr_dq, dd or fused), ``_wide`` after it for the backward's
+    16-byte rows."""
+    name = f"{family}_{stage + '_' if stage else ''}{DTYPE_SUFFIX[dtype]}{'_wide' if wide else ''}"
+    if name not in FAMILIES[family][1]:
+        raise KeyError(f"{name} is not registered in {family}")
+    return name
+
+
+def kernel_dir() -> Path:
+    """The ``kernels_cu`` folder: inside the installed wheel, else the repository root."""
+    here = Path(__file__).resolve().parent.parent  # the package folder
+    for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"cannot find kernels_cu/ (looked in {here / 'kernels_cu'} and {here.parent / 'kernels_cu'})"
+    )
+
+
+def source(family: str) -> str:
+    """Full source of a kernel family: common.cuh followed by the family's .cu file."""
+    folder = kernel_dir()
+    filename, _ = FAMILIES[family]
+    return (folder / "common.cuh").read_text() + "\n" + (folder / filename).read_text()
+

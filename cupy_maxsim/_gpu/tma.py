@@ -1,0 +1,87 @@
+"""The Hopper kernel's TMA descriptors (cuTensorMapEncodeTiled, which CuPy does not wrap)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+
+from .._cache import Cache
+
+#: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): the
+#: documents' CUtensorMap (128), the int8 document scales' (128), use_tma, packed,
+#: use_scale_tma, padding to the struct's 64-byte alignment.
+DOC_TILE_MAP_BYTES = 320
+NO_DOC_TILE_MAP = bytes(DOC_TILE_MAP_BYTES)
+_doc_tile_maps = Cache("tensor maps")
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_driver() -> ctypes.CDLL | None:
+    """The CUDA driver library (for cuTensorMapEncodeTiled, which CuPy does not wrap), or None."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
+                 doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None,
+                 use_tma: bool = True) -> bytes:
+    """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
+    elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
+    of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
+    encodes. :data:`NO_DOC_TILE_MAP` (cp.async copies) where TMA's rules are not met: 16-byte
+    strides and address, 32-bit coordinates, a CUDA driver at hand. ``scales`` (int8): the
+    document scales' (pointer, row stride, document stride), bytes, laid out as the documents'
+    rows; their own map where TMA can read them (rows of contiguous float32), else the kernel's
+    lanes copy them."""
+    if not use_tma:  # the tunables' use_tma (A/B against cp.async)
+        return NO_DOC_TILE_MAP
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales)
+    found = _doc_tile_maps.get(key)
+    if found is not None:
+        return found
+    result = NO_DOC_TILE_MAP
+    if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
+            and (doc_stride > 0 or docs == 1) and rows + tile_rows < 2**31 and docs < 2**31
+            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in (1, 2)):
+        driver = _cuda_driver()
+        if driver is not None:
+            encoded = (ctypes.c_uint64 * 16)()
+            u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
+            status = driver.cuTensorMapEncodeTiled(
+                encoded, ctypes.c_int(0 if itemsize == 1 else 1),  # CU_TENSOR_MAP_DATA_TYPE_UINT8 / UINT16
+                ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
+                (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, tile_rows, 1),
+                u32s(1, 1, 1),
+                ctypes.c_int(0),  # no interleave
+                ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
+                ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                ctypes.c_int(0))  # out-of-range elements read as zeros
+            if status == 0:
+                scale_map = _scale_tile_map(driver, scales, rows, docs, tile_rows)
+                result = (bytes(encoded) + (scale_map or bytes(128))
+                          + struct.pack("<iii", 1, int(packed), int(scale_map is not None)))
+                result += bytes(DOC_TILE_MAP_BYTES - len(result))
+    return _doc_tile_maps.put(key, result)
+
+
+def _scale_tile_map(driver, scales: tuple | None, rows: int, docs: int, tile_rows: int) -> bytes | None:
+    """The TMA descriptor of int8 document scales laid out as the documents' rows (2-d: rows,
+    documents; float32, boxes of ``tile_rows`` x 1, zeros past the tensor), or None where TMA
+    cannot read them: rows not contiguous, a document stride or address off 16 bytes."""
+    if scales is None:
+        return None
+    pointer, row_stride, doc_stride = scales
+    doc_stride = doc_stride if docs > 1 else -(-rows * 4 // 16) * 16  # one document: any stride
+    if pointer % 16 or row_stride != 4 or doc_stride % 16 or doc_stride <= 0 or doc_stride * docs >= 2**40:
+        return None
+    encoded = (ctypes.c_uint64 * 16)()
+    status = driver.cuTensorMapEncodeTiled(
+        encoded, ctypes.c_int(7),  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+        ctypes.c_uint32(2), ctypes.c_void_p(pointer), (ctypes.c_uint64 * 2)(rows, docs),
+        (ctypes.c_uint64 * 1)(doc_stride), (ctypes.c_uint32 * 2)(tile_rows, 1), (ctypes.c_uint32 * 2)(1, 1),
+        ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0))  # no interleave, swizzle, promotion
+    return bytes(encoded) if status == 0 else None
+

@@ -1,0 +1,259 @@
+"""Kernel shapes and their shared-memory sizes: the tile configurations the planners choose from.
+
+Each ``shared_bytes`` mirrors the formula at the top of its kernel's source; the GPU tests and
+compute-sanitizer catch a mismatch (a kernel reading past its dynamic shared memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..tuning import DEFAULT, Tunables
+
+@dataclasses.dataclass(frozen=True)
+class MmaConfig:
+    """Tile shape of the tensor-core forward kernel (``maxsim_fwd.cu``)."""
+
+    warps_m: int
+    warps_n: int
+    mt: int
+    nt: int
+    stages: int
+    ksteps: int
+    b_in_registers: int = 1  # keep query fragments in registers when they fit (see maxsim_fwd.cu)
+    argmax: int = 0  # also save the argmax (training)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def block_rows(self) -> int:
+        """BM: document tokens per pipeline tile."""
+        return self.warps_m * 16 * self.mt
+
+    @property
+    def block_cols(self) -> int:
+        """BN: stacked query tokens a block holds."""
+        return self.warps_n * 8 * self.nt
+
+    def queries_per_block(self, query_length: int) -> int:
+        """Whole queries stacked on a block's columns."""
+        return self.block_cols // query_length
+
+    @property
+    def shared_bytes(self) -> int:
+        # Mirrors the formula at the top of maxsim_fwd.cu.
+        row = self.ksteps * 16 + 8
+        bm, bn = self.block_rows, self.block_cols
+        warps = self.warps_m * self.warps_n
+        return 2 * row * (bn + self.stages * bm) + 4 * (
+            2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps)
+
+    def defines(self) -> tuple[str, ...]:
+        return (
+            f"-DMAXSIM_WARPS_M={self.warps_m}",
+            f"-DMAXSIM_WARPS_N={self.warps_n}",
+            f"-DMAXSIM_MT={self.mt}",
+            f"-DMAXSIM_NT={self.nt}",
+            f"-DMAXSIM_STAGES={self.stages}",
+            f"-DMAXSIM_KSTEPS={self.ksteps}",
+            f"-DMAXSIM_B_IN_REGISTERS={self.b_in_registers}",
+            f"-DMAXSIM_ARGMAX={self.argmax}",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class WgmmaConfig:
+    """Shape of the Hopper forward kernel (``maxsim_fwd_wgmma.cu``): consumer warpgroups of 64
+    stacked query rows each, one producer warpgroup, a ring of 64- or 128-row document tiles."""
+
+    warpgroups: int
+    ksteps: int
+    stages: int = 6
+    argmax: int = 0
+    tile_n: int = 64  # document rows per tile (the wgmma N): 64 or 128
+    split_docs: int = 0  # one query group: the warpgroups share it and split the documents
+    half_rows: int = 0  # splitting, at most 32 query rows: each thread folds one row, not two
+    docs_on_m: int = 0  # many queries: document tiles are the MMA's A, 128 query rows its B
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.warpgroups + 1)
+
+    @property
+    def group_rows(self) -> int:
+        """Query rows a consumer warpgroup holds: the wgmma M (64), or its N with documents on M."""
+        return 128 if self.docs_on_m else 64
+
+    @property
+    def block_cols(self) -> int:
+        """Stacked query rows a block holds (those of all its warpgroups)."""
+        return self.group_rows * self.warpgroups
+
+    def queries_per_block(self, query_length: int) -> int:
+        """Each warpgroup owns whole queries (or, splitting documents, all share one group)."""
+        return (1 if self.split_docs else self.warpgroups) * (self.group_rows // query_length)
+
+    @property
+    def shared_bytes(self) -> int:
+        # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
+        rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
+        query_rows = 64 if self.split_docs else rows
+        max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows
+        atoms = -(-self.ksteps // 4)
+        query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else query_rows * (kpad + 8) * 2
+        return (1024 + self.stages * atoms * n * 128 + query_bytes
+                + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
+                + 16 * self.stages + 16 * self.stages + 8)
+
+    def defines(self) -> tuple[str, ...]:
+        return (
+            f"-DMAXSIM_WARPGROUPS={self.warpgroups}",
+            f"-DMAXSIM_STAGES={self.stages}",
+            f"-DMAXSIM_KSTEPS={self.ksteps}",
+            f"-DMAXSIM_ARGMAX={self.argmax}",
+            f"-DMAXSIM_TILE_N={self.tile_n}",
+            f"-DMAXSIM_SPLIT_DOCS={self.split_docs}",
+            f"-DMAXSIM_HALF_ROWS={self.half_rows}",
+            f"-DMAXSIM_DOCS_ON_M={self.docs_on_m}",
+        )
+
+
+#: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/lab/tune_wgmma.py on
+#: the H200; at most 8 k-steps (dim 128 in 16-bit, 256 in int8; an even number), since the
+#: query fragments live in registers.
+WGMMA_SHAPE = dict(warpgroups=3, stages=6)
+
+#: int8 gets 128-row tiles only splitting documents with at most this many k-steps (dim 128):
+#: more query fragments in registers spill (maxsim_fwd_wgmma.cu, the int8 entry).
+INT8_LONG_TILE_KSTEPS = 4
+#: Shared memory a Hopper block may use (H100 and H200: 227 KB); a ring that would not fit
+#: gets fewer stages.
+WGMMA_SHARED_LIMIT = 227 * 1024
+WGMMA_MAX_KSTEPS = 8
+
+
+def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64,
+                 query_rows: int = 64, docs_on_m: bool = False, int8: bool = False,
+                 tunables: Tunables = DEFAULT) -> WgmmaConfig | None:
+    """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
+    (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
+    kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
+    128 query rows wanted; int8 in at most int8_docs_on_m_warpgroups)."""
+    if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not tunables.wgmma_split_docs):
+        return None
+    shape = dict(WGMMA_SHAPE)
+    if docs_on_m:
+        assert tile_n == 64 and warpgroups_wanted >= 2
+        most = int8_docs_on_m_warpgroups(argmax, ksteps) if int8 else 3
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, most))
+    elif warpgroups_wanted < 2:
+        # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
+        # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
+        # bench/results/ablation-wgmma-2026-11-30-b91374a.log).
+        shape.update(split_docs=1, stages=tunables.wgmma_split_stages,
+                     half_rows=int(tunables.wgmma_half_rows and query_rows <= 32))
+    else:
+        shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
+    config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
+    # Split documents: every warpgroup has a ring of its own, of at least two slots.
+    step = config.warpgroups if config.split_docs else 1
+    config = dataclasses.replace(config, stages=config.stages // step * step)
+    while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages - step >= max(3, 2 * step):
+        config = dataclasses.replace(config, stages=config.stages - step)
+    return config
+
+
+def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:
+    """Warpgroups the Hopper kernel's int8 entry has with documents on M: two where three would
+    spill (its packed winners with the argmax; dim 256's k-steps), else three (the #if before its
+    entry in maxsim_fwd_wgmma.cu)."""
+    return 2 if argmax or ksteps > 6 else 3
+
+
+def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:
+    """Whether the Hopper kernel's int8 entry exists with 128-row tiles: only splitting
+    documents (one accumulator set) with at most INT8_LONG_TILE_KSTEPS k-steps (the #if before
+    its entry in maxsim_fwd_wgmma.cu)."""
+    return bool(split_docs) and ksteps <= INT8_LONG_TILE_KSTEPS
+
+
+def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4,
+                    padded_elements: int = 0, tunables: Tunables = DEFAULT) -> int:
+    """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens;
+    ``padded_elements``: the size of a padded corpus (0: packed), whose rows past a document's
+    end a TMA tile does not read."""
+    if int8 and not int8_long_tiles(split_docs, ksteps):
+        return 64
+    if tunables.wgmma_tile_rows is not None:
+        return tunables.wgmma_tile_rows
+    if mean_doc_length <= 0:
+        return 64
+    if split_docs and padded_elements >= tunables.wgmma_long_tile_stream_elements:
+        return 128
+    padded = lambda n: -(-mean_doc_length // n) * n  # noqa: E731
+    return 128 if padded(128) <= tunables.wgmma_long_tile_padding * padded(64) else 64
+
+
+SIMT_THREADS = 128
+#: The SIMT kernel stages this many bytes of document rows in shared memory per chunk.
+SIMT_CHUNK_BYTES = 32 * 1024
+
+
+def simt_shared_bytes(rows_per_chunk: int, dim: int, accumulator_bytes: int) -> int:
+    # Mirrors the formula at the top of maxsim_fwd_simt.cu.
+    return (rows_per_chunk * dim + SIMT_THREADS + rows_per_chunk) * accumulator_bytes + rows_per_chunk + SIMT_THREADS
+
+
+#: Threads per block of the backward kernels (launch bounds in maxsim_bwd.cu), and blocks per SM
+#: (MAXSIM_BWD_MIN_BLOCKS there); the hot-row partials hold at most 16 warps.
+BWD_THREADS = 256
+BWD_BLOCKS_PER_SM = 4
+BWD_DIM_CHUNK = 128
+
+
+def bwd_csr_shared_bytes(count_warps: int, longest_doc: int) -> int:
+    # Mirrors the formula at the top of maxsim_bwd.cu.
+    return 4 * (count_warps * longest_doc + 2 * longest_doc + 2)
+
+
+def bwd_fused_shared_bytes(warps: int, block_rows: int, sources_per_doc: int) -> int:
+    # Mirrors the formula above maxsim_bwd_fused in maxsim_bwd.cu.
+    return 4 * (warps * block_rows + 4 * (block_rows + 1) + sources_per_doc)
+
+
+def bwd_csr_layout(longest_doc: int, smem_limit: int, smem_per_sm: int) -> tuple[int, int]:
+    """(count warps, global counts stride in words (0: counts in shared memory)) of the CSR
+    build for documents of up to ``longest_doc`` tokens. Its launch gives dQ's blocks the same
+    shared memory, so it stays within a quarter of an SM (their occupancy) where it can."""
+    for budget in (min(smem_limit, smem_per_sm // BWD_BLOCKS_PER_SM - 1024), smem_limit):
+        warps = min(BWD_THREADS // 32, (budget - bwd_csr_shared_bytes(0, longest_doc)) // (4 * longest_doc))
+        if warps >= 1:
+            return warps, 0
+    return 1, bwd_csr_shared_bytes(1, longest_doc) // 4
+
+
+# ---- CuPy side ------------------------------------------------------------------------------
+
+_modules: dict = {}
+
+
+#: Tile configurations the forward planner uses (see forward.choose_mma_config), by stacked width BN;
+#: max_ksteps is the deepest dim (in 16-wide k-steps) each takes without register spills.
+#: Chosen by bench/lab/tune_forward.py on the H200 (bench/results/tune-forward-*.log).
+MMA_CONFIGS = {
+    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=3, max_ksteps=16),
+    64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4, max_ksteps=16),
+    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3, max_ksteps=16),
+    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2, max_ksteps=8),
+}
+
+
+def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | None:
+    """The tile configuration of stacked width ``width`` at ``ksteps`` (saving the argmax or
+    not), or None past its limit."""
+    shape = dict(MMA_CONFIGS[width])
+    if ksteps > shape.pop("max_ksteps"):
+        return None
+    return MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)

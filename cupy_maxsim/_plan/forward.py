@@ -1,0 +1,180 @@
+"""The forward planner: which kernel scores a problem, and how its grid covers the documents.
+
+Pure functions of (problem shape, device properties, tunables); the one input that needs a
+compiled kernel, how many of its blocks an SM holds, is passed in (``resident``) by the caller
+(_forward.py), which caches the finished plan under everything it was made from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from .._gpu.registry import SUFFIX_DTYPE
+from ..tuning import Tunables
+from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, mma_config, simt_shared_bytes, wgmma_config,
+                      wgmma_tile_rows)
+
+ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8, "int8": 1}
+#: dtypes the tensor-core kernels take.
+TENSOR_CORE_SUFFIXES = ("fp16", "bf16", "int8")
+
+
+class ForwardShape(typing.NamedTuple):
+    """What the forward planner reads of a problem (no pointers): the cache key of its plan."""
+
+    suffix: str  # the dtype's kernel suffix (registry.DTYPE_SUFFIX)
+    num_queries: int
+    query_length: int
+    dim: int
+    num_docs: int
+    pairs: bool
+    argmax_bits: int  # 16 or 32: the winners saved; 0: none
+    mean_doc_length: float  # tokens of an average document (packed: total / documents)
+    packed: bool
+
+
+class KernelChoice(typing.NamedTuple):
+    """The tensor-core kernel a shape takes and its tile configuration."""
+
+    family: str
+    name: str
+    config: object  # configs.MmaConfig or configs.WgmmaConfig
+
+    @property
+    def wgmma(self) -> bool:
+        return self.family == "maxsim_fwd_wgmma"
+
+
+class ForwardGeometry(typing.NamedTuple):
+    """How a tensor-core forward's grid covers the queries and the documents."""
+
+    group: int  # queries per block
+    groups: int  # query groups (grid y)
+    docs_per_block: int
+    grid_x: int  # document ranges
+    doc_rotation: int  # query groups of one range start this many documents apart (L2 reuse)
+    tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
+
+
+def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tuple, pointers: tuple,
+                         capability: int) -> bool:
+    """Whether the tensor-core kernels take these operands: whole 16-byte chunks per row, at
+    most 16 k-steps of 32 bytes, rows aligned to 16 bytes, a query no wider than a tile.
+    ``strides``: q's and d's strides in elements (the dim's last); ``pointers``: q's and d's."""
+    item = ITEMSIZE[suffix]
+    if suffix not in TENSOR_CORE_SUFFIXES or (dim * item) % 16 or dim * item > 512:
+        return False
+    if query_length > max(MMA_CONFIGS) or any(s[-1] != 1 for s in strides):
+        return False
+    if any(s * item % 16 for stride in strides for s in stride[:-1]) or any(p % 16 for p in pointers):
+        return False
+    return capability >= 80
+
+
+def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
+                      argmax: bool = False):
+    """The mma.sync tile configuration for a problem, or None (CUDA-core path)."""
+    widths = [w for w in sorted(MMA_CONFIGS) if w >= query_length]
+    if not pairs and num_queries > 1:
+        # Stack several queries on the MMA N dimension: one document tile then serves them all.
+        # 256 columns (8 queries of 32) measured fastest for 32+ queries on the H200
+        # (bench/results/tune-forward-*.log).
+        stacked = min(num_queries * query_length, 256)
+        widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
+    for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
+        config = mma_config(width, ksteps, argmax)
+        if config is None:
+            continue
+        while config.shared_bytes > smem_limit and config.stages > 2:
+            config = dataclasses.replace(config, stages=config.stages - 1)
+        if config.shared_bytes <= smem_limit:
+            return config
+    return None
+
+
+def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) -> KernelChoice | None:
+    """The tensor-core kernel and tile configuration of ``shape`` on a device of
+    ``properties`` (gpu.device.device_properties), or None (the CUDA-core kernel)."""
+    sm_count, smem_limit, smem_per_sm, capability, l2_bytes = properties
+    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed = shape
+    ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
+    corpus_elements = num_docs * mean_doc_length * dim
+    if tunables.use_wgmma and capability == 90 and not pairs and query_length <= 64:
+        # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
+        # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
+        # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles; its winners are 16-bit).
+        docs_on_m = tunables.wgmma_docs_on_m and num_queries > 128 // query_length and argmax != 32
+        warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
+        tile_rows = 64 if docs_on_m else wgmma_tile_rows(
+            mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_elements,
+            tunables=tunables)
+        config = wgmma_config(ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
+                              docs_on_m, suffix == "int8", tunables=tunables)
+        if config is not None and config.shared_bytes <= smem_limit:
+            return KernelChoice("maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config)
+    config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax))
+    if config is None:
+        return None
+    return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)
+
+
+def persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
+    """Document ranges per query group such that the groups x ranges blocks fill whole waves
+    of resident blocks: a wave with a few blocks left over doubles the time (measured: 136
+    blocks on 132 SMs ran 2.5x slower than 132). Fewest ranges among the best fills."""
+    best, best_fill = 1, 0.0
+    for chunks in range(1, max(1, min(num_docs, 4 * resident // groups)) + 1):
+        blocks = groups * -(-num_docs // -(-num_docs // chunks))  # ranges actually made
+        fill = blocks / (-(-blocks // resident) * resident)
+        if fill > best_fill + 1e-9:
+            best, best_fill = chunks, fill
+    return best
+
+
+def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, properties: tuple) -> ForwardGeometry:
+    """The grid of ``choice`` for ``shape``, with ``resident`` of its blocks per SM."""
+    sm_count, l2_bytes = properties[0], properties[4]
+    config, pairs, num_queries, num_docs = choice.config, shape.pairs, shape.num_queries, shape.num_docs
+    group = 1 if pairs else max(1, min(num_queries, config.queries_per_block(shape.query_length)))
+    groups = 1 if pairs else -(-num_queries // group)
+    if pairs:
+        docs_per_block = 1
+    else:
+        # One wave of resident blocks, each streaming an equal range of documents through its
+        # pipeline (a persistent grid): no tail of half-empty waves.
+        docs_per_block = -(-num_docs // persistent_chunks(num_docs, groups, sm_count * resident))
+    grid_x = -(-num_docs // docs_per_block)
+    # Query groups of one document range start at different documents (the Hopper kernel), so
+    # that they do not all ask the same L2 lines at once; only when the corpus fits in half the
+    # L2 cache, so that a later group still finds what an earlier one read.
+    corpus_bytes = num_docs * shape.mean_doc_length * shape.dim * ITEMSIZE[shape.suffix]
+    corpus_fits = corpus_bytes <= l2_bytes // 2
+    doc_rotation = -(-docs_per_block // groups) if choice.wgmma and groups > 1 and corpus_fits else 0
+    return ForwardGeometry(group, groups, docs_per_block, grid_x, doc_rotation, config.tile_n if choice.wgmma else 0)
+
+
+class SimtPlan(typing.NamedTuple):
+    """The CUDA-core kernel's launch: fp32, fp64 and what the tensor-core kernels cannot take."""
+
+    name: str
+    rows_per_chunk: int
+    shared: int
+    grid: int
+    threads: int
+
+
+def simt_plan(suffix: str, num_queries: int, dim: int, num_docs: int, pairs: bool, properties: tuple) -> SimtPlan:
+    """Rows staged per chunk, shared memory and grid of the CUDA-core kernel; ValueError where
+    even one row does not fit in shared memory."""
+    sm_count, smem_limit = properties[:2]
+    accumulator = 8 if suffix == "fp64" else 4
+    rows = max(1, SIMT_CHUNK_BYTES // (dim * accumulator))
+    shared = simt_shared_bytes(rows, dim, accumulator)
+    if shared > smem_limit:
+        raise ValueError(f"dim {dim} is too large for the GPU kernels (at most {smem_limit // accumulator - 160})")
+    total = num_docs if pairs else num_queries * num_docs
+    return SimtPlan(f"maxsim_fwd_simt_{suffix}", rows, shared, min(total, sm_count * 64), SIMT_THREADS)
+
+
+assert set(ITEMSIZE) == set(SUFFIX_DTYPE)

@@ -1,0 +1,71 @@
+"""Every kernel variant the planners can ask for: what the compile checks and the CLI build.
+
+The Hopper family's int8 entry exists only where its registers allow (the #if before it in
+maxsim_fwd_wgmma.cu, mirrored by configs.int8_long_tiles and configs.int8_docs_on_m_warpgroups);
+:func:`family_kernels` says which kernels a variant defines, and the compile test holds the
+source to it.
+"""
+
+from __future__ import annotations
+
+from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
+from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
+from ..tuning import DEFAULT
+from .configs import MMA_CONFIGS, int8_docs_on_m_warpgroups, int8_long_tiles, mma_config, wgmma_config
+
+
+def family_kernels(family: str, defines=()) -> tuple[str, ...]:
+    """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry:
+    see int8_long_tiles)."""
+    names = FAMILIES[family][1]
+    if family == "maxsim_fwd_wgmma":
+        value = dict(d[len("-D"):].split("=", 1) for d in defines)
+        if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
+                value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
+                value.get("MAXSIM_DOCS_ON_M") == "1" and int(value["MAXSIM_WARPGROUPS"]) > int8_docs_on_m_warpgroups(
+                    value.get("MAXSIM_ARGMAX") == "1", int(value["MAXSIM_KSTEPS"]))):
+            names = tuple(name for name in names if not name.endswith("_int8"))
+    return names
+
+
+def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
+    """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
+    with and without the argmax."""
+    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ())]
+    for width in MMA_CONFIGS:
+        for ksteps in (4, 6, 8, 16):
+            config = mma_config(width, ksteps)
+            if config is not None:
+                variants.append(("maxsim_fwd", config.defines()))
+                variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
+    for ksteps in (4, 6, 8):
+        for argmax in (False, True):
+            for warpgroups in (1, 2, 3):  # 1: one query group, documents split
+                for tile_n in (64, 128):
+                    for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
+                        config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
+                        variants.append(("maxsim_fwd_wgmma", config.defines()))
+        for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups)
+            for argmax in (False, True):
+                for int8 in (False, True):
+                    config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8)
+                    if ("maxsim_fwd_wgmma", config.defines()) not in variants:
+                        variants.append(("maxsim_fwd_wgmma", config.defines()))
+    return variants
+
+
+def compile_targets(family: str, archs) -> tuple[str, ...]:
+    """The architectures among ``archs`` that ``family`` is built for (sm_90a stands for sm_90)."""
+    arch = ARCH_SPECIFIC.get(family)
+    if arch is None:
+        return tuple(archs)
+    return (arch,) if arch.rstrip("a") in archs else ()
+
+
+def compile_all(archs=("sm_80", "sm_86", "sm_89", "sm_90")) -> list[CompileReport]:
+    """Compile every kernel variant for every architecture through NVRTC (no GPU needed)."""
+    reports = []
+    for family, defines in compile_variants():
+        for arch in compile_targets(family, archs):
+            reports += compile_with_nvrtc(family, arch, defines)
+    return reports

@@ -1,0 +1,301 @@
+"""Validation: every argument checked before anything launches, and each call described once.
+
+``TypeError`` for an unsupported type or dtype, ``ValueError`` for a shape, mask, offsets or
+device mismatch, each naming the argument, what was expected and what came. A checked call
+becomes one immutable :class:`ScoreProblem` or :class:`BackwardProblem`, which the backends,
+the planners and the replay read; nothing after this module re-derives what it settled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ._gpu import launch as gpu_launch
+from ._arrays import Operand, as_operand
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreProblem:
+    """A validated scoring call. Queries are always a batch (a single query is a batch of one,
+    ``single``); ``d`` is padded documents (Nd, Ld, D) or packed tokens (T, D) with ``offsets``."""
+
+    like: Operand  # the q the caller passed: the framework, device and stream of the results
+    q: Operand  # (Nq, Lq, D) as scored (int8 values where float queries meet int8 documents)
+    d: Operand
+    q_mask: Operand | None  # (Nq, Lq)
+    d_mask: Operand | None  # (Nd, Ld)
+    q_scale: Operand | None  # (Nq, Lq) float32, int8 only
+    d_scale: Operand | None  # d.shape[:-1] float32, int8 only
+    offsets: Operand | None  # (Nd + 1,), packed only
+    pairs: bool  # query b meets document b only
+    single: bool  # one query: results without the query axis
+    num_docs: int
+    argmax_dtype: str | None  # the winners' dtype where they are wanted
+
+    @property
+    def shape(self) -> tuple:
+        """The scores' shape."""
+        return (self.num_docs,) if self.single or self.pairs else (self.q.shape[0], self.num_docs)
+
+    @property
+    def doc_length(self) -> int:
+        """Padded documents' length; 0 for packed ones."""
+        return 0 if self.offsets is not None else self.d.shape[1]
+
+    @property
+    def doc_stride(self) -> int:
+        return 0 if self.offsets is not None else self.d.strides[0]
+
+    @property
+    def result_dtype(self) -> str:
+        return result_dtype(self.q.dtype)
+
+    @property
+    def has_masks_or_scales(self) -> bool:
+        return any(x is not None for x in (self.q_mask, self.d_mask, self.q_scale, self.d_scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardProblem:
+    """A validated backward: the forward's operands and winners."""
+
+    like: Operand  # the q the caller passed
+    q: Operand  # (Nq, Lq, D)
+    d: Operand  # (Nd, Ld, D), or tokens (T, D) with offsets
+    argmax: Operand
+    offsets: Operand | None
+    pairs: bool
+    single: bool
+    scores_shape: tuple
+    longest: int  # the longest document's tokens
+    cover: bool  # every token belongs to a document (packed offsets from 0 to T)
+
+
+def result_dtype(dtype: str) -> str:
+    return "float64" if dtype == "float64" else "float32"
+
+
+def argmax_dtype(longest_doc: int) -> str:
+    """Saved winners fit int16 when every document is shorter than 32768 tokens."""
+    return "int16" if longest_doc < 32768 else "int32"
+
+
+# ---- the three scoring layouts --------------------------------------------------------------
+
+
+def padded_problem(q, d, q_mask, d_mask, q_scale, d_scale, return_argmax) -> ScoreProblem:
+    like, d_op = scored_operand(q, "q"), scored_operand(d, "d")
+    check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+    check_ndim(d_op, (3,), "(Nd, Ld, D)")
+    q_op, q_scale_op, d_scale_op = resolve_int8(like, d_op, q_scale, d_scale)
+    check_pair(q_op, d_op)
+    q_mask_op = mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
+    d_mask_op = mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
+    return _batched(like, q_op, d_op, q_mask_op, d_mask_op, q_scale_op, d_scale_op, None, False, d_op.shape[0],
+                    argmax_dtype(d_op.shape[1]) if return_argmax else None)
+
+
+def pairs_problem(q, d, q_mask, d_mask, q_scale, d_scale, return_argmax) -> ScoreProblem:
+    like, d_op = scored_operand(q, "q"), scored_operand(d, "d")
+    check_ndim(like, (3,), "(B, Lq, D)")
+    check_ndim(d_op, (3,), "(B, Ld, D)")
+    q_op, q_scale_op, d_scale_op = resolve_int8(like, d_op, q_scale, d_scale)
+    check_pair(q_op, d_op)
+    if q_op.shape[0] != d_op.shape[0]:
+        raise ValueError(f"q and d must hold the same number of pairs, got {q_op.shape[0]} and {d_op.shape[0]}")
+    q_mask_op = mask_operand(q_mask, "q_mask", q_op.shape[:2], q_op)
+    d_mask_op = mask_operand(d_mask, "d_mask", d_op.shape[:2], q_op)
+    return _batched(like, q_op, d_op, q_mask_op, d_mask_op, q_scale_op, d_scale_op, None, True, d_op.shape[0],
+                    argmax_dtype(d_op.shape[1]) if return_argmax else None)
+
+
+def packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax):
+    """(the problem, its offsets' checked bounds (first, last, longest document))."""
+    like, t_op = scored_operand(q, "q"), scored_operand(tokens, "tokens")
+    o_op = as_operand(offsets, "offsets")
+    check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+    check_ndim(t_op, (2,), "(T, D)")
+    q_op, q_scale_op, d_scale_op = resolve_int8(like, t_op, q_scale, d_scale)
+    check_pair(q_op, t_op)
+    check_device(q_op, o_op)
+    bounds = check_offsets(o_op, t_op.shape[0])
+    q_mask_op = mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
+    problem = _batched(like, q_op, t_op, q_mask_op, None, q_scale_op, d_scale_op, o_op, False, o_op.shape[0] - 1,
+                       argmax_dtype(bounds[2]) if return_argmax else None)
+    return problem, bounds
+
+
+def _batched(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, num_docs, winners) -> ScoreProblem:
+    """The problem with a single query (Lq, D) viewed as a batch of one (1, Lq, D)."""
+    single = q.ndim == 2
+    if single:
+        q = batch_view(q)
+        q_mask = None if q_mask is None else batch_view(q_mask)
+        q_scale = None if q_scale is None else batch_view(q_scale)
+    return ScoreProblem(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, single, num_docs, winners)
+
+
+def backward_problem(q, d, argmax, offsets, pairs, checked_offsets) -> BackwardProblem:
+    """``checked_offsets``: the bounds packed_problem returned for these very offsets (they
+    need not be checked, and waited for on a GPU, again)."""
+    like = as_operand(q, "q")
+    if like.dtype == "int8":
+        raise TypeError("score_backward needs float q and d: int8 scoring has no gradient")
+    if like.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"q must have dtype float16, bfloat16, float32 or float64, got {like.dtype}")
+    d_op = float_operand(d, "tokens" if offsets is not None else "d")
+    if pairs and offsets is not None:
+        raise ValueError("pairs and offsets cannot be combined: score_pairs takes padded documents")
+    if pairs:
+        check_ndim(like, (3,), "(B, Lq, D)")
+        check_ndim(d_op, (3,), "(B, Ld, D)")
+        if like.shape[0] != d_op.shape[0]:
+            raise ValueError(f"q and d must hold the same number of pairs, got {like.shape[0]} and {d_op.shape[0]}")
+    else:
+        check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
+        check_ndim(d_op, (2,) if offsets is not None else (3,), "(T, D)" if offsets is not None else "(Nd, Ld, D)")
+    check_pair(like, d_op)
+    longest, cover = (d_op.shape[1] if d_op.ndim == 3 else 0), True
+    o_op = None
+    if offsets is not None:
+        o_op = as_operand(offsets, "offsets")
+        check_device(like, o_op)
+        first, last, longest = checked_offsets if checked_offsets is not None else check_offsets(o_op, d_op.shape[0])
+        cover = first == 0 and last == d_op.shape[0]
+    single = like.ndim == 2
+    q3 = batch_view(like) if single else like
+    num_queries, query_length, _ = q3.shape
+    num_docs = d_op.shape[0] if offsets is None else o_op.shape[0] - 1
+    scores_shape = (num_docs,) if pairs or single else (num_queries, num_docs)
+    argmax_op = as_operand(argmax, "argmax")
+    if argmax_op.dtype not in ("int16", "int32"):
+        raise TypeError(f"argmax must be int16 or int32 (from return_argmax=True), got dtype {argmax_op.dtype}")
+    if tuple(argmax_op.shape) != scores_shape + (query_length,):
+        raise ValueError(f"argmax must have shape {scores_shape + (query_length,)}, got {tuple(argmax_op.shape)}")
+    check_device(like, argmax_op)
+    return BackwardProblem(like, q3, d_op, argmax_op, o_op, pairs, single, scores_shape, longest, cover)
+
+
+# ---- operands -------------------------------------------------------------------------------
+
+
+def float_operand(x, name: str) -> Operand:
+    operand = as_operand(x, name)
+    if operand.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, got {operand.dtype}")
+    return operand
+
+
+def scored_operand(x, name: str) -> Operand:
+    operand = as_operand(x, name)
+    if operand.dtype not in FLOAT_DTYPES + ("int8",):
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32, float64 or int8, got {operand.dtype}")
+    return operand
+
+
+def resolve_int8(q: Operand, d: Operand, q_scale, d_scale):
+    """The queries as scored and the scale operands: int8 documents need ``d_scale``; int8
+    queries need ``q_scale``; float queries against int8 documents are quantised here, on the
+    caller's stream, exactly as :func:`quantize_int8` would."""
+    if d.dtype != "int8":
+        if q.dtype == "int8":
+            raise TypeError(f"int8 queries need int8 documents; got {d.name} of dtype {d.dtype} "
+                            "(quantize the documents with quantize_int8)")
+        for scale, name in ((q_scale, "q_scale"), (d_scale, "d_scale")):
+            if scale is not None:
+                raise ValueError(f"{name} applies to int8 inputs only, got {q.dtype} and {d.dtype}")
+        return q, None, None
+    if d_scale is None:
+        raise TypeError(f"{d.name} is int8: pass its per-token scales as d_scale (see quantize_int8)")
+    d_scale_op = scale_operand(d_scale, "d_scale", d.shape[:-1], q)
+    if q.dtype == "int8":
+        if q_scale is None:
+            raise TypeError("q is int8: pass its per-token scales as q_scale (see quantize_int8)")
+        return q, scale_operand(q_scale, "q_scale", q.shape[:-1], q), d_scale_op
+    if q_scale is not None:
+        raise ValueError(f"q_scale applies to int8 queries, got q of dtype {q.dtype}")
+    from .quantize import quantize_operand
+
+    values, scales = quantize_operand(q, None)
+    return internal_operand(values, "q", q), internal_operand(scales, "q_scale", q), d_scale_op
+
+
+def scale_operand(scale, name: str, shape: tuple, q: Operand) -> Operand:
+    return per_token_operand(scale, name, shape, q, "float32", "float32 (one scale per token)")
+
+
+def internal_operand(array, name: str, like: Operand) -> Operand:
+    """An internal NumPy / CuPy array as an operand that belongs to ``like``'s call."""
+    operand = as_operand(array, name)
+    operand.framework = like.framework
+    return operand
+
+
+def check_ndim(operand: Operand, allowed: tuple, layout: str) -> None:
+    if operand.ndim not in allowed:
+        raise ValueError(f"{operand.name} must have shape {layout}, got shape {operand.shape}")
+
+
+def check_pair(q: Operand, d: Operand) -> None:
+    if q.dtype != d.dtype:
+        raise TypeError(f"q and {d.name} must have the same dtype, got {q.dtype} and {d.dtype}")
+    if q.shape[-1] != d.shape[-1]:
+        raise ValueError(f"q and {d.name} must have the same embedding dim, got {q.shape[-1]} and {d.shape[-1]}")
+    check_device(q, d)
+
+
+def check_device(q: Operand, other: Operand) -> None:
+    if q.device != other.device:
+        where = lambda o: "host memory" if o.device < 0 else f"CUDA device {o.device}"  # noqa: E731
+        raise ValueError(f"{other.name} must be on the same device as q ({where(q)}), got {where(other)}")
+
+
+def mask_operand(mask, name: str, shape: tuple, q: Operand):
+    if mask is None:
+        return None
+    return per_token_operand(mask, name, shape, q, "bool", "a boolean array (True = real token)")
+
+
+def per_token_operand(x, name: str, shape: tuple, q: Operand, dtype: str, what: str) -> Operand:
+    """A mask or scale array: one value per token, of ``dtype``, on q's device."""
+    operand = as_operand(x, name)
+    if operand.dtype != dtype:
+        raise TypeError(f"{name} must be {what}, got dtype {operand.dtype}")
+    if tuple(operand.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(operand.shape)}")
+    check_device(q, operand)
+    return operand
+
+
+def batch_view(operand: Operand) -> Operand:
+    """(Lq, ...) viewed as a batch of one (1, Lq, ...)."""
+    host = None if operand.host is None else operand.host[None]
+    return operand.with_changes(shape=(1,) + tuple(operand.shape), strides=(0,) + tuple(operand.strides), host=host)
+
+
+def check_offsets(offsets: Operand, num_tokens: int) -> tuple[int, int, int]:
+    """Checks packed-document offsets; returns (first, last, longest document length)."""
+    if offsets.dtype not in ("int32", "int64"):
+        raise TypeError(f"offsets must have dtype int32 or int64, got {offsets.dtype}")
+    if offsets.ndim != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"offsets must have shape (num_docs + 1,), got {offsets.shape}")
+    # Decreases are found by comparing neighbours, not by the sign of their difference (which
+    # wraps past int64); non-decreasing offsets in [0, num_tokens] give steps that cannot wrap.
+    if offsets.host is not None:
+        values = offsets.host.astype(np.int64)
+        first, last = int(values[0]), int(values[-1])
+        decreasing = int((values[1:] < values[:-1]).sum())
+        longest = int((values[1:] - values[:-1]).max()) if values.shape[0] > 1 else 0
+    else:
+        first, last, decreasing, longest = gpu_launch.offsets_summary(
+            offsets.ptr, offsets.shape[0], offsets.strides[0], offsets.dtype == "int64", offsets.device, offsets.stream)
+    if first < 0 or last > num_tokens or decreasing:
+        raise ValueError(
+            f"offsets must be non-decreasing and within [0, {num_tokens}] (tokens has {num_tokens} rows), "
+            f"got first {first}, last {last}" + (f", and {decreasing} decreasing steps" if decreasing else "")
+        )
+    return first, last, max(0, longest)

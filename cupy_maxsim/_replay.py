@@ -1,0 +1,128 @@
+"""Repeated calls: a call's launch remembered under its signature and replayed with new pointers.
+
+A retrieval service calls score() with the same shapes over and over, and a training step
+repeats its forward and backward; a small call is host-bound (rerank-1k: the kernel takes
+~25 us, the general path 40-60 us of Python). After a call without masks or scales, of torch
+CUDA tensors or CuPy arrays, the general path leaves what its launch needed under the call's
+signature (types, shapes, strides, dtypes and devices of q and d, whether the winners are
+wanted, and the tunables in force: everything its checks and its plan read, but the pointers);
+a later call with the same signature reads only the pointers and the stream, allocates the
+results and launches the same kernel. backward_plan does the same for the backward's layout
+(:func:`backward_key`), and score_with_plan (an autograd adapter's forward) replays both under
+one key.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import _arrays
+from ._cache import Cache
+from ._gpu import device as gpu_device
+from ._gpu import launch as gpu_launch
+from ._gpu import tma
+from ._gpu.args import FORWARD_ARGS, FORWARD_HEAD, ArgTemplate, forward_args
+from .tuning import current
+
+ITEMSIZE = _arrays.ITEMSIZE
+#: Recorded forwards (:class:`Replay`) and backward templates (_backward.BackwardPlan), by signature.
+replays = Cache("replays")
+backward_templates = Cache("backward templates")
+
+
+def replay_key(q, d, argmax=False):
+    """The signature of a score(q, d) call without masks or scales, or None where the general
+    path is as cheap."""
+    kind = type(q)
+    if type(d) is not kind:
+        return None
+    module = kind.__module__
+    if module == "torch":  # get_device(): the device's index (-1: CPU) without a torch.device
+        return (kind, q.shape, q.stride(), q.dtype, q.get_device(), d.shape, d.stride(), d.dtype, d.get_device(),
+                argmax, current())
+    if module == "cupy":
+        return kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id, argmax, current()
+    return None
+
+
+def backward_key(q, d, argmax, pairs: bool):
+    """(signature, pointers of q, d and argmax) of a backward_plan(q, d, argmax) call of padded
+    documents, or (None, None). Whether q and d sit on 16 bytes is part of the signature (the
+    layout's vector loads need it)."""
+    key = replay_key(q, d)
+    if key is None or type(argmax) is not key[0]:
+        return None, None
+    if key[0].__module__ == "torch":
+        pointers = q.data_ptr(), d.data_ptr(), argmax.data_ptr()
+        key += (argmax.shape, argmax.stride(), argmax.dtype, argmax.get_device())
+    else:
+        pointers = q.data.ptr, d.data.ptr, argmax.data.ptr
+        key += (argmax.shape, argmax.strides, argmax.dtype, argmax.device.id)
+    return key + (pairs, (pointers[0] | pointers[1]) % 16 == 0), pointers
+
+
+class Replay:
+    """A recorded forward launch, replayed with new pointers."""
+
+    def __init__(self, like, shape: tuple, dtype: str, argmax_dtype: str | None, plan, values: dict,
+                 tile_map_shape: tuple | None, use_tma: bool):
+        self.like, self.shape, self.dtype = like, shape, dtype
+        self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
+        self.plan, self.tile_map_shape, self.use_tma = plan, tile_map_shape, use_tma
+        self.torch = like.framework == "torch"
+        self.backward = None  # a BackwardPlan template: calls answer (scores, plan) (with_backward)
+        # The recorded arguments packed once; a call patches in q, d, out and argmax.
+        arguments = ArgTemplate(forward_args, [values[name] for name, _ in FORWARD_ARGS], FORWARD_HEAD,
+                                0 if tile_map_shape is None else tma.DOC_TILE_MAP_BYTES)
+        self.launch = gpu_launch.PreparedLaunch(plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
+                                                plan.shared, arguments)
+
+    def with_backward(self, template) -> "Replay":
+        """This replay of a forward with winners, answering (scores, the backward plan of the
+        winners from ``template``): score_with_plan replayed. The winners and the backward's
+        scratch share one allocation of 4-byte words (the scratch 16-byte aligned after them)."""
+        replay = object.__new__(Replay)
+        replay.__dict__.update(self.__dict__)
+        replay.backward = template
+        argmax_bytes = math.prod(self.argmax_shape) * ITEMSIZE[self.argmax_dtype]
+        replay.argmax_words = -(-argmax_bytes // 16) * 4
+        replay.work_words = replay.argmax_words + template._scratch_words
+        return replay
+
+    def __call__(self, q, d):
+        """The scores (and winners, or their backward plan), or None where the general path must
+        answer: a pointer not aligned as the kernel needs."""
+        if self.torch:
+            q_ptr, d_ptr = q.data_ptr(), d.data_ptr()
+        else:
+            q_ptr, d_ptr = q.data.ptr, d.data.ptr
+        if (q_ptr | d_ptr) % 16:
+            return None
+        output = _arrays.Output(self.like, q if self.torch else None)
+        result, out_ptr = output.empty(self.shape, self.dtype)
+        argmax_ptr, plan = 0, None
+        stream = self.like.stream
+        if self.backward is not None:  # the winners with the backward's scratch (with_backward)
+            argmax, argmax_ptr = output.empty((self.work_words,), "int32")
+            # The backward staged before the forward's launch: in a step the host's path from
+            # this launch to the backward's has to keep up with the forward's GPU time (ColBERT
+            # in-batch: ~0.1 ms), while the path up to this launch overlaps the GPU's earlier
+            # work (the encoder's, or do_bench's L2 flush).
+            plan = self.backward._rebound((q_ptr, d_ptr, argmax_ptr), (q, d, argmax), stream)
+            plan._stage(output, argmax_ptr + 4 * self.argmax_words, (q, d))
+        elif self.argmax_dtype is not None:
+            argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
+        with gpu_device.on_device(self.like.device):
+            tile_map = None if self.tile_map_shape is None else tma.doc_tile_map(d_ptr, *self.tile_map_shape,
+                                                                                  use_tma=self.use_tma)
+            self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr), stream, tile_map)
+        if self.argmax_dtype is None:
+            return output.wrap(result)
+        return output.wrap(result), plan if plan is not None else output.wrap(argmax)
+
+
+def replayed(key, q, d):
+    """The call recorded under ``key`` (from replay_key) replayed for q and d, or None: no key,
+    none recorded, or the general path must answer."""
+    replay = replays.get(key) if key is not None else None
+    return None if replay is None else replay(q, d)

@@ -1,0 +1,94 @@
+"""The dispatch tunables: one frozen object, the only knobs the planners read.
+
+Every choice a measurement settled (tile shapes, crossovers, the one-launch backward's limits)
+is a field here with the measurement beside it (``docs/decisions.md`` indexes them). The
+planners are pure functions of (problem, device properties, tunables); the public functions
+pass :func:`current`. A benchmark or a test that wants other values says so explicitly::
+
+    with cupy_maxsim.tuning.override(use_wgmma=False):   # A/B against mma.sync on Hopper
+        cm.score(q, d)
+
+Three environment variables seed the defaults once, at import (A/B measurements from a shell):
+``CUPY_MAXSIM_WGMMA=0``, ``CUPY_MAXSIM_DOCS_ON_M=0``, ``CUPY_MAXSIM_TMA=0``. Nothing reads the
+environment or a mutable module global at call time. Caches of plans are keyed by the
+tunables they were planned under, so an override never meets a plan made without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class Tunables:
+    #: Hopper (sm_90) forward on warpgroup MMA; False keeps it on the mma.sync kernel.
+    use_wgmma: bool = True
+    #: Many queries on Hopper put the documents on the MMA's M (unless 32-bit winners are
+    #: saved); False keeps queries on M.
+    wgmma_docs_on_m: bool = True
+    #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
+    use_tma: bool = True
+    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem.
+    wgmma_tile_rows: int | None = None
+    #: One query group (<= 64 rows, memory-bound) gets three warpgroups that hold the same
+    #: queries and split the block's documents, each from a ring of its own: colbert-1q-1M
+    #: 10.2 -> 8.0 ms against mma.sync (bench/results/tune-wgmma-2026-11-30-b5ade09.log).
+    #: False keeps one query group on the mma.sync kernel.
+    wgmma_split_docs: bool = True
+    #: Ring slots when splitting documents, cut to what fits in whole rings.
+    wgmma_split_stages: int = 30
+    #: Splitting with at most 32 query rows, each thread folds one accumulator row, not two
+    #: (int8 corpus-10k spent 30% of its time folding: ablation-wgmma-2026-11-30-b91374a.log).
+    wgmma_half_rows: bool = True
+    #: 128-row tiles where they pad documents by at most this much more than 64-row tiles
+    #: (colpali-32q 7.48 -> 6.75 ms, inbatch-128 0.235 -> 0.250: tune-wgmma-2026-11-30-462151b.log).
+    wgmma_long_tile_padding: float = 1.1
+    #: One query against a padded corpus of at least this many elements takes 128-row tiles
+    #: whatever the padding: crossover 5,000-10,000 documents of 300 tokens
+    #: (fixed-cost-2026-11-30-b028c19.txt), hence 512 MB of 16-bit.
+    wgmma_long_tile_stream_elements: int = 256 * 2**20
+    #: Compile-time defines of maxsim_bwd.cu (rows in flight, blocks per SM): bench/lab/tune_backward.py.
+    bwd_defines: tuple[str, ...] = ()
+    #: The one-launch backward where its dD blocks' shared memory is at most this (3 blocks/SM),
+    #: dQ walks at most bwd_fused_max_docs documents in one chunk, and each row group re-reads
+    #: its document's winners at most bwd_fused_max_winner_reads times in all. ColPali in-batch
+    #: 51.0 us in one launch vs 47.9 in two plus a launch less of host time; ColBERT in-batch
+    #: 113-128 vs 82 us (tune-backward-2026-11-30-40a54a6.log). 0 turns the one launch off.
+    bwd_fused_shared_limit: int = 32 * 1024
+    bwd_fused_max_docs: int = 256
+    bwd_fused_max_winner_reads: int = 16 * 1024
+    #: The _wide backward kernels (16-byte rows, dD's rows a pair at a time) where a warp owns
+    #: at most this many rows (dense rows: ~8+ sources a row); 0 turns them off.
+    bwd_wide_max_rows_per_warp: int = 8
+    #: Most documents per dQ chunk (a warp walks a chunk's documents in order).
+    dq_docs_per_chunk: int = 4096
+
+
+def _from_environment() -> Tunables:
+    flag = lambda name: os.environ.get(name, "1") != "0"  # noqa: E731
+    return Tunables(use_wgmma=flag("CUPY_MAXSIM_WGMMA"), wgmma_docs_on_m=flag("CUPY_MAXSIM_DOCS_ON_M"),
+                    use_tma=flag("CUPY_MAXSIM_TMA"))
+
+
+DEFAULT = _from_environment()
+_current: contextvars.ContextVar[Tunables] = contextvars.ContextVar("cupy_maxsim_tunables", default=DEFAULT)
+
+
+def current() -> Tunables:
+    """The tunables calls made now plan under (DEFAULT unless an :func:`override` is active)."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def override(**changes):
+    """Plan the calls made inside the ``with`` block under the current tunables with
+    ``changes`` (field names of :class:`Tunables`); yields the tunables in force."""
+    tunables = dataclasses.replace(_current.get(), **changes)
+    token = _current.set(tunables)
+    try:
+        yield tunables
+    finally:
+        _current.reset(token)

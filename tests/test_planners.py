@@ -1,0 +1,406 @@
+"""The planners, the replayed launches and the backward's templates without a GPU: tile
+configurations, Hopper tile rows, TMA fall-backs, and the GPU paths' host logic on an H200's
+properties with kernels, launches and outputs stubbed (support.stubbed_gpu)."""
+
+import types
+
+import numpy as np
+import pytest
+
+from cupy_maxsim import _backward, _forward, _replay, training, tuning
+from cupy_maxsim._gpu import args as gpu_args
+from cupy_maxsim._gpu import tma
+from cupy_maxsim._plan import configs
+from cupy_maxsim.tuning import DEFAULT
+from support import HostOutput, count_calls, stub_gpu
+
+
+@pytest.mark.parametrize("query_length", [1, 5, 27, 31, 32, 33, 64, 100, 256])
+def test_query_groups_fit_their_block(query_length):
+    """The dispatcher stacks config.queries_per_block(Lq) whole queries on a block: never more
+    rows than the block holds, and in the Hopper kernel never a query split over warpgroups."""
+    for width in configs.MMA_CONFIGS:
+        config = configs.mma_config(width, 8)
+        if width >= query_length:
+            assert 1 <= config.queries_per_block(query_length) * query_length <= config.block_cols
+    if query_length <= 64:
+        per_group = 64 // query_length
+        assert 1 <= per_group * query_length <= 64
+        split = configs.wgmma_config(8, warpgroups_wanted=1)  # one query group: documents split
+        assert split.split_docs and split.warpgroups == 3 and split.queries_per_block(query_length) == per_group
+        assert split.shared_bytes <= configs.WGMMA_SHARED_LIMIT and split.stages >= 8
+        # A query of at most 32 rows leaves half of each thread's rows as padding (not folded).
+        rows = per_group * query_length
+        assert configs.wgmma_config(8, warpgroups_wanted=1, query_rows=rows).half_rows == (rows <= 32)
+        for wanted in (2, 3, 50):
+            config = configs.wgmma_config(8, warpgroups_wanted=wanted)
+            assert config.warpgroups == min(wanted, 3)
+            assert config.queries_per_block(query_length) == config.warpgroups * per_group
+
+
+@pytest.mark.parametrize("length, int8, rows", [(128, False, 128), (1030, False, 128), (300, False, 64),
+                                                (64, False, 64), (1030, True, 64), (2000, False, 128)])
+def test_hopper_tile_rows(length, int8, rows, monkeypatch):
+    """128-row tiles where they add little padding over 64-row ones (and for int8 only where a
+    query's warpgroups split the documents, its kernel's only 128-row build, even when 128 is
+    forced)."""
+    assert configs.wgmma_tile_rows(length, int8) == rows
+    assert configs.wgmma_tile_rows(length, int8, split_docs=True) == (128 if int8 and length == 1030 else rows)
+    forced = tuning.Tunables(wgmma_tile_rows=128)
+    assert configs.wgmma_tile_rows(length, int8, tunables=forced) == (64 if int8 else 128)
+    assert configs.wgmma_tile_rows(length, int8, split_docs=True, tunables=forced) == 128
+
+
+def test_doc_tile_map_falls_back_to_copies(monkeypatch):
+    """Where TMA's rules fail (16-byte alignment, an int16-sized item, 32-bit coordinates) or no
+    driver is at hand, the Hopper kernel gets no descriptor (it copies with cp.async)."""
+    none = tma.NO_DOC_TILE_MAP
+    assert len(none) == tma.DOC_TILE_MAP_BYTES
+    assert tma.doc_tile_map(8, 2, 128, 300, 10, 256, 76800, False) == none  # misaligned pointer
+    assert tma.doc_tile_map(256, 2, 100, 300, 10, 200, 60000, False) == none  # 200-byte rows
+    assert tma.doc_tile_map(256, 4, 128, 300, 10, 512, 153600, False) == none  # 4-byte items
+    assert tma.doc_tile_map(256, 2, 128, 2**31, 1, 256, 0, True) == none  # past 32-bit rows
+    monkeypatch.setattr(tma, "_cuda_driver", lambda: None)
+    tma._doc_tile_maps.clear()
+    assert tma.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
+    # int8 document scales: their own map only as rows of contiguous float32 on 16 bytes (else
+    # the kernel's lanes copy them); the checks come before any driver call.
+    assert tma._scale_tile_map(None, None, 300, 10, 64) is None
+    assert tma._scale_tile_map(None, (8, 4, 1200), 300, 10, 64) is None  # misaligned pointer
+    assert tma._scale_tile_map(None, (256, 8, 2400), 300, 10, 64) is None  # strided rows
+    assert tma._scale_tile_map(None, (256, 4, 1204), 301, 10, 64) is None  # 1204-byte documents
+
+
+
+#: An H200's device_properties: SMs, shared memory per block and per SM, capability, L2 bytes.
+_H200 = (132, 227 * 1024, 228 * 1024, 90, 60 * 2**20)
+
+
+def _recorded_launches(launches: list):
+    """(launch, PreparedLaunch) stubs: each launch, general or prepared, appends
+    (kernel, grid, block, argument bytes or (bytes, tensor map), shared bytes, stream)."""
+    class Recorded:
+        def __init__(self, kernel, grid, block, shared_bytes, arguments=None):
+            self.fixed = kernel, tuple(grid), tuple(block), shared_bytes
+            self.arguments = arguments
+
+        def __call__(self, head_values, stream_ptr, extra=None):
+            buffer = self.arguments(*head_values)  # what the launch's own buffer holds then
+            args = gpu_args.ArgTemplate.struct_bytes(buffer, gpu_args.forward_args.size)
+            kernel, grid, block, shared = self.fixed
+            launches.append((kernel, grid, block, args if extra is None else (args, extra), shared, stream_ptr))
+
+        def launch_packed(self, args, stream_ptr):
+            kernel, grid, block, shared = self.fixed
+            launches.append((kernel, grid, block, gpu_args.ArgTemplate.struct_bytes(args, gpu_args.backward_args.size),
+                             shared, stream_ptr))
+
+    return (lambda *call: launches.append(call)), Recorded
+
+
+class _StubKernel:  # what the planner reads of a compiled kernel
+    num_regs = 128
+
+
+@pytest.fixture
+def h200_planner(monkeypatch):
+    """_forward.mma_plan on an H200's properties with kernels stubbed (no GPU): yields the list
+    of (family, name, defines) the planner asked for."""
+    kernels_asked = []
+
+    def get_kernel(device, family, name, defines=(), shared_bytes=0):
+        kernels_asked.append((family, name, defines))
+        return _StubKernel()
+
+    with stub_gpu(monkeypatch, _H200, get_kernel=get_kernel):
+        yield kernels_asked
+
+
+def test_hopper_plan_without_a_gpu(h200_planner):
+    """The forward planner (_forward.mma_plan) on an H200's properties, kernels stubbed: one query
+    splits the documents over three warpgroups (128-row tiles for ColPali pages, 64 for 300-token
+    documents unless the padded corpus is large; int8 pages too), many queries fill three
+    warpgroups, and query groups of a corpus within half the L2 start at rotated documents."""
+    def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False, argmax_bits=0, dim=128):
+        """(the plan, its kernel's defines as a dict, the kernel's name), planned afresh."""
+        h200_planner.clear()
+        _forward._plans.clear()
+        shape = _forward.planner.ForwardShape(suffix, num_queries, 32, dim, num_docs, False, argmax_bits, mean_length,
+                                              packed)
+        result = _forward.mma_plan(0, shape, DEFAULT)
+        family, name, defines = h200_planner[-1]
+        return result, dict(d.lstrip("-D").split("=") for d in defines), name
+
+    one, defines, name = plan(1, 1030)
+    assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_SPLIT_DOCS"] == "1" and one.tile_rows == 128
+    assert (one.group, one.groups, one.doc_rotation) == (1, 1, 0) and one.docs_per_block * 132 >= 10_000
+    assert defines["MAXSIM_HALF_ROWS"] == "1"  # 32 query rows: each thread folds one row of two
+    assert plan(2, 1030)[1]["MAXSIM_HALF_ROWS"] == "0"  # two queries fill the 64 rows
+    # 300-token documents: 64-row tiles, but 128 for a padded corpus past 512 MB (the
+    # padding rows cost nothing there); a packed one keeps 64.
+    assert plan(1, 300, num_docs=1_000)[0].tile_rows == 64 and plan(1, 300)[0].tile_rows == 128
+    assert plan(1, 300, packed=True)[0].tile_rows == 64
+    # int8 counts the corpus's elements: 128 rows from as many as 16-bit takes them.
+    assert plan(1, 300, suffix="int8")[0].tile_rows == 128 and plan(1, 300, num_docs=1_000, suffix="int8")[0].tile_rows == 64
+    int8_plan, _, int8_name = plan(1, 1030, suffix="int8")
+    assert int8_plan.tile_rows == 128 and int8_name == "maxsim_fwd_wgmma_int8"
+    many, defines, _ = plan(32, 300, num_docs=128)
+    assert defines["MAXSIM_SPLIT_DOCS"] == "0" and defines["MAXSIM_WARPGROUPS"] == "3"
+    # Many queries: documents on the MMA's M, four 32-token queries per warpgroup; 128 x 300 x
+    # 128 fp16 fits the L2: rotated document ranges.
+    assert defines["MAXSIM_DOCS_ON_M"] == "1"
+    assert (many.group, many.groups, many.tile_rows) == (12, 3, 64) and many.doc_rotation > 0
+    # Saving 16-bit winners keeps documents on M, in three warpgroups (two for int8, whose
+    # registers they would overflow); 32-bit winners (a document of 32768 tokens or more) and
+    # four queries or fewer keep queries on M.
+    with_argmax, defines, _ = plan(32, 300, num_docs=128, argmax_bits=16)
+    assert (defines["MAXSIM_DOCS_ON_M"], defines["MAXSIM_WARPGROUPS"], defines["MAXSIM_ARGMAX"]) == ("1", "3", "1")
+    assert (with_argmax.group, with_argmax.groups) == (12, 3)
+    defines = plan(32, 300, num_docs=128, suffix="int8", argmax_bits=16)[1]
+    assert (defines["MAXSIM_DOCS_ON_M"], defines["MAXSIM_WARPGROUPS"]) == ("1", "2")
+    # int8 of dim 256 without the argmax: two warpgroups too (three would spill); dim 128: three.
+    for dim, warpgroups in ((128, "3"), (256, "2")):
+        defines = plan(32, 300, num_docs=128, suffix="int8", dim=dim)[1]
+        assert (defines["MAXSIM_DOCS_ON_M"], defines["MAXSIM_WARPGROUPS"]) == ("1", warpgroups)
+    assert plan(32, 300, num_docs=128, argmax_bits=32)[1]["MAXSIM_DOCS_ON_M"] == "0"
+    assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
+    assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
+
+
+
+def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
+    """A recorded forward launch (_replay.Replay) replayed with new pointers, launches stubbed:
+    the plan's kernel, grid, block and shared memory, the recorded arguments with q, d and the
+    result's pointers swapped in, the tile map of the new documents; None (the general path)
+    for documents off 16-byte alignment."""
+    from cupy_maxsim._arrays import Operand
+    from cupy_maxsim._gpu import launch as gpu_launch
+
+    launches = []
+    launch, prepared = _recorded_launches(launches)
+    monkeypatch.setattr(gpu_launch, "launch", launch)
+    monkeypatch.setattr(gpu_launch, "PreparedLaunch", prepared)
+    monkeypatch.setattr(tma, "doc_tile_map", lambda pointer, *shape, use_tma: ("map", pointer) + shape)
+    shape = _forward.planner.ForwardShape("fp16", 1, 32, 128, 1_000, False, 0, 300, False)
+    plan = _forward.mma_plan(0, shape, DEFAULT)
+    names = [name for name, _ in gpu_args.FORWARD_ARGS]
+    values = {name: 1000 + k for k, name in enumerate(names)}
+    tile_map_shape = (2, 128, 300, 1_000, 256, 300 * 256, False, plan.tile_rows)
+    like = Operand("q", "cupy", "float16", (1, 32, 128), (4096, 128, 1), 0)  # CuPy: its current stream
+    replay = _replay.Replay(like, (1_000,), "float32", None, plan, values, tile_map_shape, True)
+    device_array = lambda pointer: types.SimpleNamespace(data=types.SimpleNamespace(ptr=pointer))  # noqa: E731
+    q, d = device_array(0x10000), device_array(0x200000)
+
+    result = replay(q, d)
+    assert result.shape == (1_000,) and result.dtype == np.float32
+    (kernel, grid, block, (args, tile_map), shared, stream), = launches
+    assert (kernel, grid, block, shared, stream) == (plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
+                                                     plan.shared, None)
+    sent = dict(zip(names, gpu_args.forward_args.layout.unpack(args)))
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0)  # no winners wanted
+    assert tile_map == ("map", 0x200000) + tile_map_shape
+
+    # With the winners: a second result, its pointer in the argmax field.
+    with_argmax = _replay.Replay(like, (1_000,), "float32", "int16", plan, values, tile_map_shape, True)
+    result, argmax = with_argmax(q, d)
+    assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
+    sent = dict(zip(names, gpu_args.forward_args.layout.unpack(launches[-1][3][0])))
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
+    # With a backward template (score_with_plan replayed): the plan of the winners instead, the
+    # winners and the backward's scratch in one allocation (the scratch 16-byte aligned after
+    # 1,000 x 32 int16 winners: 16,000 words).
+    class Template:
+        _scratch_words = 777
+
+        def _rebound(self, pointers, arrays, stream):
+            return types.SimpleNamespace(pointers=pointers, arrays=arrays, stream=stream,
+                                         _stage=lambda output, scratch_ptr, arrays: staged.append(scratch_ptr))
+
+    staged = []
+    result, plan = with_argmax.with_backward(Template())(q, d)
+    sent = dict(zip(names, gpu_args.forward_args.layout.unpack(launches[-1][3][0])))
+    assert plan.pointers == (0x10000, 0x200000, sent["argmax"]) and plan.arrays[:2] == (q, d)
+    work = plan.arrays[2]
+    assert work.shape == (16_000 + 777,) and work.dtype == np.int32 and sent["argmax"] == work.ctypes.data
+    assert staged == [work.ctypes.data + 4 * 16_000] and sent["out"] == result.ctypes.data
+    assert with_argmax.backward is None  # the plain replay is left as it was
+    del launches[1:]
+
+    assert replay(q, device_array(0x200002)) is None and len(launches) == 1  # documents 2 bytes off alignment
+
+
+class _FakeCupyArray:
+    """What the library reads of a C-contiguous CuPy array (shape, strides, dtype, device, pointer), at
+    a made-up device address: the GPU paths' host logic, run without a GPU."""
+
+    __module__ = "cupy"
+
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.strides = tuple(int(np.prod(shape[k + 1:], dtype=np.int64)) * self.dtype.itemsize
+                             for k in range(len(shape)))
+        self.device = types.SimpleNamespace(id=0)
+        self.data = types.SimpleNamespace(ptr=ptr)
+
+
+@pytest.fixture
+def backward_launches(monkeypatch):
+    """The backward planner on an H200's properties, kernels (their names), launches and
+    outputs stubbed (host memory), no templates yet: yields the list launches are recorded in."""
+    launches = []
+    launch, prepared = _recorded_launches(launches)
+    with stub_gpu(monkeypatch, _H200, get_kernel=lambda device, family, name, defines=(), shared_bytes=0: name,
+                  launch=launch, prepared_launch=prepared):
+        yield launches
+
+
+def _backward_args_sent(call) -> dict:
+    """A recorded backward launch's argument struct, field by field."""
+    return dict(zip([n for n, _ in gpu_args.BACKWARD_ARGS], gpu_args.backward_args.layout.unpack(call[3])))
+
+
+def test_backward_templates_without_a_gpu(backward_launches, monkeypatch):
+    """backward_plan on an H200's properties, kernels and launches stubbed, 300 documents (more
+    than the one-launch backward takes): the general path launches nothing and leaves a
+    template; a later plan of the same signature at new pointers starts from it (the same
+    arguments, its own pointers); gradients() launches the CSR with dQ (one block per
+    document, then dQ's), then dD with the sum of dQ's document chunks past the documents,
+    with its own scratch; documents off 16-byte alignment are a signature of their own (no
+    vector loads)."""
+    launches = backward_launches
+    rebound = count_calls(monkeypatch, _backward.BackwardPlan, "_rebound")
+    sent = _backward_args_sent
+    pointers = ("q", "d", "argmax", "sources", "row_ranges", "partial", "grad", "grad_q", "grad_d")
+
+    def gradients_at(base):
+        q = _FakeCupyArray((8, 32, 128), np.float16, base)
+        d = _FakeCupyArray((300, 70, 128), np.float16, base + 0x100000 + (base & 2))
+        argmax = _FakeCupyArray((8, 300, 32), np.int16, base + 0x800000)
+        grad = _FakeCupyArray((8, 300), np.float32, base + 0x900000)
+        launches.clear()
+        plan = training.backward_plan(q, d, argmax)
+        assert not launches  # the forward's part launches nothing
+        grad_q, grad_d = plan.gradients(grad)
+        csr_dq, dd = launches
+        assert sent(csr_dq) == sent(dd)
+        assert (grad_q.shape, grad_d.shape) == ((8, 32, 128), (300, 70, 128))
+        return plan, (q, d, argmax, grad, grad_q, grad_d), csr_dq, dd
+
+    first, arrays, csr_dq, dd = gradients_at(0x10000000)
+    args = sent(dd)
+    assert len(_replay.backward_templates) == 1 and args["vector_loads"] == 1
+    assert (csr_dq[0], dd[0]) == ("maxsim_bwd_csr_dq_fp16", "maxsim_bwd_dd_fp16")  # sparse rows: the segment walk
+    chunks = -(-300 // args["docs_per_chunk"])
+    dq_blocks = 8 * 32 // (configs.BWD_THREADS // 32) * chunks  # query tokens x 1 dim chunk x doc chunks
+    assert chunks == 10 and csr_dq[1] == (300 + dq_blocks,)  # the CSR's blocks, then dQ's
+    assert csr_dq[4] == configs.bwd_csr_shared_bytes(args["count_warps"], 70) and args["csr_counts_stride"] == 0
+    assert dd[1][0] > 300 and dd[4] == 0  # blocks past the documents sum dQ's chunks
+    q, d, argmax, grad, grad_q, grad_d = arrays
+    assert [args[k] for k in ("q", "d", "argmax", "grad", "grad_q", "grad_d")] == [
+        q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
+    scratch = first._scratch.ctypes.data  # CSR first, then the row lists, then dQ's partials
+    assert args["sources"] == scratch < args["row_ranges"] < args["partial"] < scratch + 4 * first._scratch.size
+
+    again, arrays, csr_dq_again, dd_again = gradients_at(0x20000000)
+    assert len(_replay.backward_templates) == 1 and len(rebound) == 1  # the same signature: from the template
+    args_again = sent(dd_again)
+    assert {k: v for k, v in args_again.items() if k not in pointers} == {
+        k: v for k, v in args.items() if k not in pointers}
+    q, d, argmax, grad, grad_q, grad_d = arrays
+    assert [args_again[k] for k in ("q", "d", "argmax", "grad", "grad_q", "grad_d")] == [
+        q.data.ptr, d.data.ptr, argmax.data.ptr, grad.data.ptr, grad_q.ctypes.data, grad_d.ctypes.data]
+    assert args_again["sources"] == again._scratch.ctypes.data != scratch  # its own scratch
+
+    # A replayed forward stages the first gradients (outputs and arguments, its scratch allocated
+    # with the winners); the backward patches in grad_scores only: the same arguments as the
+    # general path's. A second backward of the same forward gets outputs and scratch of its own.
+    grad_at, grad_fields = gpu_args.backward_args.part(("grad", "grad_query_stride", "grad_doc_stride"))
+    assert (_backward.GRAD_AT, _backward.GRAD_FIELDS.format) == (grad_at + gpu_args.ArgTemplate.HEADER, grad_fields.format)  # what the staged backward patches
+    q, d, argmax, grad = arrays[:4]
+    replayed = _replay.backward_templates[next(iter(_replay.backward_templates))]._rebound(
+        (q.data.ptr, d.data.ptr, argmax.data.ptr), (q, d, argmax), None)
+    replayed._stage(HostOutput(None), 0x30000000)
+    launches.clear()
+    grad_q, grad_d = replayed.gradients(grad)
+    staged_csr_dq, staged_dd = launches
+    assert (staged_csr_dq[:3], staged_dd[:3]) == (csr_dq_again[:3], dd_again[:3])
+    staged_args = sent(staged_dd)
+    assert sent(staged_csr_dq) == staged_args and staged_args["sources"] == 0x30000000
+    assert (staged_args["grad_q"], staged_args["grad_d"]) == (grad_q.ctypes.data, grad_d.ctypes.data)
+    assert {k: v for k, v in staged_args.items() if k not in pointers + ("grad_q", "grad_d")} == {
+        k: v for k, v in args_again.items() if k not in pointers + ("grad_q", "grad_d")}
+    assert staged_args["grad"] == grad.data.ptr and (grad_q.shape, grad_d.shape) == ((8, 32, 128), (300, 70, 128))
+    launches.clear()
+    grad_q2, grad_d2 = replayed.gradients(grad)
+    again_args = sent(launches[-1])
+    assert again_args["sources"] == replayed._scratch.ctypes.data != 0x30000000
+    assert again_args["grad_q"] == grad_q2.ctypes.data != grad_q.ctypes.data
+
+    # Staged without the caller's scratch (score_with_plan's general path): the plan's own.
+    fresh = training.backward_plan(q, d, argmax)
+    fresh._stage()
+    launches.clear()
+    grad_q3, _ = fresh.gradients(grad)
+    fresh_args = sent(launches[-1])
+    assert fresh_args["sources"] == fresh._scratch.ctypes.data and fresh_args["grad_q"] == grad_q3.ctypes.data
+    assert {k: v for k, v in fresh_args.items() if k not in pointers + ("grad_q", "grad_d")} == {
+        k: v for k, v in args_again.items() if k not in pointers + ("grad_q", "grad_d")}
+
+    _, _, _, dd_off = gradients_at(0x40000002)  # documents 2 bytes off 16-byte alignment
+    assert len(_replay.backward_templates) == 2 and len(rebound) == 3 and sent(dd_off)["vector_loads"] == 0
+
+
+def test_one_launch_backward_without_a_gpu(backward_launches):
+    """In-batch shapes (documents' sources within the shared-memory limit, at most
+    BWD_FUSED_MAX_DOCS documents, few winners re-read per row group) take one launch: dQ's
+    blocks in the first columns of the grid, then a column of row groups per document, no
+    scratch (the staged replay's work buffer is the winners alone); more documents, more
+    sources than shared memory holds or ColBERT's dense rows take two (16-bit dense rows: the
+    _wide kernels)."""
+    launches = backward_launches
+    sent = _backward_args_sent
+    warps = configs.BWD_THREADS // 32
+
+    def launched(num_queries, num_docs, length=70, dtype=np.float16):
+        q = _FakeCupyArray((num_queries, 32, 128), dtype, 0x10000000)
+        d = _FakeCupyArray((num_docs, length, 128), dtype, 0x20000000)
+        argmax = _FakeCupyArray((num_queries, num_docs, 32), np.int16, 0x30000000)
+        grad = _FakeCupyArray((num_queries, num_docs), np.float32, 0x40000000)
+        launches.clear()
+        plan = training.backward_plan(q, d, argmax)
+        plan.gradients(grad)
+        return plan, list(launches)
+
+    plan, (fused,) = launched(8, 40)
+    args = sent(fused)
+    rows_per_warp = args["rows_per_warp"]
+    groups = -(-70 // (warps * rows_per_warp))
+    dq_columns = -(-(8 * 32 // warps) // groups)
+    assert fused[0] == "maxsim_bwd_fused_fp16" and fused[1] == (dq_columns + 40, groups)
+    assert fused[4] == configs.bwd_fused_shared_bytes(warps, warps * rows_per_warp, 8 * 32)
+    assert plan._scratch_words == 0 and args["docs_per_chunk"] == 40
+    assert [args[k] for k in ("sources", "row_ranges", "csr_counts", "partial")] == [0, 0, 0, 0]
+    assert launched(32, 128, 1030)[1][0][0] == "maxsim_bwd_fused_fp16"  # ColPali in-batch training
+    # ColBERT's: 10 row groups x 4,096 winners a document; dense rows in 16-bit: the wide kernels
+    assert [c[0] for c in launched(128, 128, 300)[1]] == ["maxsim_bwd_csr_dq_fp16_wide", "maxsim_bwd_dd_fp16_wide"]
+    assert [c[0] for c in launched(128, 128, 300, dtype=np.float32)[1]] == ["maxsim_bwd_csr_dq_fp32",
+                                                                            "maxsim_bwd_dd_fp32"]
+    assert launched(8, DEFAULT.bwd_fused_max_docs + 1)[1][0][0] == "maxsim_bwd_csr_dq_fp16"  # dQ in chunks
+    assert launched(8, DEFAULT.bwd_fused_max_docs + 1, dtype=np.float64)[1][0][0] == "maxsim_bwd_fused_fp64"
+    assert len(launched(320, 40)[1]) == 2  # 10,240 sources a document: more than shared memory holds
+
+
+def test_csr_layout_keeps_dq_occupancy():
+    """The CSR build's shared memory (given to dQ's blocks of the same launch too) stays within
+    a quarter of an H200 SM up to about 4,800 tokens, then takes up to the block limit, then
+    global counts."""
+    sm_count, smem_limit, smem_per_sm = _H200[:3]
+    quarter = smem_per_sm // configs.BWD_BLOCKS_PER_SM
+    for longest in (1, 300, 1030, 4000):
+        warps, stride = configs.bwd_csr_layout(longest, smem_limit, smem_per_sm)
+        assert stride == 0 and 1 <= warps <= configs.BWD_THREADS // 32
+        assert configs.bwd_csr_shared_bytes(warps, longest) + 1024 <= quarter
+    assert configs.bwd_csr_layout(300, smem_limit, smem_per_sm) == (8, 0)
+    warps, stride = configs.bwd_csr_layout(8192, smem_limit, smem_per_sm)
+    assert stride == 0 and quarter < configs.bwd_csr_shared_bytes(warps, 8192) <= smem_limit
+    assert configs.bwd_csr_layout(30000, smem_limit, smem_per_sm) == (1, configs.bwd_csr_shared_bytes(1, 30000) // 4)
