@@ -1,10 +1,13 @@
 """Small calls of every forward and backward kernel variant, for compute-sanitizer memcheck /
-racecheck."""
+racecheck. CuPy's memory pool is off (inside a pool's slab an out-of-bounds read is invisible
+to memcheck); run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 for torch's allocator likewise."""
 
 import cupy
 import numpy as np
 
 import cupy_maxsim as cm
+
+cupy.cuda.set_allocator(None)
 
 rng = np.random.default_rng(0)
 
@@ -59,40 +62,36 @@ except ImportError:
 # Training: the forward with argmax, then the backward (padded with masks, pairs, packed, one
 # hot row per document, and many documents so that dQ takes the chunked path), in one launch
 # where it fits and, with its limit at 0, in two.
-from cupy_maxsim import _api, _kernels  # noqa: E402
+from cupy_maxsim import tuning  # noqa: E402
 
-one_launch_limit = _kernels.BWD_FUSED_SHARED_LIMIT
-for fused_limit in (one_launch_limit, 0):
-    _kernels.BWD_FUSED_SHARED_LIMIT = fused_limit
-    _api._backward_templates.clear()
-    for dtype in (cupy.float16, cupy.float32, cupy.float64):
-        # (16, 32, 4, 40, 136): dense rows, the _wide kernels in 16 bits, two dim chunks;
-        # (8, 32, 130, 40, 128): one launch with 130 documents
-        for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100), (16, 32, 4, 40, 136),
-                                    (8, 32, 130, 40, 128)]:
-            q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
-            mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
-            scores, argmax = cm.score(q, d, d_mask=mask, return_argmax=True)
-            cm.score_backward(cupy.ones_like(scores), q, d, argmax)
-            s1, a1 = cm.score(q[0], d, return_argmax=True)
-            cm.score_backward(cupy.ones_like(s1), q[0], d, a1)
-            dp = d[:nq] if nd >= nq else rows((nq, ld, dim), dtype)
-            sp, ap = cm.score_pairs(q, dp, return_argmax=True)
-            cm.score_backward(cupy.ones_like(sp), q, dp, ap, pairs=True)
-            tokens, offsets = rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
-            sk, ak = cm.score_packed(q, tokens, offsets, return_argmax=True)
-            cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=offsets)
-            ends_empty = cupy.asarray([0, 5, 5, 41, 41], dtype=cupy.int32)  # an empty last document
-            sk, ak = cm.score_packed(q, tokens, ends_empty, return_argmax=True)
-            cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=ends_empty)
-    for dtype in (cupy.float32, cupy.float16):  # float16: hot rows in the _wide kernels
-        hot_q = rows((40, 32, 64), dtype)
-        hot_d = rows((3, 20, 64), dtype) * 0.01
-        hot_d[:, 4] = hot_q.mean(axis=(0, 1)) * (50 if dtype == cupy.float32 else 5)
-        sh, ah = cm.score(hot_q, hot_d, return_argmax=True)
-        cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
-_kernels.BWD_FUSED_SHARED_LIMIT = one_launch_limit
-_api._backward_templates.clear()
+for fused_limit in (tuning.DEFAULT.bwd_fused_shared_limit, 0):
+    with tuning.override(bwd_fused_shared_limit=fused_limit):
+        for dtype in (cupy.float16, cupy.float32, cupy.float64):
+            # (16, 32, 4, 40, 136): dense rows, the _wide kernels in 16 bits, two dim chunks;
+            # (8, 32, 130, 40, 128): one launch with 130 documents
+            for nq, lq, nd, ld, dim in [(3, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 5, 3, 20, 100), (16, 32, 4, 40, 136),
+                                        (8, 32, 130, 40, 128)]:
+                q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+                mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
+                scores, argmax = cm.score(q, d, d_mask=mask, return_argmax=True)
+                cm.score_backward(cupy.ones_like(scores), q, d, argmax)
+                s1, a1 = cm.score(q[0], d, return_argmax=True)
+                cm.score_backward(cupy.ones_like(s1), q[0], d, a1)
+                dp = d[:nq] if nd >= nq else rows((nq, ld, dim), dtype)
+                sp, ap = cm.score_pairs(q, dp, return_argmax=True)
+                cm.score_backward(cupy.ones_like(sp), q, dp, ap, pairs=True)
+                tokens, offsets = rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32)
+                sk, ak = cm.score_packed(q, tokens, offsets, return_argmax=True)
+                cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=offsets)
+                ends_empty = cupy.asarray([0, 5, 5, 41, 41], dtype=cupy.int32)  # an empty last document
+                sk, ak = cm.score_packed(q, tokens, ends_empty, return_argmax=True)
+                cm.score_backward(cupy.ones_like(sk), q, tokens, ak, offsets=ends_empty)
+        for dtype in (cupy.float32, cupy.float16):  # float16: hot rows in the _wide kernels
+            hot_q = rows((40, 32, 64), dtype)
+            hot_d = rows((3, 20, 64), dtype) * 0.01
+            hot_d[:, 4] = hot_q.mean(axis=(0, 1)) * (50 if dtype == cupy.float32 else 5)
+            sh, ah = cm.score(hot_q, hot_d, return_argmax=True)
+            cm.score_backward(cupy.ones_like(sh), hot_q, hot_d, ah)
 many_d = rows((5000, 8, 64), cupy.float16)
 sm, am = cm.score(rows((2, 8, 64), cupy.float16), many_d, return_argmax=True)
 cm.score_backward(cupy.ones_like(sm), rows((2, 8, 64), cupy.float16), many_d, am)
