@@ -159,7 +159,7 @@ def test_torch_packed_step_checks_its_offsets_once(monkeypatch):
     path's, which checks them twice."""
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
-    from cupy_maxsim import training
+    from cupy_maxsim import _problem
 
     torch.manual_seed(1)
     q = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
@@ -403,7 +403,7 @@ def test_gpu_repeated_steps_reuse_the_layouts(framework, monkeypatch):
     signature must give the general path's winners and gradients bitwise; documents off 16-byte
     alignment must go the general way (and leave a template of their own); the inputs stay as
     passed."""
-    from cupy_maxsim import training
+    from cupy_maxsim import _backward, _replay, training
 
     device = replay_device(framework)
     rebound = count_calls(monkeypatch, _backward.BackwardPlan, "_rebound")
@@ -439,7 +439,7 @@ def test_gpu_torch_steps_replay_and_capture():
     its inputs gives them too."""
     torch = pytest.importorskip("torch")
     import cupy_maxsim.torch as cmt
-    from cupy_maxsim import training
+    from cupy_maxsim import _replay
 
     _replay.replays.clear()
     _replay.backward_templates.clear()
