@@ -60,6 +60,8 @@ def main() -> None:
         lines.append(f"| {case} | {b:.4f} | {t:.4f} | {t / b:.3f} | " + " ".join(f"{x:.4f}" for x in times["base"])
                      + " | " + " ".join(f"{x:.4f}" for x in times["this tree"]) + " |")
         print(lines[-1], flush=True)
+        if options.out:  # as it goes: a run cut at its limit keeps its rows
+            Path(options.out).write_text("\n".join(lines) + "\n")
 
     for dtype in options.dtypes.split(","):
         for shape in options.shapes.split(","):
@@ -110,8 +112,6 @@ def main() -> None:
             torch.cuda.synchronize()
             per_call[name].append((time.perf_counter() - start) / 500 * 1e3)
     row("rerank-1k end to end, ms per call back to back", per_call)
-    if options.out:
-        Path(options.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
