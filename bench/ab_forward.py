@@ -32,6 +32,17 @@ FORWARD_SHAPES = ("rerank-1k", "corpus-10k", "colpali-1q-10k", "colpali-32q-10k"
                   "colbert-256q-100k")
 
 
+def unit_rows(shape, seed, dtype):
+    """Random unit-norm rows of ``dtype``, made in chunks (a 1M x 128 x 128 corpus is 32 GB
+    of fp16; its float32 temporaries would not fit beside it)."""
+    out = torch.empty(shape, dtype=dtype, device="cuda")
+    flat = out.view(-1, shape[-1])
+    step = 2**22
+    for start in range(0, flat.shape[0], step):
+        flat[start:start + step] = _unit(torch, (min(step, flat.shape[0] - start), shape[-1]), seed + start).to(dtype)
+    return out
+
+
 def forward_calls(package, dtype, q, d, quantized):
     if dtype == "int8":
         (qv, qs), (dv, ds) = quantized
@@ -67,8 +78,8 @@ def main() -> None:
         for shape in options.shapes.split(","):
             nq, lq, nd, ld = SHAPES[shape]
             source = torch.bfloat16 if dtype == "bfloat16" else torch.float16
-            q = _unit(torch, (nq, lq, 128) if nq > 1 else (lq, 128), 1).to(source)
-            d = _unit(torch, (nd, ld, 128), 2).to(source)
+            q = unit_rows((nq, lq, 128) if nq > 1 else (lq, 128), 1, source)
+            d = unit_rows((nd, ld, 128), 2, source)
             quantized = (cupy_maxsim.quantize_int8(q), cupy_maxsim.quantize_int8(d)) if dtype == "int8" else None
             if quantized is not None:
                 del d
