@@ -16,6 +16,8 @@ from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, mma_config, s
                       wgmma_tile_rows)
 
 ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8, "int8": 1}
+#: The widest stacked query tile: longer queries take the CUDA-core kernel.
+MAX_QUERY_ROWS = max(MMA_CONFIGS)
 #: dtypes the tensor-core kernels take.
 TENSOR_CORE_SUFFIXES = ("fp16", "bf16", "int8")
 
@@ -63,13 +65,12 @@ def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tupl
     most 16 k-steps of 32 bytes, rows aligned to 16 bytes, a query no wider than a tile.
     ``strides``: q's and d's strides in elements (the dim's last); ``pointers``: q's and d's."""
     item = ITEMSIZE[suffix]
-    if suffix not in TENSOR_CORE_SUFFIXES or (dim * item) % 16 or dim * item > 512:
+    if suffix not in TENSOR_CORE_SUFFIXES or (dim * item) % 16 or dim * item > 512 or query_length > MAX_QUERY_ROWS:
         return False
-    if query_length > max(MMA_CONFIGS) or any(s[-1] != 1 for s in strides):
+    q_strides, d_strides = strides
+    if q_strides[-1] != 1 or d_strides[-1] != 1 or (pointers[0] | pointers[1]) % 16:
         return False
-    if any(s * item % 16 for stride in strides for s in stride[:-1]) or any(p % 16 for p in pointers):
-        return False
-    return capability >= 80
+    return capability >= 80 and all(s * item % 16 == 0 for s in q_strides[:-1] + d_strides[:-1])
 
 
 def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
