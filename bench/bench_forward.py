@@ -16,7 +16,6 @@ bench/results/ (or --out).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -61,31 +60,6 @@ def measure_ceilings(torch):
 
 
 _flush_buffers: dict = {}
-
-
-@contextlib.contextmanager
-def planner_settings(recompile=False, **settings):
-    """Within: cupy_maxsim._kernels' settings changed (``WGMMA_SHAPE=...``, ``USE_TMA=...``, any
-    module attribute the planner reads), the forward planner's cache emptied (a recorded launch
-    then goes the general way too: its replay checks that cache), and with ``recompile`` the
-    compiled kernels dropped (for a patched ``source``). After: the old values, caches emptied."""
-    from cupy_maxsim import _api, _kernels
-
-    def empty():
-        _api._mma_plan.cache_clear()
-        if recompile:
-            _kernels._modules.clear(), _kernels._kernel_cache.clear()
-
-    old = {name: getattr(_kernels, name) for name in settings}
-    for name, value in settings.items():
-        setattr(_kernels, name, value)
-    empty()
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            setattr(_kernels, name, value)
-        empty()
 
 
 def _median_ms(torch, fn, reps=20, warmup=3, synced=False, times=None):
