@@ -30,26 +30,6 @@ __device__ __forceinline__ double to_double(bf16_t x) { return (double)to_float(
 __device__ __forceinline__ double to_double(float x) { return (double)x; }
 __device__ __forceinline__ double to_double(double x) { return x; }
 
-// Accumulator conversions: fp32 accumulation for every input type except float64.
-template <typename T> struct AccumulatorOf { typedef float type; };
-template <> struct AccumulatorOf<double> { typedef double type; };
-template <typename A, typename T> __device__ __forceinline__ A convert(T x);
-template <> __device__ __forceinline__ float convert<float, fp16_t>(fp16_t x) { return to_float(x); }
-template <> __device__ __forceinline__ float convert<float, bf16_t>(bf16_t x) { return to_float(x); }
-template <> __device__ __forceinline__ float convert<float, float>(float x) { return x; }
-template <> __device__ __forceinline__ float convert<float, signed char>(signed char x) { return (float)x; }
-template <> __device__ __forceinline__ double convert<double, double>(double x) { return x; }
-
-// An MMA accumulator as float. int8: exact while |x| <= 2^22, which holds for products of
-// int8 summed over K <= 256 (128 * 128 * 256 = 2^22): x is added into the mantissa of 1.5 * 2^23
-// and that float subtracted back, an integer add and a float add instead of I2F, which issues at
-// an eighth of the float rate and was the int8 fold's bottleneck. Longer K converts with I2F.
-template <int K> __device__ __forceinline__ float accumulator_to_float(int x) {
-    if constexpr (K <= 256) return __int_as_float(x + 0x4B400000) - 12582912.f;
-    else return (float)x;
-}
-template <int K> __device__ __forceinline__ float accumulator_to_float(float x) { return x; }
-
 // Max that propagates NaN (NumPy semantics). IEEE fmaxf would drop a NaN silently.
 __device__ __forceinline__ float max_nan(float a, float b) {
     float r;
@@ -144,32 +124,6 @@ __device__ __forceinline__ void store_value(bf16_t* p, float x) {
 __device__ __forceinline__ void store_value(float* p, float x) { *p = x; }
 __device__ __forceinline__ void store_value(double* p, double x) { *p = x; }
 
-// Four consecutive elements, widened to the accumulator type: one 8-byte (16-bit types) or
-// 16-byte (float) load when `vector` (16-byte aligned rows, dim a multiple of 4), else
-// element by element with a bound check (dim not a multiple of 4).
-template <typename T, typename A>
-__device__ __forceinline__ void load4(const T* p, int valid, bool vector, A (&out)[4]) {
-    if (vector && valid >= 4) {
-        if constexpr (sizeof(T) == 2) {
-            const uint2 v = *(const uint2*)p;
-            const u16 h[4] = {(u16)(v.x & 0xffff), (u16)(v.x >> 16), (u16)(v.y & 0xffff), (u16)(v.y >> 16)};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                T t;
-                t.bits = h[e];
-                out[e] = convert<A, T>(t);
-            }
-            return;
-        } else if constexpr (sizeof(T) == 4) {
-            const float4 v = *(const float4*)p;
-            out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
-            return;
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) out[e] = e < valid ? convert<A, T>(p[e]) : (A)0;
-}
-
 // Document rows: where doc `doc` starts (in elements) and how many tokens it has. Padded
 // batches use a fixed length and a doc stride; packed corpora use cu_seqlens-style offsets
 // (int32 or int64, as the caller gave them: no conversion copy).
@@ -255,25 +209,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
                  "l"(gmem), "r"(src_bytes));
-}
-// Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
-// zero-filled when the token is not real (outside the block's group, masked, or past dim), and
-// returns whether it is real. Both forward kernels stage their query block this way.
-template <typename T>
-__device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
-                                                  int chunk, bool in_group) {
-    constexpr int ELEMS = 16 / sizeof(T);
-    bool real = in_group;
-    if (real && args.q_mask != nullptr)
-        real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
-    const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
-    const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
-    cp_async_16(dst, bytes ? (const void*)src : args.q, bytes);
-    return real;
-}
-// int8: the per-token query scale.
-__device__ __forceinline__ float query_scale(const ForwardArgs& args, i64 query, int token) {
-    return args.q_scale[query * args.q_scale_query_stride + token * args.q_scale_row_stride];
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -94,7 +94,7 @@ __device__ __forceinline__ void bwd_doc_extent(const BackwardArgs& args, i64 doc
 template <typename T, typename A, typename BeforeRow>
 __device__ __forceinline__ void gather_rows(const T* base, i64 my_offset, A my_weight, int count, int dim0,
                                             int valid, bool vector, A (&acc)[4], BeforeRow before_row) {
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (Codec<T>::BITS == 16) {
         // 16-bit rows with 8-byte loads (vector: dim % 4 == 0, so a lane has 4 dims or none):
         // rows stay raw until they are added, 2 registers each instead of 4 converted ones, so
         // twice the rows are in flight in the same registers (the gathers wait on L2 round trips).
@@ -205,7 +205,7 @@ template <> struct RowOffset<true> { typedef u32 type; };
 // sector 4 times (ColPali's backward: dD 27.7 -> 22.9 us; bench/NOTES.md, fourteenth day).
 template <typename T, typename A, int N>
 __device__ __forceinline__ void store_sums(T* p, const A (&v)[N], int valid, bool vector) {
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (Codec<T>::BITS == 16) {
         if (vector && valid == N) {
             u32 words[N / 2];
 #pragma unroll
@@ -221,7 +221,7 @@ __device__ __forceinline__ void store_sums(T* p, const A (&v)[N], int valid, boo
                 *(uint2*)p = make_uint2(words[0], words[1]);
             return;
         }
-    } else if constexpr (sizeof(T) == 4 && N == 8) {  // (N == 4: a float4 spilled dd_fp32 on sm_80)
+    } else if constexpr (Codec<T>::BITS == 32 && N == 8) {  // (N == 4: a float4 spilled dd_fp32 on sm_80)
         if (vector && valid == N) {
 #pragma unroll
             for (int e = 0; e < N; e += 4)
@@ -237,7 +237,7 @@ __device__ __forceinline__ void store_sums(T* p, const A (&v)[N], int valid, boo
 // dQ block (block_x, block_y, block_z): query tokens, dim chunk, document chunk.
 template <typename T, bool WIDE>
 __device__ __forceinline__ void maxsim_bwd_dq(const BackwardArgs& args, i64 block_x, int block_y, i64 block_z) {
-    typedef typename AccumulatorOf<T>::type A;
+    typedef typename Codec<T>::Acc A;
     using namespace bwd;
     const int lane = threadIdx.x & 31;
     const i64 token_index = block_x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // query * Lq + t
@@ -495,7 +495,7 @@ __device__ __forceinline__ void build_inverse_csr(const BackwardArgs& args, i64 
 template <typename T, bool WIDE>
 __device__ __forceinline__ void dd_row_group(const BackwardArgs& args, i64 doc, int group, int length, i64 row0,
                                              const int* list, const int* ranges, bool block_ranges) {
-    typedef typename AccumulatorOf<T>::type A;
+    typedef typename Codec<T>::Acc A;
     using namespace bwd;
     __shared__ __align__(16) A sPartial[WARPS * DIM_CHUNK];
     __shared__ int sHotRows[MAX_BLOCK_ROWS];  // this block's hot rows, in no particular order

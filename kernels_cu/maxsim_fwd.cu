@@ -103,16 +103,14 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     const i64 d_row_stride = args.d_row_stride;
     const i64 d_mask_doc_stride = args.d_mask_doc_stride, d_mask_row_stride = args.d_mask_row_stride;
     const i64 num_docs = args.num_docs, docs_per_block = args.docs_per_block;
-    const i64 out_query_stride = args.out_query_stride;
     const int num_queries = args.num_queries, query_length = args.query_length, dim = args.dim;
     const int queries_per_group = args.queries_per_group, pairs = args.pairs;
-    float* __restrict__ out = (float*)args.out;
     typedef typename Mma16816<T>::acc_t Acc;
     // int8: similarities are q_scale[i] * d_scale[j] * (integer dot). The document scale is
     // applied per row before the max; the (non-negative) query scale factors out of the max and
     // is applied once per column.
-    constexpr bool SCALED = sizeof(T) == 1;
-    constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
+    constexpr bool SCALED = Codec<T>::SCALED;
+    constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;  // elements per 16-byte chunk
     using namespace fwd;
     extern __shared__ __align__(16) unsigned char smem[];
     u16* sQ = (u16*)smem;
@@ -254,42 +252,26 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
             doc_has_row |= sHasRow[parity * WARPS + w] != 0;
             doc_bad |= sDocBad[parity * WARPS + w] != 0;
         }
-        for (int g = warp; g < group_size; g += WARPS) {
-            float sum = 0.f;
-            bool non_finite = false;
-            for (int i = lane; i < query_length; i += 32) {
-                const int col = g * query_length + i;
-                const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
-                                         finished_doc * args.argmax_doc_stride + i;
-                if (sColQuery[col] < 0) {
-                    if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
-                    continue;
-                }
-                float m = MAXSIM_NEG_INF;
-                int arg = -1;
+        for (int g = warp; g < group_size; g += WARPS)
+            warp_finish_document<ARGMAX, SCALED>(
+                args, first_query + g, finished_doc, lane, doc_has_row, doc_bad,
+                [&](int i, float& m, int& winner, float& scale, bool& bad) {
+                    const int col = g * query_length + i;
+                    if (sColQuery[col] < 0) return false;
+                    m = MAXSIM_NEG_INF, winner = -1;
 #pragma unroll
-                for (int w = 0; w < WARPS_M; ++w) {
-                    const float other = red_max[w * BN + col];
-                    if constexpr (ARGMAX) {
-                        const int other_arg = red_arg[w * BN + col];
-                        if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
+                    for (int w = 0; w < WARPS_M; ++w) {  // the max over the warps' partial maxima
+                        const float other = red_max[w * BN + col];
+                        if constexpr (ARGMAX) {
+                            const int other_arg = red_arg[w * BN + col];
+                            if (other > m || (other == m && (unsigned)other_arg < (unsigned)winner)) winner = other_arg;
+                        }
+                        m = max_nan(m, other);
                     }
-                    m = max_nan(m, other);
-                }
-                if constexpr (ARGMAX)
-                    store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, doc_has_row ? arg : -1);
-                if constexpr (SCALED) m *= sColScale[col];
-                non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sColBad[col] || doc_bad;
-                sum += m;
-            }
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1)
-                sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-            non_finite = __any_sync(0xffffffffu, non_finite);
-            if (lane == 0)
-                out[(first_query + g) * out_query_stride + finished_doc] =
-                    !doc_has_row ? MAXSIM_NEG_INF : non_finite ? __int_as_float(0x7fffffff) : sum;
-        }
+                    scale = SCALED ? sColScale[col] : 1.f;
+                    bad = sColBad[col] != 0;
+                    return true;
+                });
     };
 
     i64 doc = doc_begin, base_unused, length, first_unused;

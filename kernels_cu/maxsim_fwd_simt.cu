@@ -27,7 +27,7 @@
 
 template <typename T>
 __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
-    typedef typename AccumulatorOf<T>::type A;
+    typedef typename Codec<T>::Acc A;
     const T* __restrict__ q = (const T*)args.q;
     const T* __restrict__ d = (const T*)args.d;
     const unsigned char* __restrict__ q_mask = args.q_mask;
@@ -37,12 +37,10 @@ __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
     const i64 q_mask_row_stride = args.q_mask_row_stride, d_row_stride = args.d_row_stride;
     const i64 d_dim_stride = args.d_dim_stride, d_mask_doc_stride = args.d_mask_doc_stride;
     const i64 d_mask_row_stride = args.d_mask_row_stride, num_docs = args.num_docs;
-    const i64 out_query_stride = args.out_query_stride;
     const int num_queries = args.num_queries, query_length = args.query_length, dim = args.dim;
     const int rows_per_chunk = args.rows_per_chunk, pairs = args.pairs;
-    A* __restrict__ out = (A*)args.out;
     // int8: similarity = q_scale[i] * d_scale[j] * dot, applied before the max.
-    constexpr bool SCALED = sizeof(T) == 1;
+    constexpr bool SCALED = Codec<T>::SCALED;
     constexpr int THREADS = MAXSIM_SIMT_THREADS;
     extern __shared__ __align__(16) unsigned char smem[];
     A* sRows = (A*)smem;
@@ -130,12 +128,7 @@ __device__ __forceinline__ void maxsim_fwd_simt(const ForwardArgs args) {
             }
             __syncthreads();
         }
-        if (tid == 0) {
-            A score = sPartial[0];
-            if (!doc_has_row) score = neg_inf;
-            else if (sNonFinite[0]) score = (A)__int_as_float(0x7fffffff);
-            out[query * out_query_stride + doc] = score;
-        }
+        if (tid == 0) emit_score(args, query, doc, document_score(sPartial[0], doc_has_row, sNonFinite[0] != 0));
         __syncthreads();  // sPartial is reused by the next pair
     }
 }

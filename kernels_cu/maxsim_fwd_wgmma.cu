@@ -115,7 +115,7 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    return SPLIT_DOCS ? 80 : sizeof(T) == 1 && WARPGROUPS > 2 ? 32 : 56;
+    return SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -435,8 +435,8 @@ template <typename T>
 __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const DocTileMap& tile_map) {
     using namespace wg;
     typedef typename WgmmaTile<T>::acc_t Acc;
-    constexpr bool SCALED = sizeof(T) == 1;
-    constexpr int ELEMS = 16 / sizeof(T);  // elements per 16-byte chunk
+    constexpr bool SCALED = Codec<T>::SCALED;
+    constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;  // elements per 16-byte chunk
     const T* __restrict__ d = (const T*)args.d;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -635,7 +635,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom)
-                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * (128 / (int)sizeof(T)), y, z, full + stage);
+                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * 8 * ELEMS, y, z, full + stage);
                     // Rows past the document hold the next document's scales, or zeros past the
                     // tensor: their columns are not real, whatever they hold.
                     if (scales_by_tma) tma_load_scales(sScale + stage * TILE_N, tile_map, y, z, full + stage);
@@ -724,49 +724,33 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             doc_has_row |= sHasRow[parity * WARPS + warpgroup * 4 + w] != 0;
             doc_bad |= sDocBad[parity * WARPS + warpgroup * 4 + w] != 0;
         }
-        for (int j = warp_in_group; j < group_count; j += 4) {
-            const int g = group_first + j;
-            float sum = 0.f;
-            bool non_finite = false;
-            for (int i = lane; i < query_length; i += 32) {
-                const int local = query_row_of(j * query_length + i);
-                const int query_row = (SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS) + local;
-                const int row = warpgroup * GROUP_ROWS + local;  // accumulator row
-                const i64 argmax_index = (first_query + g) * args.argmax_query_stride +
-                                         finished_doc * args.argmax_doc_stride + i;
-                if (sRowQuery[query_row] < 0) {
-                    if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
-                    continue;
-                }
-                float m;
-                int winner = -1;
-                if constexpr (DOCS_ON_M) {  // the max over the warpgroup's 4 warps of its column
-                    const int slot = (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS + local;
-                    m = sRowMax[slot];
-                    if constexpr (ARGMAX) winner = sRowArg[slot];
+        for (int j = warp_in_group; j < group_count; j += 4)
+            warp_finish_document<ARGMAX, SCALED>(
+                args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad,
+                [&](int i, float& m, int& winner, float& scale, bool& bad) {
+                    const int local = query_row_of(j * query_length + i);
+                    const int query_row = (SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS) + local;
+                    const int row = warpgroup * GROUP_ROWS + local;  // accumulator row
+                    if (sRowQuery[query_row] < 0) return false;
+                    winner = -1;
+                    if constexpr (DOCS_ON_M) {  // the max over the warpgroup's 4 warps of its column
+                        const int slot = (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS + local;
+                        m = sRowMax[slot];
+                        if constexpr (ARGMAX) winner = sRowArg[slot];
 #pragma unroll
-                    for (int w = 1; w < 4; ++w) {
-                        const float other = sRowMax[slot + w * QUERY_COLS];
-                        if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * QUERY_COLS]);
-                        m = max_nan(m, other);
+                        for (int w = 1; w < 4; ++w) {
+                            const float other = sRowMax[slot + w * QUERY_COLS];
+                            if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * QUERY_COLS]);
+                            m = max_nan(m, other);
+                        }
+                    } else {
+                        m = sRowMax[parity * BLOCK_ROWS + row];
+                        if constexpr (ARGMAX) winner = sRowArg[parity * BLOCK_ROWS + row];
                     }
-                } else {
-                    m = sRowMax[parity * BLOCK_ROWS + row];
-                }
-                if constexpr (ARGMAX)
-                    store_argmax(args.argmax, args.argmax_is_32bit, argmax_index,
-                                 !doc_has_row ? -1 : DOCS_ON_M ? winner : sRowArg[parity * BLOCK_ROWS + row]);
-                if constexpr (SCALED) m *= sRowScale[query_row];
-                non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || sRowBad[query_row] || doc_bad;
-                sum += m;
-            }
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-            non_finite = __any_sync(0xffffffffu, non_finite);
-            if (lane == 0)
-                ((float*)args.out)[(first_query + g) * args.out_query_stride + finished_doc] =
-                    !doc_has_row ? MAXSIM_NEG_INF : non_finite ? __int_as_float(0x7fffffff) : sum;
-        }
+                    scale = SCALED ? sRowScale[query_row] : 1.f;
+                    bad = sRowBad[query_row] != 0;
+                    return true;
+                });
     };
 
     // Per-document state of both consumer loops: whether a real token was seen, the witness of

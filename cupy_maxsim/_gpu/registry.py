@@ -59,9 +59,14 @@ def kernel_dir() -> Path:
     )
 
 
+#: The headers in front of every family's source, in this order: concatenated, not #include-d,
+#: since CuPy's disk cache hashes the source string only (an edited header must never serve a
+#: stale binary).
+HEADERS = ("common.cuh", "codecs.cuh", "epilogue.cuh")
+
+
 def source(family: str) -> str:
-    """Full source of a kernel family: common.cuh followed by the family's .cu file."""
+    """Full source of a kernel family: the headers followed by the family's .cu file."""
     folder = kernel_dir()
     filename, _ = FAMILIES[family]
-    return (folder / "common.cuh").read_text() + "\n" + (folder / filename).read_text()
-
+    return "\n".join((folder / header).read_text() for header in HEADERS + (filename,))

@@ -1,0 +1,88 @@
+// codecs.cuh: element formats, one codec each: what a kernel may ask of the type it reads.
+//   Codec<T>::BITS         bits per element
+//   Codec<T>::CHUNK_ELEMS  elements per 16-byte chunk (one cp.async, one ldmatrix row)
+//   Codec<T>::SCALED       tokens carry a per-token scale (int8: x ~ value * scale): the document's
+//                          is applied before the max, the query's (non-negative) after it
+//   Codec<T>::Acc          the accumulator type: float, double for float64
+// with convert<Acc, T> (one element widened), load4 (four of them) and stage_query_chunk (a
+// query chunk into shared memory). Kernels never test sizeof(T): a new format (fp8, 4-bit) is
+// one more codec here and one entry of cupy_maxsim/_gpu/registry.FORMATS, whose bits and
+// scaling tests/test_packaging.py holds to these.
+#pragma once
+
+template <typename T> struct Codec;
+#define MAXSIM_CODEC(T, BITS_, SCALED_, ACC)                                   \
+    template <> struct Codec<T> {                                              \
+        static constexpr int BITS = BITS_, CHUNK_ELEMS = 128 / BITS_;         \
+        static constexpr bool SCALED = SCALED_;                                \
+        typedef ACC Acc;                                                       \
+    };
+MAXSIM_CODEC(fp16_t, 16, false, float)
+MAXSIM_CODEC(bf16_t, 16, false, float)
+MAXSIM_CODEC(float, 32, false, float)
+MAXSIM_CODEC(double, 64, false, double)
+MAXSIM_CODEC(i8, 8, true, float)
+
+// Conversion of one element to the accumulator type (Codec<T>::Acc).
+template <typename A, typename T> __device__ __forceinline__ A convert(T x);
+template <> __device__ __forceinline__ float convert<float, fp16_t>(fp16_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float convert<float, bf16_t>(bf16_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float convert<float, float>(float x) { return x; }
+template <> __device__ __forceinline__ float convert<float, signed char>(signed char x) { return (float)x; }
+template <> __device__ __forceinline__ double convert<double, double>(double x) { return x; }
+
+// An MMA accumulator as float. int8: exact while |x| <= 2^22, which holds for products of
+// int8 summed over K <= 256 (128 * 128 * 256 = 2^22): x is added into the mantissa of 1.5 * 2^23
+// and that float subtracted back, an integer add and a float add instead of I2F, which issues at
+// an eighth of the float rate and was the int8 fold's bottleneck. Longer K converts with I2F.
+template <int K> __device__ __forceinline__ float accumulator_to_float(int x) {
+    if constexpr (K <= 256) return __int_as_float(x + 0x4B400000) - 12582912.f;
+    else return (float)x;
+}
+template <int K> __device__ __forceinline__ float accumulator_to_float(float x) { return x; }
+
+// Four consecutive elements, widened to the accumulator type: one 8-byte (16-bit types) or
+// 16-byte (float) load when `vector` (16-byte aligned rows, dim a multiple of 4), else
+// element by element with a bound check (dim not a multiple of 4).
+template <typename T, typename A>
+__device__ __forceinline__ void load4(const T* p, int valid, bool vector, A (&out)[4]) {
+    if (vector && valid >= 4) {
+        if constexpr (Codec<T>::BITS == 16) {
+            const uint2 v = *(const uint2*)p;
+            const u16 h[4] = {(u16)(v.x & 0xffff), (u16)(v.x >> 16), (u16)(v.y & 0xffff), (u16)(v.y >> 16)};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                T t;
+                t.bits = h[e];
+                out[e] = convert<A, T>(t);
+            }
+            return;
+        } else if constexpr (Codec<T>::BITS == 32) {
+            const float4 v = *(const float4*)p;
+            out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+            return;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] = e < valid ? convert<A, T>(p[e]) : (A)0;
+}
+
+// Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
+// zero-filled when the token is not real (outside the block's group, masked, or past dim), and
+// returns whether it is real. Both forward kernels stage their query block this way.
+template <typename T>
+__device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
+                                                  int chunk, bool in_group) {
+    constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
+    bool real = in_group;
+    if (real && args.q_mask != nullptr)
+        real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+    const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
+    const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
+    cp_async_16(dst, bytes ? (const void*)src : args.q, bytes);
+    return real;
+}
+// int8: the per-token query scale.
+__device__ __forceinline__ float query_scale(const ForwardArgs& args, i64 query, int token) {
+    return args.q_scale[query * args.q_scale_query_stride + token * args.q_scale_row_stride];
+}

@@ -1,0 +1,48 @@
+// epilogue.cuh: the per-document epilogue every forward kernel shares. A finished document's
+// maxima (one per query token) become its winners (the argmax) and one score per query, under
+// the MaxSim semantics: a masked query token adds 0 and has no winner; a document without a
+// real token scores -inf and has no winners; a non-finite similarity between real tokens makes
+// the score NaN. emit_score is the one place a score reaches memory: a fused top-k offers the
+// document there instead.
+#pragma once
+
+// The score of a document from its query tokens' summed maxima.
+template <typename A> __device__ __forceinline__ A document_score(A sum, bool doc_has_row, bool non_finite) {
+    return !doc_has_row ? (A)MAXSIM_NEG_INF : non_finite ? (A)__int_as_float(0x7fffffff) : sum;
+}
+
+// Query `query`'s score of document `doc`, written where ForwardArgs says.
+template <typename A> __device__ __forceinline__ void emit_score(const ForwardArgs& args, i64 query, i64 doc, A score) {
+    ((A*)args.out)[query * args.out_query_stride + doc] = score;
+}
+
+// A finished document for query `query`, by one warp, its lanes over the query's tokens (the
+// tensor-core kernels). token_max(i, m, winner, scale, bad) gives token i's max over the
+// document's real rows (before the query scale), its winning row, the token's scale (int8) and
+// whether the token holds NaN or inf, or returns false for a token that is not real (masked,
+// or past the query). doc_has_row: the document has a real token; doc_bad: one of its real
+// rows is not finite.
+template <bool ARGMAX, bool SCALED, typename TokenMax>
+__device__ __forceinline__ void warp_finish_document(const ForwardArgs& args, i64 query, i64 doc, int lane,
+                                                     bool doc_has_row, bool doc_bad, TokenMax token_max) {
+    float sum = 0.f;
+    bool non_finite = false;
+    for (int i = lane; i < args.query_length; i += 32) {
+        const i64 argmax_index = query * args.argmax_query_stride + doc * args.argmax_doc_stride + i;
+        float m, scale;
+        int winner;
+        bool bad;
+        if (!token_max(i, m, winner, scale, bad)) {
+            if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
+            continue;
+        }
+        if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, doc_has_row ? winner : -1);
+        if constexpr (SCALED) m *= scale;
+        non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || bad || doc_bad;
+        sum += m;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    non_finite = __any_sync(0xffffffffu, non_finite);
+    if (lane == 0) emit_score(args, query, doc, document_score(sum, doc_has_row, non_finite));
+}
