@@ -1,7 +1,9 @@
-// common.cuh: types, conversions, reductions and sm_80+ tensor-core helpers shared by every
-// kernel family. No CUDA headers are included, so the same source compiles through CuPy's
-// RawModule and through bare NVRTC (the CI compile check) alike; the loader prepends this file
-// to each .cu source instead of #include-ing it, so CuPy's source-hash cache sees header edits.
+// common.cuh: types, scalar conversions, reductions, the argument structs and sm_80+
+// tensor-core helpers shared by every kernel family. No CUDA headers are included, so the same
+// source compiles through CuPy's RawModule and through bare NVRTC (the CI compile check) alike;
+// the loader concatenates this file, codecs.cuh and epilogue.cuh in front of each .cu source
+// (_gpu/registry.HEADERS) instead of #include-ing them, so CuPy's source-hash cache sees header
+// edits.
 #pragma once
 
 typedef unsigned short u16;
@@ -41,10 +43,10 @@ __device__ __forceinline__ double min_plain(double a, double b) { return b < a ?
 __device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b); }
 
 // Every scalar argument of the forward kernels, passed by value as one struct: the host packs
-// it with a single struct.pack (_kernels.FORWARD_ARGS mirrors the field order), which costs far
+// it with a single struct.pack (_gpu/args.FORWARD_ARGS mirrors the field order), which costs far
 // less per launch than two dozen separate arguments. 8-byte fields come first, then 4-byte
 // fields, so there is no padding to get wrong. The four pointers a repeated call changes lead,
-// so that a replayed launch patches them with one pack_into (_kernels.ArgTemplate, FORWARD_HEAD).
+// so that a replayed launch patches them with one pack_into (_gpu/args.ArgTemplate, FORWARD_HEAD).
 struct ForwardArgs {
     const void* q;
     const void* d;
@@ -81,11 +83,11 @@ __device__ __forceinline__ int load_argmax(const void* argmax, int is_32bit, i64
 }
 
 // Every scalar argument of the backward kernels (maxsim_bwd.cu), packed like ForwardArgs
-// (_kernels.BACKWARD_ARGS mirrors it). q and d have unit dim stride (the caller copies a
+// (_gpu/args.BACKWARD_ARGS mirrors it). q and d have unit dim stride (the caller copies a
 // strided operand once); grad_q and grad_d are contiguous, in the input dtype.
 struct BackwardArgs {
     // The pointers of one forward's arrays, its gradients and its scratch lead, then
-    // grad_scores': a step's staged arguments patch them in (_kernels.ArgTemplate, BACKWARD_HEAD
+    // grad_scores': a step's staged arguments patch them in (_gpu/args.ArgTemplate, BACKWARD_HEAD
     // and BACKWARD_GRAD).
     const void* q;
     const void* d;

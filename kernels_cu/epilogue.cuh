@@ -17,28 +17,30 @@ template <typename A> __device__ __forceinline__ void emit_score(const ForwardAr
 }
 
 // A finished document for query `query`, by one warp, its lanes over the query's tokens (the
-// tensor-core kernels). token_max(i, m, winner, scale, bad) gives token i's max over the
-// document's real rows (before the query scale), its winning row, the token's scale (int8) and
-// whether the token holds NaN or inf, or returns false for a token that is not real (masked,
-// or past the query). doc_has_row: the document has a real token; doc_bad: one of its real
-// rows is not finite.
-template <bool ARGMAX, bool SCALED, typename TokenMax>
+// tensor-core kernels). `tokens` is the kernel's view of its per-document buffers, asked in
+// this order, each only when needed (the kernels run this with their accumulators live, at the
+// register limit): real(i): token i is a real query token (not masked or padding);
+// max(i, winner): its max over the document's real rows (before the query scale), setting
+// `winner` where the max's reduction finds it; winner(i, found): its winning row; scale(i) (int8)
+// and bad(i): the token's scale and whether it holds NaN or inf. doc_has_row: the document has
+// a real token; doc_bad: one of its real rows is not finite.
+template <bool ARGMAX, bool SCALED, typename Tokens>
 __device__ __forceinline__ void warp_finish_document(const ForwardArgs& args, i64 query, i64 doc, int lane,
-                                                     bool doc_has_row, bool doc_bad, TokenMax token_max) {
+                                                     bool doc_has_row, bool doc_bad, const Tokens& tokens) {
     float sum = 0.f;
     bool non_finite = false;
     for (int i = lane; i < args.query_length; i += 32) {
         const i64 argmax_index = query * args.argmax_query_stride + doc * args.argmax_doc_stride + i;
-        float m, scale;
-        int winner;
-        bool bad;
-        if (!token_max(i, m, winner, scale, bad)) {
+        if (!tokens.real(i)) {
             if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, -1);
             continue;
         }
-        if constexpr (ARGMAX) store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, doc_has_row ? winner : -1);
-        if constexpr (SCALED) m *= scale;
-        non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || bad || doc_bad;
+        int found = -1;
+        float m = tokens.max(i, found);
+        if constexpr (ARGMAX)
+            store_argmax(args.argmax, args.argmax_is_32bit, argmax_index, !doc_has_row ? -1 : tokens.winner(i, found));
+        if constexpr (SCALED) m *= tokens.scale(i);
+        non_finite |= !(m < MAXSIM_INF) || m == MAXSIM_NEG_INF || tokens.bad(i) || doc_bad;
         sum += m;
     }
 #pragma unroll

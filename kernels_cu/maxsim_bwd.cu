@@ -23,7 +23,7 @@
 //   fill:  each warp walks its share in order, ranks equal destinations with __match_any_sync
 //          and writes the source at cursor + rank: lists come out in (i, t) order, every run.
 // Shared memory (dynamic, bytes): 4 * (count_warps * L + 2 * L + 2), L = the longest
-// document; _kernels.py mirrors this formula. The launch gives every block that much, dQ's
+// document; _plan/configs.py mirrors this formula. The launch gives every block that much, dQ's
 // too, so Python keeps it within a quarter of an SM where it can (documents up to about
 // 4,800 tokens on the H200; longer ones take up to the block limit, then, past about 19,000
 // tokens, a global scratch of that size per document (csr_counts) with one count warp).
@@ -53,7 +53,7 @@
 
 namespace bwd {
 // The most warps per block the kernels handle (their shared arrays); they run with 8
-// (_kernels.BWD_THREADS) and read the count from blockDim.
+// (_plan/configs.BWD_THREADS) and read the count from blockDim.
 constexpr int WARPS = 16;
 constexpr int DIM_CHUNK = 128;  // 32 lanes x 4 dims
 constexpr int MAX_BLOCK_ROWS = 1024;  // rows per dD block: warps * rows_per_warp (Python keeps it)
@@ -665,7 +665,7 @@ __device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
     maxsim_bwd_dq<T, WIDE>(args, dq_block % grid_x, (int)(dq_block / grid_x % grid_y), dq_block / (grid_x * grid_y));
 }
 
-// The one-launch backward, where a document's sources fit in shared memory (_kernels.py
+// The one-launch backward, where a document's sources fit in shared memory (_plan/configs.py
 // decides): blocks [0, dQ's) compute dQ in one document chunk (grad_q written directly), the
 // blocks after them dD, one per (document, row group of warps * rows_per_warp rows), each
 // inverting only the winners in its own rows, into lists in its shared
@@ -673,7 +673,7 @@ __device__ __forceinline__ void maxsim_bwd_csr_dq(const BackwardArgs& args) {
 // training step's backward costs one launch of host time (on torch's backward thread, where a
 // launch took 13 us on the H200: bench/results/host-timeline-ab-2026-11-30-a8ca6d6.txt).
 // Shared memory (dynamic, bytes): 4 * (warps * R + 4 * (R + 1) + S), R = warps * rows_per_warp,
-// S = sources_per_doc; _kernels.py mirrors this formula.
+// S = sources_per_doc; _plan/configs.py mirrors this formula.
 template <typename T, bool WIDE>
 __device__ __forceinline__ void maxsim_bwd_fused(const BackwardArgs& args) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -710,9 +710,9 @@ __device__ __forceinline__ void maxsim_bwd_fused(const BackwardArgs& args) {
                     true);
 }
 
-// 256 threads: the block size each kernel is launched with (_kernels.BWD_THREADS); MIN_BLOCKS:
+// 256 threads: the block size each kernel is launched with (_plan/configs.BWD_THREADS); MIN_BLOCKS:
 // per SM. WIDE: the 16-byte layout (gather_rows_wide) for 16-bit rows on 16 bytes with dense dD
-// rows (_api.py picks the _wide kernels), a kernel of its own so that each layout gets the
+// rows (_plan/backward.py picks the _wide kernels), a kernel of its own so that each layout gets the
 // registers it needs.
 #define MAXSIM_BWD_ENTRY(NAME, STAGE, T, WIDE, MIN_BLOCKS)                                         \
     extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) NAME(const BackwardArgs args) { \

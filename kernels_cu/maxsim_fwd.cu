@@ -35,7 +35,7 @@
 // Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
 // tile ring, plus 4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS)
 // for row biases and scales, the cross-warp max (and argmax) of two documents in flight, the
-// per-column query index, scale and non-finite flag, and per-warp document flags; _kernels.py
+// per-column query index, scale and non-finite flag, and per-warp document flags; _plan/configs.py
 // mirrors this formula. Rows and k-steps are counted in
 // 16-bit units: a k-step is 32 bytes (16 fp16 or 32 int8 elements).
 //
@@ -84,6 +84,14 @@ static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles 
 static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
 // Query (B) fragments stay in registers when they fit in 64 of them; else re-read per k-step.
 constexpr bool B_IN_REGISTERS = MAXSIM_B_IN_REGISTERS && KSTEPS * NT * 2 <= 64;
+// Dynamic shared memory the kernel needs (the formula in the header comment; carve_shared lays
+// it out). _plan.configs.MmaConfig.shared_bytes mirrors it: the compile checks build every
+// variant with the Python value as MAXSIM_EXPECT_SHARED_BYTES.
+constexpr int SHARED_BYTES = 2 * LDS * (BN + STAGES * BM) +
+                             4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS);
+#ifdef MAXSIM_EXPECT_SHARED_BYTES
+static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.MmaConfig.shared_bytes disagrees");
+#endif
 }  // namespace fwd
 
 // Where lane `lane` points ldmatrix.x4 for the B fragments of n-tiles 2*np and 2*np+1 of warp
@@ -96,110 +104,96 @@ __device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp
            ((lane >> 3) & 1) * 8;
 }
 
-template <typename T>
-__device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
-    const T* __restrict__ d = (const T*)args.d;
-    const unsigned char* __restrict__ d_mask = args.d_mask;
-    const i64 d_row_stride = args.d_row_stride;
-    const i64 d_mask_doc_stride = args.d_mask_doc_stride, d_mask_row_stride = args.d_mask_row_stride;
-    const i64 num_docs = args.num_docs, docs_per_block = args.docs_per_block;
-    const int num_queries = args.num_queries, query_length = args.query_length, dim = args.dim;
-    const int queries_per_group = args.queries_per_group, pairs = args.pairs;
-    typedef typename Mma16816<T>::acc_t Acc;
-    // int8: similarities are q_scale[i] * d_scale[j] * (integer dot). The document scale is
-    // applied per row before the max; the (non-negative) query scale factors out of the max and
-    // is applied once per column.
-    constexpr bool SCALED = Codec<T>::SCALED;
-    constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;  // elements per 16-byte chunk
-    using namespace fwd;
-    extern __shared__ __align__(16) unsigned char smem[];
-    u16* sQ = (u16*)smem;
-    u16* sD = sQ + BN * LDS;
-    float* sBias = (float*)(sD + STAGES * BM * LDS);
-    float* sScale = sBias + STAGES * BM;        // int8: per-row document scale
-    float* sColScale = sScale + STAGES * BM;    // int8: per-column query scale
-    float* sRedMax = sColScale + BN;            // [2 parities][WARPS_M][BN]
-    int* sColQuery = (int*)(sRedMax + 2 * WARPS_M * BN);
-    int* sColBad = sColQuery + BN;              // query token holds NaN or inf
-    int* sHasRow = sColBad + BN;                // [2 parities][WARPS]
-    int* sDocBad = sHasRow + 2 * WARPS;         // [2 parities][WARPS]: a real row is not finite
-    int* sRedArg = sDocBad + 2 * WARPS;         // ARGMAX: [2 parities][WARPS_M][BN]
+namespace fwd {
+// The block's shared memory, as the header comment lays it out.
+struct Shared {
+    u16* sQ;          // [BN][LDS]: the query block
+    u16* sD;          // [STAGES][BM][LDS]: the document tile ring
+    float* sBias;     // [STAGES][BM]: 0 for a real row, -FLT_MAX for padding and masked rows
+    float* sScale;    // int8: [STAGES][BM] per-row document scale
+    float* sColScale; // int8: [BN] per-column query scale
+    float* sRedMax;   // [2 parities][WARPS_M][BN]: a document's maxima per warp row
+    int* sColQuery;   // [BN]: the column's query in the group, -1 if none
+    int* sColBad;     // [BN]: the query token holds NaN or inf
+    int* sHasRow;     // [2 parities][WARPS]
+    int* sDocBad;     // [2 parities][WARPS]: a real row is not finite
+    int* sRedArg;     // ARGMAX: [2 parities][WARPS_M][BN]
+};
+__device__ __forceinline__ Shared carve_shared(unsigned char* smem) {
+    Shared S;
+    S.sQ = (u16*)smem;
+    S.sD = S.sQ + BN * LDS;
+    S.sBias = (float*)(S.sD + STAGES * BM * LDS);
+    S.sScale = S.sBias + STAGES * BM;
+    S.sColScale = S.sScale + STAGES * BM;
+    S.sRedMax = S.sColScale + BN;
+    S.sColQuery = (int*)(S.sRedMax + 2 * WARPS_M * BN);
+    S.sColBad = S.sColQuery + BN;
+    S.sHasRow = S.sColBad + BN;
+    S.sDocBad = S.sHasRow + 2 * WARPS;
+    S.sRedArg = S.sDocBad + 2 * WARPS;
+    return S;
+}
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
-    const i64 doc_begin = (i64)blockIdx.x * docs_per_block;
-    const i64 doc_end = min(doc_begin + docs_per_block, num_docs);
-    if (doc_begin >= doc_end) return;
-    const i64 first_query = pairs ? doc_begin : (i64)blockIdx.y * queries_per_group;
-    const int group_size = pairs ? 1 : (int)min((i64)queries_per_group, num_queries - first_query);
+// The producer side of the ring: which (document, tile) the next load fetches, and the load.
+// Every document has at least one tile, so an empty document still reaches the epilogue and
+// scores -inf. Each thread always copies the same 16-byte column chunk of rows my_row,
+// my_row + ROW_STEP, ...: the per-row work is an add and a compare, not a division and a 64-bit
+// multiply. Chunk slots are a power of two (KSTEPS = 6 has 12 chunks: 16 slots, 4 idle).
+constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
+constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
+static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0, "tile rows must split evenly");
+template <typename T> struct TileLoader {
+    DocLayout layout;
+    i64 doc, doc_end, base, length, first_token;
+    int tile, tiles, my_chunk, my_row, my_chunk_bytes;
 
-    const DocLayout layout = make_doc_layout(args.d_doc_stride, d_row_stride, args.doc_length,
-                                             args.offsets, args.offsets_are_64bit);
-
-    // Query block -> shared memory, once.
-    for (int c = tid; c < BN * CHUNKS; c += THREADS) {
-        const int col = c / CHUNKS, chunk = c % CHUNKS;
-        const int g = col / query_length, token = col % query_length;
-        const i64 query = first_query + g;
-        const bool real = stage_query_chunk<T>(args, sQ + col * LDS + chunk * 8, query, token, chunk, g < group_size);
-        if (chunk == 0) {
-            sColQuery[col] = real ? g : -1;
-            if constexpr (SCALED) sColScale[col] = real ? query_scale(args, query, token) : 0.f;
-        }
+    __device__ __forceinline__ TileLoader(const ForwardArgs& args, const DocLayout& layout_, i64 doc_begin, i64 end,
+                                          int tid)
+        : layout(layout_), doc(doc_begin), doc_end(end), tile(0) {
+        doc_extent(layout, doc, base, length, first_token);
+        tiles = max(1, (int)((length + BM - 1) / BM));
+        my_chunk = tid % CHUNK_SLOTS, my_row = tid / CHUNK_SLOTS;
+        my_chunk_bytes = my_chunk * Codec<T>::CHUNK_ELEMS < args.dim ? 16 : 0;
     }
-    cp_async_commit();
-
-    // Producer cursor: which (document, tile) the next load fetches. Every document has at
-    // least one tile, so an empty document still reaches the epilogue and scores -inf.
-    i64 load_doc = doc_begin, load_base, load_length, load_first_token;
-    int load_tile = 0;
-    doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-    int load_tiles = max(1, (int)((load_length + BM - 1) / BM));
-
-    auto advance_load_cursor = [&]() {
-        if (++load_tile == load_tiles) {
-            load_tile = 0;
-            if (++load_doc < doc_end) {
-                doc_extent(layout, load_doc, load_base, load_length, load_first_token);
-                load_tiles = max(1, (int)((load_length + BM - 1) / BM));
+    __device__ __forceinline__ void advance() {
+        if (++tile == tiles) {
+            tile = 0;
+            if (++doc < doc_end) {
+                doc_extent(layout, doc, base, length, first_token);
+                tiles = max(1, (int)((length + BM - 1) / BM));
             }
         }
-    };
-
-    // Each thread always copies the same 16-byte column chunk of rows r0, r0 + ROW_STEP, ...:
-    // the per-row work is an add and a compare, not a division and a 64-bit multiply.
-    // Chunk slots are a power of two (KSTEPS = 6 has 12 chunks: 16 slots, 4 idle).
-    constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
-    constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
-    static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0, "tile rows must split evenly");
-    const int my_chunk = tid % CHUNK_SLOTS, my_row = tid / CHUNK_SLOTS;
-    const int my_chunk_bytes = my_chunk * ELEMS < dim ? 16 : 0;
-
-    auto issue_tile_load = [&](int stage) {
-        if (load_doc >= doc_end || my_chunk >= CHUNKS) {
-            if (load_doc < doc_end) advance_load_cursor();
+    }
+    // The next tile into ring slot `stage` (cp.async; rows past the document or masked are
+    // zero-filled and biased).
+    __device__ __forceinline__ void issue(const ForwardArgs& args, const Shared& S, int stage) {
+        constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
+        const T* __restrict__ d = (const T*)args.d;
+        if (doc >= doc_end || my_chunk >= CHUNKS) {
+            if (doc < doc_end) advance();
             return;
         }
-        u16* dst = sD + stage * BM * LDS + my_row * LDS + my_chunk * 8;
-        i64 row = (i64)load_tile * BM + my_row;
-        const T* src = d + load_base + row * d_row_stride + my_chunk * ELEMS;
+        u16* dst = S.sD + stage * BM * LDS + my_row * LDS + my_chunk * 8;
+        i64 row = (i64)tile * BM + my_row;
+        const T* src = d + base + row * args.d_row_stride + my_chunk * ELEMS;
         // Scale of this document's row 0 (padded: by doc; packed: by token index).
-        const i64 scale_base = args.offsets == nullptr ? load_doc * args.d_scale_doc_stride
-                                                       : load_first_token * args.d_scale_row_stride;
-        const i64 src_step = ROW_STEP * d_row_stride;
+        const i64 scale_base = args.offsets == nullptr ? doc * args.d_scale_doc_stride
+                                                       : first_token * args.d_scale_row_stride;
+        const i64 src_step = ROW_STEP * args.d_row_stride;
 #pragma unroll
         for (int r = my_row; r < BM; r += ROW_STEP) {
-            bool real = row < load_length;
-            if (real && d_mask != nullptr)
-                real = d_mask[load_doc * d_mask_doc_stride + row * d_mask_row_stride] != 0;
+            bool real = row < length;
+            if (real && args.d_mask != nullptr)
+                real = args.d_mask[doc * args.d_mask_doc_stride + row * args.d_mask_row_stride] != 0;
             const int bytes = real ? my_chunk_bytes : 0;
             cp_async_16(dst, bytes ? (const void*)src : (const void*)d, bytes);
             if (my_chunk == 0) {
-                sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
+                S.sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
                 // Asynchronous like the tile itself: a plain load here would stall the producer
                 // on every tile (measured: int8 ran slower than fp16). Masked rows get scale 0.
-                if constexpr (SCALED)
-                    cp_async_4(sScale + stage * BM + r,
+                if constexpr (Codec<T>::SCALED)
+                    cp_async_4(S.sScale + stage * BM + r,
                                real ? (const void*)(args.d_scale + scale_base + row * args.d_scale_row_stride)
                                     : (const void*)args.d_scale,
                                real ? 4 : 0);
@@ -208,12 +202,220 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
             src += src_step;
             row += ROW_STEP;
         }
-        advance_load_cursor();
-    };
+        advance();
+    }
+};
 
+// Query block -> shared memory, once (a cp.async group of its own, committed here).
+template <typename T>
+__device__ __forceinline__ void stage_queries(const ForwardArgs& args, const Shared& S, i64 first_query,
+                                              int group_size, int tid) {
+    for (int c = tid; c < BN * CHUNKS; c += THREADS) {
+        const int col = c / CHUNKS, chunk = c % CHUNKS;
+        const int g = col / args.query_length, token = col % args.query_length;
+        const i64 query = first_query + g;
+        const bool real = stage_query_chunk<T>(args, S.sQ + col * LDS + chunk * 8, query, token, chunk, g < group_size);
+        if (chunk == 0) {
+            S.sColQuery[col] = real ? g : -1;
+            if constexpr (Codec<T>::SCALED) S.sColScale[col] = real ? query_scale(args, query, token) : 0.f;
+        }
+    }
+    cp_async_commit();
+}
+
+// A finished document's per-column buffers as the epilogue asks them (epilogue.cuh's Tokens)
+// for one query, whose token i is column `first + i`: the max over the warps' partial maxima.
+struct FinishedColumns {
+    const float* red_max;
+    const int* red_arg;
+    const int* sColQuery;
+    const float* sColScale;
+    const int* sColBad;
+    int first;
+    __device__ __forceinline__ bool real(int i) const { return sColQuery[first + i] >= 0; }
+    __device__ __forceinline__ float max(int i, int& winner) const {
+        float m = MAXSIM_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS_M; ++w) {
+            const float other = red_max[w * BN + first + i];
+            if constexpr (ARGMAX) {
+                const int other_arg = red_arg[w * BN + first + i];
+                if (other > m || (other == m && (unsigned)other_arg < (unsigned)winner)) winner = other_arg;
+            }
+            m = max_nan(m, other);
+        }
+        return m;
+    }
+    __device__ __forceinline__ int winner(int, int found) const { return found; }
+    __device__ __forceinline__ float scale(int i) const { return sColScale[first + i]; }
+    __device__ __forceinline__ bool bad(int i) const { return sColBad[first + i] != 0; }
+};
+
+// A finished document's scores, summed one iteration later, after the barrier the pipeline
+// needs anyway (no extra __syncthreads per document); per-document buffers alternate by
+// parity, and one warp sums each query with its lanes over query tokens (epilogue.cuh).
+template <typename T>
+__device__ __forceinline__ void finish_document(const ForwardArgs& args, const Shared& S, i64 finished_doc,
+                                                int parity, i64 first_query, int group_size, int warp, int lane) {
+    const float* red_max = S.sRedMax + parity * WARPS_M * BN;
+    const int* red_arg = S.sRedArg + parity * WARPS_M * BN;
+    bool doc_has_row = false, doc_bad = false;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        doc_has_row |= S.sHasRow[parity * WARPS + w] != 0;
+        doc_bad |= S.sDocBad[parity * WARPS + w] != 0;
+    }
+    for (int g = warp; g < group_size; g += WARPS)
+        warp_finish_document<ARGMAX, Codec<T>::SCALED>(
+            args, first_query + g, finished_doc, lane, doc_has_row, doc_bad,
+            FinishedColumns{red_max, red_arg, S.sColQuery, S.sColScale, S.sColBad, g * args.query_length});
+}
+
+// The warp's rows x columns of one tile over the whole padded dim: acc = tile_d x query.
+template <typename T, typename Acc>
+__device__ __forceinline__ void multiply_tile(Acc (&acc)[MT][NT][4], const u16* tile_d, const u16* sQ,
+                                              u32 (&b_regs)[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4],
+                                              int warp_m, int warp_n, int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            ldmatrix_x4(a[mt], tile_d + (warp_m * 16 * MT + mt * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            u32 b_smem[4];
+            if constexpr (!B_IN_REGISTERS) ldmatrix_x4(b_smem, b_fragment_address(sQ, warp_n, np, ks, lane));
+            const u32(&b)[4] = B_IN_REGISTERS ? b_regs[B_IN_REGISTERS ? ks : 0][np] : b_smem;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                Mma16816<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+                Mma16816<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// The running max (and argmax) of a document so far, per thread: its columns' maxima over
+// the rows it meets, whether one was real, and the non-finite witness (one column of every
+// row this thread sees: non-finite iff a row is).
+struct RunningMax {
+    float max[NT][2];
+    int arg[ARGMAX ? NT : 1][2];
+    bool has_row;
+    float row_sum;
+};
+
+// Fold a tile into the running max. A tile with no masked or padding row (no d_mask, wholly
+// inside the document) needs no bias (BIASED false): the common case skips a quarter of the
+// per-element work.
+template <typename T, bool BIASED, typename Acc>
+__device__ __forceinline__ void fold_tile(RunningMax& run, const Acc (&acc)[MT][NT][4], const Shared& S, int stage,
+                                          int tile, int warp_m, int lane) {
+    constexpr bool SCALED = Codec<T>::SCALED;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2);
+        float bias_lo = 0.f, bias_hi = 0.f;
+        if (BIASED) {
+            bias_lo = S.sBias[stage * BM + r], bias_hi = S.sBias[stage * BM + r + 8];
+            run.has_row |= (bias_lo == 0.f) | (bias_hi == 0.f);
+        } else {
+            run.has_row = true;
+        }
+        const float scale_lo = SCALED ? S.sScale[stage * BM + r] : 1.f;
+        const float scale_hi = SCALED ? S.sScale[stage * BM + r + 8] : 1.f;
+        // Masked rows are zero-filled (scale 0): they add 0.
+        auto value = [](Acc x) { return accumulator_to_float<KSTEPS * 32>(x); };
+        run.row_sum += value(acc[mt][0][0]) * scale_lo + value(acc[mt][0][2]) * scale_hi;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
+            const float v0 = BIASED ? fmaf(value(acc[mt][nt][0]), scale_lo, bias_lo) : value(acc[mt][nt][0]) * scale_lo;
+            const float v1 = BIASED ? fmaf(value(acc[mt][nt][1]), scale_lo, bias_lo) : value(acc[mt][nt][1]) * scale_lo;
+            const float v2 = BIASED ? fmaf(value(acc[mt][nt][2]), scale_hi, bias_hi) : value(acc[mt][nt][2]) * scale_hi;
+            const float v3 = BIASED ? fmaf(value(acc[mt][nt][3]), scale_hi, bias_hi) : value(acc[mt][nt][3]) * scale_hi;
+            const float best0 = max_nan(v0, v2), best1 = max_nan(v1, v3);
+            if constexpr (ARGMAX) {
+                // Rows meet this thread in increasing order: strict > keeps the first.
+                const int row = tile * BM + r;
+                if (best0 > run.max[nt][0]) run.arg[nt][0] = v2 > v0 ? row + 8 : row;
+                if (best1 > run.max[nt][1]) run.arg[nt][1] = v3 > v1 ? row + 8 : row;
+            }
+            run.max[nt][0] = max_nan(run.max[nt][0], best0);
+            run.max[nt][1] = max_nan(run.max[nt][1], best1);
+        }
+    }
+}
+
+// A document is finished: reduce over the 8 row lanes here (over warps in finish_document),
+// publish the maxima and flags under `parity`, and reset the running max.
+__device__ __forceinline__ void publish_document(RunningMax& run, const Shared& S, int parity, int warp_m,
+                                                 int warp_n, int warp, int lane) {
+    float* red_max = S.sRedMax + parity * WARPS_M * BN;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float m = run.max[nt][j];
+            int arg = ARGMAX ? run.arg[ARGMAX ? nt : 0][j] : -1;
+#pragma unroll
+            for (int offset = 4; offset < 32; offset <<= 1) {
+                const float other = __shfl_xor_sync(0xffffffffu, m, offset);
+                if constexpr (ARGMAX) {
+                    const int other_arg = __shfl_xor_sync(0xffffffffu, arg, offset);
+                    if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
+                }
+                m = max_nan(m, other);
+            }
+            if (lane < 4) {
+                const int col = warp_n * 8 * NT + nt * 8 + 2 * lane + j;
+                red_max[warp_m * BN + col] = m;
+                if constexpr (ARGMAX) S.sRedArg[parity * WARPS_M * BN + warp_m * BN + col] = arg;
+            }
+            run.max[nt][j] = MAXSIM_NEG_INF;
+            if constexpr (ARGMAX) run.arg[nt][j] = -1;
+        }
+    const bool warp_has_row = __any_sync(0xffffffffu, run.has_row);
+    const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(run.row_sum) < MAXSIM_INF));
+    if (lane == 0) S.sHasRow[parity * WARPS + warp] = warp_has_row, S.sDocBad[parity * WARPS + warp] = warp_bad;
+    run.has_row = false;
+    run.row_sum = 0.f;
+}
+}  // namespace fwd
+
+template <typename T>
+__device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
+    using namespace fwd;
+    typedef typename Mma16816<T>::acc_t Acc;
+    // int8: similarities are q_scale[i] * d_scale[j] * (integer dot). The document scale is
+    // applied per row before the max; the (non-negative) query scale factors out of the max and
+    // is applied once per column.
+    constexpr bool SCALED = Codec<T>::SCALED;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const Shared S = carve_shared(smem);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
+    const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
+    const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
+    if (doc_begin >= doc_end) return;
+    const i64 first_query = args.pairs ? doc_begin : (i64)blockIdx.y * args.queries_per_group;
+    const int group_size = args.pairs ? 1 : (int)min((i64)args.queries_per_group, args.num_queries - first_query);
+    const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
+                                             args.offsets, args.offsets_are_64bit);
+
+    stage_queries<T>(args, S, first_query, group_size, tid);
+    TileLoader<T> loader(args, layout, doc_begin, doc_end, tid);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        issue_tile_load(s);
+        loader.issue(args, S, s);
         cp_async_commit();
     }
 
@@ -227,8 +429,8 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     // 16-byte aligned.
     for (int col = tid; col < BN; col += THREADS) {
         bool bad = false;
-        if constexpr (!SCALED) bad = zero_if_non_finite<T>(sQ + col * LDS, CHUNKS);
-        sColBad[col] = bad;
+        if constexpr (!SCALED) bad = zero_if_non_finite<T>(S.sQ + col * LDS, CHUNKS);
+        S.sColBad[col] = bad;
     }
     __syncthreads();
     u32 b_regs[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4];
@@ -237,177 +439,45 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
         for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
             for (int np = 0; np < NT / 2; ++np)
-                ldmatrix_x4(b_regs[ks][np], b_fragment_address(sQ, warp_n, np, ks, lane));
+                ldmatrix_x4(b_regs[ks][np], b_fragment_address(S.sQ, warp_n, np, ks, lane));
     }
-
-    // Scores of a finished document are summed one iteration later, after the barrier the
-    // pipeline needs anyway (no extra __syncthreads per document); per-document buffers
-    // alternate by parity, and one warp sums each query with its lanes over query tokens.
-    auto finish_document = [&](i64 finished_doc, int parity) {
-        const float* red_max = sRedMax + parity * WARPS_M * BN;
-        const int* red_arg = sRedArg + parity * WARPS_M * BN;
-        bool doc_has_row = false, doc_bad = false;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-            doc_has_row |= sHasRow[parity * WARPS + w] != 0;
-            doc_bad |= sDocBad[parity * WARPS + w] != 0;
-        }
-        for (int g = warp; g < group_size; g += WARPS)
-            warp_finish_document<ARGMAX, SCALED>(
-                args, first_query + g, finished_doc, lane, doc_has_row, doc_bad,
-                [&](int i, float& m, int& winner, float& scale, bool& bad) {
-                    const int col = g * query_length + i;
-                    if (sColQuery[col] < 0) return false;
-                    m = MAXSIM_NEG_INF, winner = -1;
-#pragma unroll
-                    for (int w = 0; w < WARPS_M; ++w) {  // the max over the warps' partial maxima
-                        const float other = red_max[w * BN + col];
-                        if constexpr (ARGMAX) {
-                            const int other_arg = red_arg[w * BN + col];
-                            if (other > m || (other == m && (unsigned)other_arg < (unsigned)winner)) winner = other_arg;
-                        }
-                        m = max_nan(m, other);
-                    }
-                    scale = SCALED ? sColScale[col] : 1.f;
-                    bad = sColBad[col] != 0;
-                    return true;
-                });
-    };
 
     i64 doc = doc_begin, base_unused, length, first_unused;
     doc_extent(layout, doc, base_unused, length, first_unused);
     int tiles = max(1, (int)((length + BM - 1) / BM)), tile = 0;
     i64 pending_doc = -1;
     int parity = 0;
-
-    float run_max[NT][2];
-    int run_arg[ARGMAX ? NT : 1][2];
+    RunningMax run;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            run_max[nt][j] = MAXSIM_NEG_INF;
-            if constexpr (ARGMAX) run_arg[nt][j] = -1;
+            run.max[nt][j] = MAXSIM_NEG_INF;
+            if constexpr (ARGMAX) run.arg[nt][j] = -1;
         }
-    bool has_row = false;
-    float row_sum = 0.f;  // one column of every row this thread sees: non-finite iff a row is
+    run.has_row = false;
+    run.row_sum = 0.f;
 
     for (int stage = 0; doc < doc_end; stage = (stage + 1) % STAGES) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         if (pending_doc >= 0) {
-            finish_document(pending_doc, parity ^ 1);
+            finish_document<T>(args, S, pending_doc, parity ^ 1, first_query, group_size, warp, lane);
             pending_doc = -1;
         }
-        issue_tile_load((stage + STAGES - 1) % STAGES);
+        loader.issue(args, S, (stage + STAGES - 1) % STAGES);
         cp_async_commit();
 
-        const u16* tile_d = sD + stage * BM * LDS;
         Acc acc[MT][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
-
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            u32 a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(a[mt], tile_d + (warp_m * 16 * MT + mt * 16 + (lane & 15)) * LDS +
-                                       ks * 16 + (lane >> 4) * 8);
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np) {
-                u32 b_smem[4];
-                if constexpr (!B_IN_REGISTERS)
-                    ldmatrix_x4(b_smem, b_fragment_address(sQ, warp_n, np, ks, lane));
-                const u32(&b)[4] = B_IN_REGISTERS ? b_regs[B_IN_REGISTERS ? ks : 0][np] : b_smem;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    Mma16816<T>::run(acc[mt][2 * np], a[mt], b[0], b[1]);
-                    Mma16816<T>::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-                }
-            }
-        }
-
-        // Fold the tile into the running max. A tile with no masked or padding row (no d_mask,
-        // wholly inside the document) needs no bias: the common case skips a quarter of the
-        // per-element work.
-        // Called twice with a constant: each call inlines into its own specialised copy.
-        auto fold = [&](const bool BIASED) {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2);
-                float bias_lo = 0.f, bias_hi = 0.f;
-                if (BIASED) {
-                    bias_lo = sBias[stage * BM + r], bias_hi = sBias[stage * BM + r + 8];
-                    has_row |= (bias_lo == 0.f) | (bias_hi == 0.f);
-                } else {
-                    has_row = true;
-                }
-                const float scale_lo = SCALED ? sScale[stage * BM + r] : 1.f;
-                const float scale_hi = SCALED ? sScale[stage * BM + r + 8] : 1.f;
-                // Masked rows are zero-filled (scale 0): they add 0.
-                auto value = [](Acc x) { return accumulator_to_float<KSTEPS * 32>(x); };
-                row_sum += value(acc[mt][0][0]) * scale_lo + value(acc[mt][0][2]) * scale_hi;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    // 16-bit inputs: scale is 1 and the multiply folds away at compile time.
-                    const float v0 = BIASED ? fmaf(value(acc[mt][nt][0]), scale_lo, bias_lo) : value(acc[mt][nt][0]) * scale_lo;
-                    const float v1 = BIASED ? fmaf(value(acc[mt][nt][1]), scale_lo, bias_lo) : value(acc[mt][nt][1]) * scale_lo;
-                    const float v2 = BIASED ? fmaf(value(acc[mt][nt][2]), scale_hi, bias_hi) : value(acc[mt][nt][2]) * scale_hi;
-                    const float v3 = BIASED ? fmaf(value(acc[mt][nt][3]), scale_hi, bias_hi) : value(acc[mt][nt][3]) * scale_hi;
-                    const float best0 = max_nan(v0, v2), best1 = max_nan(v1, v3);
-                    if constexpr (ARGMAX) {
-                        // Rows meet this thread in increasing order: strict > keeps the first.
-                        const int row = tile * BM + r;
-                        if (best0 > run_max[nt][0]) run_arg[nt][0] = v2 > v0 ? row + 8 : row;
-                        if (best1 > run_max[nt][1]) run_arg[nt][1] = v3 > v1 ? row + 8 : row;
-                    }
-                    run_max[nt][0] = max_nan(run_max[nt][0], best0);
-                    run_max[nt][1] = max_nan(run_max[nt][1], best1);
-                }
-            }
-        };
-        if (d_mask == nullptr && (i64)(tile + 1) * BM <= length)
-            fold(false);
+        multiply_tile<T>(acc, S.sD + stage * BM * LDS, S.sQ, b_regs, warp_m, warp_n, lane);
+        // Each call inlines into its own specialised copy.
+        if (args.d_mask == nullptr && (i64)(tile + 1) * BM <= length)
+            fold_tile<T, false>(run, acc, S, stage, tile, warp_m, lane);
         else
-            fold(true);
+            fold_tile<T, true>(run, acc, S, stage, tile, warp_m, lane);
 
         if (++tile < tiles) continue;
-
-        // Document finished: reduce over the 8 row lanes here; over warps in finish_document.
-        float* red_max = sRedMax + parity * WARPS_M * BN;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                float m = run_max[nt][j];
-                int arg = ARGMAX ? run_arg[ARGMAX ? nt : 0][j] : -1;
-#pragma unroll
-                for (int offset = 4; offset < 32; offset <<= 1) {
-                    const float other = __shfl_xor_sync(0xffffffffu, m, offset);
-                    if constexpr (ARGMAX) {
-                        const int other_arg = __shfl_xor_sync(0xffffffffu, arg, offset);
-                        if (other > m || (other == m && (unsigned)other_arg < (unsigned)arg)) arg = other_arg;
-                    }
-                    m = max_nan(m, other);
-                }
-                if (lane < 4) {
-                    const int col = warp_n * 8 * NT + nt * 8 + 2 * lane + j;
-                    red_max[warp_m * BN + col] = m;
-                    if constexpr (ARGMAX) sRedArg[parity * WARPS_M * BN + warp_m * BN + col] = arg;
-                }
-                run_max[nt][j] = MAXSIM_NEG_INF;
-                if constexpr (ARGMAX) run_arg[nt][j] = -1;
-            }
-        const bool warp_has_row = __any_sync(0xffffffffu, has_row);
-        const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(row_sum) < MAXSIM_INF));
-        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
-        has_row = false;
-        row_sum = 0.f;
+        publish_document(run, S, parity, warp_m, warp_n, warp, lane);
         pending_doc = doc;
         parity ^= 1;
         tile = 0;
@@ -418,7 +488,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     }
     cp_async_wait<0>();
     __syncthreads();
-    if (pending_doc >= 0) finish_document(pending_doc, parity ^ 1);
+    if (pending_doc >= 0) finish_document<T>(args, S, pending_doc, parity ^ 1, first_query, group_size, warp, lane);
 }
 
 #define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                      \

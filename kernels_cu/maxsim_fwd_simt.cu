@@ -13,7 +13,7 @@
 //
 // Shared memory (dynamic, bytes): rows_per_chunk * dim * sizeof(accumulator) for the chunk,
 // plus (SIMT_THREADS + rows_per_chunk) * sizeof(accumulator) + rows_per_chunk + SIMT_THREADS
-// for the reduction, row scales, validity flags and non-finite flags; _kernels.py mirrors
+// for the reduction, row scales, validity flags and non-finite flags; _plan/configs.py mirrors
 // this formula.
 //
 // Semantics match maxsim_fwd.cu: masked document tokens never win, masked query tokens add

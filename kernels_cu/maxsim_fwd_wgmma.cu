@@ -40,7 +40,7 @@
 // bank groups of shared memory. A k-step of the MMA is the descriptor advanced 32 bytes within
 // an atom, or to the next atom.
 //
-// Copies. Where the operands meet TMA's rules (_kernels.doc_tile_map), one producer lane
+// Copies. Where the operands meet TMA's rules (_gpu/tma.doc_tile_map), one producer lane
 // issues each tile as TMA boxes (the tensor memory accelerator swizzles them, and fills rows
 // past the tensor with zeros; a packed document's last tile holds the next document's first
 // tokens, masked rows whatever they hold); otherwise the producer warpgroup copies with
@@ -64,7 +64,7 @@
 // flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
 // (splitting documents: each slot's document position and length, the block's counter);
-// _kernels.WgmmaConfig mirrors this formula.
+// _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
 // and <= 8; not pairs mode.
@@ -180,6 +180,9 @@ static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document sca
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
                              16 * STAGES + 16 * STAGES + 8;
+#ifdef MAXSIM_EXPECT_SHARED_BYTES  // the compile checks: _plan.configs.WgmmaConfig.shared_bytes
+static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaConfig.shared_bytes disagrees");
+#endif
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
 static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
@@ -363,6 +366,40 @@ template <int HALF, int N> __device__ __forceinline__ void keep_best_of_halves(f
     }
 }
 
+// A finished document's per-row buffers as the epilogue asks them (epilogue.cuh's Tokens) for
+// one query: its token i is group row `first + i`, at query_row_of() of it in the warpgroup.
+struct FinishedRows {
+    const float* sRowMax;
+    const float* sRowScale;
+    const int *sRowQuery, *sRowBad, *sRowArg;
+    int first;       // the query's first group row (j * Lq)
+    int query_base;  // the warpgroup's first row in the query block (0 when splitting documents)
+    int row_base;    // the warpgroup's first accumulator row among this parity's maxima
+    int slot_base;   // DOCS_ON_M: this parity's first column slot of the warpgroup's warps
+    __device__ __forceinline__ int local(int i) const { return wg::query_row_of(first + i); }
+    __device__ __forceinline__ bool real(int i) const { return sRowQuery[query_base + local(i)] >= 0; }
+    __device__ __forceinline__ float max(int i, int& winner) const {
+        using namespace wg;
+        if constexpr (!DOCS_ON_M) return sRowMax[row_base + local(i)];
+        // The max over the warpgroup's 4 warps of its column.
+        const int slot = slot_base + local(i);
+        float m = sRowMax[slot];
+        if constexpr (ARGMAX) winner = sRowArg[slot];
+#pragma unroll
+        for (int w = 1; w < 4; ++w) {
+            const float other = sRowMax[slot + w * QUERY_COLS];
+            if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * QUERY_COLS]);
+            m = max_nan(m, other);
+        }
+        return m;
+    }
+    __device__ __forceinline__ int winner(int i, int found) const {
+        return wg::DOCS_ON_M ? found : sRowArg[row_base + local(i)];
+    }
+    __device__ __forceinline__ float scale(int i) const { return sRowScale[query_base + local(i)]; }
+    __device__ __forceinline__ bool bad(int i) const { return sRowBad[query_base + local(i)] != 0; }
+};
+
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
 }
@@ -383,7 +420,7 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parit
         "r"(parity)
         : "memory");
 }
-// The document tiles' TMA descriptor (a CUtensorMap, built by _kernels.doc_tile_map with
+// The document tiles' TMA descriptor (a CUtensorMap, built by _gpu/tma.doc_tile_map with
 // cuTensorMapEncodeTiled): 3-d (dim, rows, documents), box (128 bytes of k, 64 rows, 1), the
 // 128-byte swizzle; packed corpora are (dim, tokens, 1). use_tma = 0: no map (a document mask,
 // or operands outside TMA's rules); the producer copies with cp.async instead.
@@ -395,7 +432,7 @@ struct alignas(64) DocTileMap {
     unsigned long long scale_map[16];
     int use_tma, packed, use_scale_tma, reserved[13];
 };
-static_assert(sizeof(DocTileMap) == 320, "DocTileMap mirrors _kernels.DOC_TILE_MAP_BYTES");
+static_assert(sizeof(DocTileMap) == 320, "DocTileMap mirrors _gpu/tma.DOC_TILE_MAP_BYTES");
 
 // The producer's arrival on `bar`, announcing `bytes` of TMA writes that complete the phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, u32 bytes) {
@@ -431,95 +468,130 @@ __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(15), "n"(wg::CONSUMER_THREADS) : "memory");
 }
 
-template <typename T>
-__device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const DocTileMap& tile_map) {
-    using namespace wg;
-    typedef typename WgmmaTile<T>::acc_t Acc;
-    constexpr bool SCALED = Codec<T>::SCALED;
-    constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;  // elements per 16-byte chunk
-    const T* __restrict__ d = (const T*)args.d;
+namespace wg {
+// Byte offsets of the shared-memory regions from the block's 1024-aligned base (the formula in
+// the header comment; SHARED_BYTES adds the alignment slack). Pieces address them from the one
+// base pointer, so that the compiler rematerialises each as base + constant instead of keeping
+// a register pair per region live across the consumer loops.
+constexpr int OFF_Q = STAGES * TILE_BYTES;                      // [QUERY_BYTES]
+constexpr int OFF_SCALE = OFF_Q + QUERY_BYTES;                  // int8: [STAGES][TILE_N] document scales
+constexpr int OFF_ROW_SCALE = OFF_SCALE + 4 * STAGES * TILE_N;  // int8: per query row, its scale
+constexpr int OFF_ROW_MAX = OFF_ROW_SCALE + 4 * QUERY_ROWS;     // [MAX_SLOTS]: a document's maxima
+constexpr int OFF_ROW_QUERY = OFF_ROW_MAX + 4 * MAX_SLOTS;      // query of each query row, -1 if none
+constexpr int OFF_ROW_BAD = OFF_ROW_QUERY + 4 * QUERY_ROWS;     // query token holds NaN or inf
+constexpr int OFF_HAS_ROW = OFF_ROW_BAD + 4 * QUERY_ROWS;       // [2 parities][WARPS]
+constexpr int OFF_DOC_BAD = OFF_HAS_ROW + 8 * WARPS;            // [2 parities][WARPS]
+constexpr int OFF_ROW_ARG = OFF_DOC_BAD + 8 * WARPS;            // [MAX_SLOTS] as the maxima, ARGMAX only
+constexpr int OFF_FULL = OFF_ROW_ARG + (ARGMAX ? 4 * MAX_SLOTS : 0);  // [STAGES] mbarriers: a tile landed
+constexpr int OFF_EMPTY = OFF_FULL + 8 * STAGES;                // [STAGES] mbarriers: a slot is free
+// Splitting documents: the block position of the document each slot's tile comes from (-1: the
+// ring's end) and its length (the consumers read no offsets from global memory: a packed corpus
+// of short documents would stall them on one load per document), and the block's next
+// unclaimed position (32 bits: a 64-bit shared atomicAdd compiles to a compare-and-swap loop,
+// a 32-bit one to a single ATOMS.ADD; a block's range of documents is far below 2^32).
+constexpr int OFF_SLOT_DOC = OFF_EMPTY + 8 * STAGES;
+constexpr int OFF_SLOT_LENGTH = OFF_SLOT_DOC + 8 * STAGES;
+constexpr int OFF_NEXT_DOC = OFF_SLOT_LENGTH + 8 * STAGES;
+static_assert(OFF_NEXT_DOC + 8 + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
 
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The swizzle atoms need 1024-byte alignment in the shared window (1024 bytes are budgeted).
-    unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
-    unsigned char* sD = smem;                           // [STAGES][TILE_BYTES]
-    u16* sQ = (u16*)(sD + STAGES * TILE_BYTES);         // [QUERY_BYTES]
-    float* sScale = (float*)((unsigned char*)sQ + QUERY_BYTES);  // int8: [STAGES][TILE_N] document scales
-    float* sRowScale = sScale + STAGES * TILE_N;        // int8: per query row, its scale
-    float* sRowMax = sRowScale + QUERY_ROWS;            // [MAX_SLOTS]: a document's maxima
-    int* sRowQuery = (int*)(sRowMax + MAX_SLOTS);       // query of each query row, -1 if none
-    int* sRowBad = sRowQuery + QUERY_ROWS;              // query token holds NaN or inf
-    int* sHasRow = sRowBad + QUERY_ROWS;                // [2 parities][WARPS]
-    int* sDocBad = sHasRow + 2 * WARPS;                 // [2 parities][WARPS]
-    int* sRowArg = sDocBad + 2 * WARPS;                 // [MAX_SLOTS] as sRowMax, ARGMAX only
-    unsigned long long* full = (unsigned long long*)(sRowArg + (ARGMAX ? MAX_SLOTS : 0));
-    unsigned long long* empty = full + STAGES;
-    // Splitting documents: the block position of the document each slot's tile comes from
-    // (-1: the ring's end) and its length (the consumers read no offsets from global memory:
-    // a packed corpus of short documents would stall them on one load per document), and the
-    // block's next unclaimed position.
-    long long* sSlotDoc = (long long*)(empty + STAGES);
-    long long* sSlotLength = sSlotDoc + STAGES;
-    // 32 bits: a 64-bit shared atomicAdd compiles to a compare-and-swap loop (ATOMS.CAST.SPIN),
-    // a 32-bit one to a single ATOMS.ADD. A block's range of documents is far below 2^32.
-    unsigned* sNextDoc = (unsigned*)(sSlotLength + STAGES);
+// A walk over a ring's documents in the block's order, a tile at a time: its producer and each
+// of its consumer warpgroups keep one (their ring slots follow the same sequence of tiles).
+struct DocCursor {
+    i64 position, doc, base, length, first_token;  // base: element offset of the document
+    int tiles, tile;
+};
+__device__ __forceinline__ int doc_tiles(i64 length) { return max(1, (int)((length + TILE_N - 1) / TILE_N)); }
 
-    // A launch that disagrees with this build (_kernels.WgmmaConfig) stops here, not in a
-    // corrupted ring.
-    u32 dynamic_bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-    if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES) __trap();
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
-    // int8 with a TMA map: the tile's document scales come by TMA too, or from the lanes.
-    const bool scales_by_tma = SCALED && tile_map.use_tma && tile_map.use_scale_tma;
-    const bool scales_by_lanes = SCALED && tile_map.use_tma && !tile_map.use_scale_tma;
-    const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
-    const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
-    if (doc_begin >= doc_end) return;
-    const int query_length = args.query_length;
-    const int queries_per_warpgroup = GROUP_ROWS / query_length;
-    const i64 first_query = (i64)blockIdx.y * args.queries_per_group;
-    const int group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
-    const DocLayout layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length,
-                                             args.offsets, args.offsets_are_64bit);
-    // The block's documents, in an order rotated by query group (args.doc_rotation): groups
-    // sharing a document range do not all read the same document at the same time.
-    const i64 doc_count = doc_end - doc_begin;
-    const i64 rotation = SPLIT_DOCS ? 0 : ((i64)blockIdx.y * args.doc_rotation) % doc_count;  // split: one group
-    auto doc_at = [&](i64 position) {
+// What every warp of a block shares: the arguments, shared memory (as the header comment lays
+// it out), the block's documents and queries. The producer and consumer pieces below are its
+// members (and Consumer's), so that they read these by name.
+struct Block {
+    unsigned char* smem;  // the 1024-aligned base of the regions
+    __device__ __forceinline__ unsigned char* sD() const { return (unsigned char*)(smem + 0); }
+    __device__ __forceinline__ u16* sQ() const { return (u16*)(smem + OFF_Q); }
+    __device__ __forceinline__ float* sScale() const { return (float*)(smem + OFF_SCALE); }
+    __device__ __forceinline__ float* sRowScale() const { return (float*)(smem + OFF_ROW_SCALE); }
+    __device__ __forceinline__ float* sRowMax() const { return (float*)(smem + OFF_ROW_MAX); }
+    __device__ __forceinline__ int* sRowQuery() const { return (int*)(smem + OFF_ROW_QUERY); }
+    __device__ __forceinline__ int* sRowBad() const { return (int*)(smem + OFF_ROW_BAD); }
+    __device__ __forceinline__ int* sHasRow() const { return (int*)(smem + OFF_HAS_ROW); }
+    __device__ __forceinline__ int* sDocBad() const { return (int*)(smem + OFF_DOC_BAD); }
+    __device__ __forceinline__ int* sRowArg() const { return (int*)(smem + OFF_ROW_ARG); }
+    __device__ __forceinline__ unsigned long long* full() const { return (unsigned long long*)(smem + OFF_FULL); }
+    __device__ __forceinline__ unsigned long long* empty() const { return (unsigned long long*)(smem + OFF_EMPTY); }
+    __device__ __forceinline__ long long* sSlotDoc() const { return (long long*)(smem + OFF_SLOT_DOC); }
+    __device__ __forceinline__ long long* sSlotLength() const { return (long long*)(smem + OFF_SLOT_LENGTH); }
+    __device__ __forceinline__ unsigned* sNextDoc() const { return (unsigned*)(smem + OFF_NEXT_DOC); }
+    int tid, lane, warp, quad;
+    bool scales_by_tma, scales_by_lanes;  // int8 with a TMA map: the tiles' scales by TMA too, or by lanes
+    i64 doc_begin, doc_end, doc_count, rotation, first_query;
+    int query_length, queries_per_warpgroup, group_size;
+    DocLayout layout;
+
+    // (The arguments are not kept here: each piece takes them as parameters, so that they are
+    // read from the kernel's parameter space, not through a pointer held in registers.)
+    __device__ __forceinline__ Block(const ForwardArgs& args, const DocTileMap& tile_map, unsigned char* smem_raw,
+                                     bool scaled) {
+        // The swizzle atoms need 1024-byte alignment in the shared window (1024 bytes are budgeted).
+        smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+        // A launch that disagrees with this build (_plan.configs.WgmmaConfig) stops here, not in
+        // a corrupted ring.
+        u32 dynamic_bytes;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES) __trap();
+        tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
+        scales_by_tma = scaled && tile_map.use_tma && tile_map.use_scale_tma;
+        scales_by_lanes = scaled && tile_map.use_tma && !tile_map.use_scale_tma;
+        doc_begin = (i64)blockIdx.x * args.docs_per_block;
+        doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
+        query_length = args.query_length;
+        queries_per_warpgroup = GROUP_ROWS / query_length;
+        first_query = (i64)blockIdx.y * args.queries_per_group;
+        group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
+        layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length, args.offsets,
+                                 args.offsets_are_64bit);
+        // The block's documents, in an order rotated by query group (args.doc_rotation): groups
+        // sharing a document range do not all read the same document at the same time.
+        doc_count = doc_end - doc_begin;
+        rotation = SPLIT_DOCS || doc_count <= 0 ? 0 : ((i64)blockIdx.y * args.doc_rotation) % doc_count;
+    }
+    __device__ __forceinline__ i64 doc_at(i64 position) const {
         const i64 p = position + rotation;
         return doc_begin + (p >= doc_count ? p - doc_count : p);
-    };
-    // A walk over a ring's documents in that order, a tile at a time: its producer and each of
-    // its consumer warpgroups keep one (their ring slots follow the same sequence of tiles).
-    struct DocCursor {
-        i64 position, doc, base, length, first_token;  // base: element offset of the document
-        int tiles, tile;
-    };
-    auto doc_tiles = [](i64 length) { return max(1, (int)((length + TILE_N - 1) / TILE_N)); };
-    auto open_doc = [&](DocCursor& c, i64 position) {
+    }
+    __device__ __forceinline__ void open_doc(DocCursor& c, i64 position) const {
         c.position = position, c.tile = 0;
         if (position >= doc_count) return;
         c.doc = doc_at(position);
         doc_extent(layout, c.doc, c.base, c.length, c.first_token);
         c.tiles = doc_tiles(c.length);
-    };
+    }
     // Moves to the next tile (of the next document after the last).
-    auto next_tile = [&](DocCursor& c) {
+    __device__ __forceinline__ void next_tile(DocCursor& c) const {
         if (++c.tile == c.tiles) open_doc(c, c.position + 1);
-    };
-
-    // Where chunk `chunk` of query row `row` is staged: rows of LDS elements (read into registers
-    // by ldmatrix), or (DOCS_ON_M) each warpgroup's block in the 128-byte swizzle layout (read by
-    // the tensor cores): the row's line in the first atom, and the chunk's place from there.
-    auto query_line = [&](int row) {
-        return (unsigned char*)sQ + (row / QUERY_COLS) * QUERY_BLOCK_BYTES + (row % QUERY_COLS) * 128;
-    };
-    auto query_chunk = [&](int row, int chunk) -> u16* {
-        if constexpr (!DOCS_ON_M) return sQ + row * LDS + chunk * 8;
+    }
+    // Where chunk `chunk` of query row `row` is staged: rows of LDS elements (read into
+    // registers by ldmatrix), or (DOCS_ON_M) each warpgroup's block in the 128-byte swizzle
+    // layout (read by the tensor cores): the row's line in the first atom, and the chunk's place
+    // from there.
+    __device__ __forceinline__ unsigned char* query_line(int row) const {
+        return (unsigned char*)sQ() + (row / QUERY_COLS) * QUERY_BLOCK_BYTES + (row % QUERY_COLS) * 128;
+    }
+    __device__ __forceinline__ u16* query_chunk(int row, int chunk) const {
+        if constexpr (!DOCS_ON_M) return sQ() + row * LDS + chunk * 8;
         return (u16*)(query_line(row) + (chunk / 8) * QUERY_ATOM_BYTES + (((chunk % 8) ^ (row % 8)) << 4));
-    };
+    }
+    // Whether row r of a tile that starts at token `first` of document `doc`, with `count` of
+    // the document's tokens in it, is a real token (in the document, not masked).
+    __device__ __forceinline__ bool token_real(const ForwardArgs& args, i64 doc, int first, int count, int r) const {
+        return r < count &&
+               (args.d_mask == nullptr || args.d_mask[doc * args.d_mask_doc_stride + (first + r) * args.d_mask_row_stride]);
+    }
 
+    // The rings' barriers first, so that the producers start copying documents at once; the
+    // consumers load the query meanwhile (after the L2 is cold, both wait on HBM: ~1-2 us).
+
+    __device__ __forceinline__ void init_barriers(const DocTileMap& tile_map) {
     // The rings' barriers first, so that the producers start copying documents at once; the
     // consumers load the query meanwhile (after the L2 is cold, both wait on HBM: ~1-2 us).
     if (tid == 0) {
@@ -528,20 +600,22 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             // lane, and (int8 whose scales TMA cannot read) its warp's lanes that copy them.
             // Splitting, with cp.async, the first lane also arrives plainly: that arrival
             // publishes the slot's document position (a release, as the TMA lane's is).
-            mbarrier_init(full + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
-            mbarrier_init(empty + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
+            mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
+            mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
-        *sNextDoc = 0;
+        *sNextDoc() = 0;
     } else if (tid == CONSUMER_THREADS && tile_map.use_tma) {
         // The producer's first lane fetches the tile maps while the barriers are set up.
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.map) : "memory");
         if (scales_by_tma) asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.scale_map) : "memory");
     }
     __syncthreads();  // the last block-wide barrier
+    }
 
-    if (warp < CONSUMER_WARPS) {
-        // Query block -> shared memory, once, by the consumers. Warpgroup w holds queries
-        // w * (GROUP_ROWS / Lq) + j at rows GROUP_ROWS * w + query_row_of(j * Lq + i).
+    // Query block -> shared memory, once, by the consumers. Warpgroup w holds queries
+    // w * (GROUP_ROWS / Lq) + j at rows GROUP_ROWS * w + query_row_of(j * Lq + i).
+    template <typename T> __device__ __forceinline__ void stage_queries(const ForwardArgs& args) {
+        constexpr bool SCALED = Codec<T>::SCALED;
         for (int c = tid; c < QUERY_ROWS * CHUNKS; c += CONSUMER_THREADS) {
             const int row = c / CHUNKS, chunk = c % CHUNKS;
             const int f = group_row_of(row % GROUP_ROWS);  // -1: a padding row (no query)
@@ -551,8 +625,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             const bool real = stage_query_chunk<T>(args, query_chunk(row, chunk), query, token, chunk,
                                                    j < queries_per_warpgroup && g < group_size);
             if (chunk == 0) {
-                sRowQuery[row] = real ? g : -1;
-                if constexpr (SCALED) sRowScale[row] = real ? query_scale(args, query, token) : 0.f;
+                sRowQuery()[row] = real ? g : -1;
+                if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, query, token) : 0.f;
             }
         }
         cp_async_commit();
@@ -564,18 +638,21 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             bool bad = false;
             if constexpr (!SCALED)
                 bad = DOCS_ON_M ? zero_if_non_finite<T>((u16*)query_line(row), CHUNKS, row, QUERY_ATOM_BYTES)
-                                : zero_if_non_finite<T>(sQ + row * LDS, CHUNKS);
-            sRowBad[row] = bad;
+                                : zero_if_non_finite<T>(sQ() + row * LDS, CHUNKS);
+            sRowBad()[row] = bad;
         }
         consumers_sync();
     }
 
-    if (warp >= CONSUMER_WARPS) {
-        // ---- Producer warpgroup ------------------------------------------------------------
-        // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
-        // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
-        // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
-        // of each tile's rows. Splitting documents, warp r does either for ring r alone.
+    // ---- Producer warpgroup ------------------------------------------------------------
+    // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
+    // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
+    // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
+    // of each tile's rows. Splitting documents, warp r does either for ring r alone.
+    template <typename T> __device__ __forceinline__ void produce(const ForwardArgs& args, const DocTileMap& tile_map) {
+        constexpr bool SCALED = Codec<T>::SCALED;
+        constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;  // elements per 16-byte chunk
+        const T* __restrict__ d = (const T*)args.d;
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(producer_registers<T>()));
         // Splitting documents, warp r feeds ring r (a fourth warp idles); otherwise TMA needs
         // only the first warp.
@@ -590,7 +667,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         // shorter documents take more of them, and none is left with a tail of its own).
         auto claim = [&]() -> i64 {
             unsigned position = 0;
-            if (lane == 0) position = atomicAdd(sNextDoc, 1u);
+            if (lane == 0) position = atomicAdd(sNextDoc(), 1u);
             return (i64)__shfl_sync(0xffffffffu, position, 0);
         };
         // Splitting, the producer claims a document ahead of the one it copies, so that the
@@ -612,37 +689,37 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         auto produce = [&](const bool tma) {
         int t = 0;
         for (; load.position < doc_count; ++t) {
-            if (t >= RING) mbarrier_wait(empty + stage, phase ^ 1);
+            if (t >= RING) mbarrier_wait(empty() + stage, phase ^ 1);
             if (SPLIT_DOCS && lane == 0)  // published by lane 0's arrival
-                sSlotDoc[stage] = load.position, sSlotLength[stage] = load.length;
+                sSlotDoc()[stage] = load.position, sSlotLength()[stage] = load.length;
             const int first_row = load.tile * TILE_N;
             const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
-            unsigned char* tile = sD + stage * TILE_BYTES;
+            unsigned char* tile = sD() + stage * TILE_BYTES;
             const i64 scale_base = args.offsets == nullptr ? load.doc * args.d_scale_doc_stride
                                                            : load.first_token * args.d_scale_row_stride;
             // int8: the document scale of tile row r (0 past the document's end).
             auto copy_scale = [&](int r, bool real) {
                 if constexpr (SCALED)
-                    cp_async_4(sScale + stage * TILE_N + r,
+                    cp_async_4(sScale() + stage * TILE_N + r,
                                real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
                                     : (const void*)args.d_scale,
                                real ? 4 : 0);
             };
             if (tma) {
                 if (lane == 0) {
-                    mbarrier_arrive_expect_tx(full + stage, TILE_BYTES + (scales_by_tma ? TILE_N * 4 : 0));
+                    mbarrier_arrive_expect_tx(full() + stage, TILE_BYTES + (scales_by_tma ? TILE_N * 4 : 0));
                     const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                     const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom)
-                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * 8 * ELEMS, y, z, full + stage);
+                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * 8 * ELEMS, y, z, full() + stage);
                     // Rows past the document hold the next document's scales, or zeros past the
                     // tensor: their columns are not real, whatever they hold.
-                    if (scales_by_tma) tma_load_scales(sScale + stage * TILE_N, tile_map, y, z, full + stage);
+                    if (scales_by_tma) tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
                 }
                 if (scales_by_lanes) {
                     for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
-                    cp_async_mbarrier_arrive(full + stage);
+                    cp_async_mbarrier_arrive(full() + stage);
                 }
             } else {
                 const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
@@ -664,8 +741,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                     src += 4 * args.d_row_stride;
                 }
                 // Each lane's arrival on the tile's barrier fires once its copies have landed.
-                cp_async_mbarrier_arrive(full + stage);
-                if (SPLIT_DOCS && lane == 0) mbarrier_arrive(full + stage);
+                cp_async_mbarrier_arrive(full() + stage);
+                if (SPLIT_DOCS && lane == 0) mbarrier_arrive(full() + stage);
             }
             if (++stage == ring_end) stage = ring_first, phase ^= 1;
             if constexpr (SPLIT_DOCS) {
@@ -685,12 +762,12 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         }
         if constexpr (SPLIT_DOCS) {
             // The ring's end: a slot with no tile, every arrival its barrier counts.
-            if (t >= RING) mbarrier_wait(empty + stage, phase ^ 1);
+            if (t >= RING) mbarrier_wait(empty() + stage, phase ^ 1);
             if (lane == 0) {
-                sSlotDoc[stage] = -1;
-                mbarrier_arrive(full + stage);
+                sSlotDoc()[stage] = -1;
+                mbarrier_arrive(full() + stage);
             }
-            if (!tma || scales_by_lanes) mbarrier_arrive(full + stage);
+            if (!tma || scales_by_lanes) mbarrier_arrive(full() + stage);
         }
         };
         if (tile_map.use_tma)
@@ -700,88 +777,74 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         return;
     }
+};
 
-    // ---- Consumer warpgroups ----------------------------------------------------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
-    const int warpgroup = warp / 4, warp_in_group = warp % 4;
-    const int row0 = warp * 16;  // this warp's first accumulator row
-    const int query_row0 = SPLIT_DOCS ? warp_in_group * 16 : row0;  // ... and its query row
-    u32 a_regs[KSTEPS][4];
-    if constexpr (!DOCS_ON_M) {
-#pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
-            ldmatrix_x4(a_regs[ks], sQ + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+// What the fold of a tile needs to know, recorded when its MMAs are issued.
+struct TileInfo {
+    i64 doc;
+    int stage, first_column, columns;  // columns: real-or-masked tokens of the tile (<= 64)
+    bool biased, last;
+};
+
+
+// A consumer warpgroup's thread: its place in the block, and the per-document state of both
+// consumer loops (whether a real token was seen, the witness of non-finite document elements,
+// what it sums differing by loop, and the parity of the per-document buffers).
+struct Consumer : Block {
+    int warpgroup, warp_in_group, row0, query_row0, group_first, group_count;
+    bool has_row;
+    float witness;
+    int parity;
+
+    __device__ __forceinline__ Consumer(const ForwardArgs& args, const DocTileMap& tile_map, unsigned char* smem_raw,
+                                        bool scaled)
+        : Block(args, tile_map, smem_raw, scaled) {
+        warpgroup = warp / 4, warp_in_group = warp % 4;
+        row0 = warp * 16;  // this warp's first accumulator row
+        query_row0 = SPLIT_DOCS ? warp_in_group * 16 : row0;  // ... and its query row
+        // The queries whose scores this warpgroup sums (it owns them).
+        group_first = SPLIT_DOCS ? 0 : warpgroup * queries_per_warpgroup;
+        group_count = max(0, min(queries_per_warpgroup, group_size - group_first));
+        has_row = false, witness = 0.f, parity = 0;
     }
 
     // Scores of a finished document, by the warpgroup that owns the queries: one warp per
-    // query, its lanes over the query's tokens.
-    const int group_first = SPLIT_DOCS ? 0 : warpgroup * queries_per_warpgroup;
-    const int group_count = max(0, min(queries_per_warpgroup, group_size - group_first));
-    auto finish_document = [&](i64 finished_doc, int parity) {
+    // query, its lanes over the query's tokens (epilogue.cuh).
+    template <typename T> __device__ __forceinline__ void finish_document(const ForwardArgs& args, i64 finished_doc, int parity) {
+        constexpr bool SCALED = Codec<T>::SCALED;
         bool doc_has_row = false, doc_bad = false;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            doc_has_row |= sHasRow[parity * WARPS + warpgroup * 4 + w] != 0;
-            doc_bad |= sDocBad[parity * WARPS + warpgroup * 4 + w] != 0;
+            doc_has_row |= sHasRow()[parity * WARPS + warpgroup * 4 + w] != 0;
+            doc_bad |= sDocBad()[parity * WARPS + warpgroup * 4 + w] != 0;
         }
         for (int j = warp_in_group; j < group_count; j += 4)
             warp_finish_document<ARGMAX, SCALED>(
                 args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad,
-                [&](int i, float& m, int& winner, float& scale, bool& bad) {
-                    const int local = query_row_of(j * query_length + i);
-                    const int query_row = (SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS) + local;
-                    const int row = warpgroup * GROUP_ROWS + local;  // accumulator row
-                    if (sRowQuery[query_row] < 0) return false;
-                    winner = -1;
-                    if constexpr (DOCS_ON_M) {  // the max over the warpgroup's 4 warps of its column
-                        const int slot = (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS + local;
-                        m = sRowMax[slot];
-                        if constexpr (ARGMAX) winner = sRowArg[slot];
-#pragma unroll
-                        for (int w = 1; w < 4; ++w) {
-                            const float other = sRowMax[slot + w * QUERY_COLS];
-                            if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * QUERY_COLS]);
-                            m = max_nan(m, other);
-                        }
-                    } else {
-                        m = sRowMax[parity * BLOCK_ROWS + row];
-                        if constexpr (ARGMAX) winner = sRowArg[parity * BLOCK_ROWS + row];
-                    }
-                    scale = SCALED ? sRowScale[query_row] : 1.f;
-                    bad = sRowBad[query_row] != 0;
-                    return true;
-                });
-    };
+                FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(), j * query_length,
+                             SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
+                             (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS});
+    }
 
-    // Per-document state of both consumer loops: whether a real token was seen, the witness of
-    // non-finite document elements (what it sums differs by loop), and the parity of the
-    // per-document buffers.
-    bool has_row = false;
-    float witness = 0.f;
-    int parity = 0;
-    // Whether row r of a tile that starts at token `first` of document `doc`, with `count` of
-    // the document's tokens in it, is a real token (in the document, not masked).
-    auto token_real = [&](i64 doc, int first, int count, int r) {
-        return r < count &&
-               (args.d_mask == nullptr || args.d_mask[doc * args.d_mask_doc_stride + (first + r) * args.d_mask_row_stride]);
-    };
     // A document's maxima are published (by the caller): its warps' flags follow, then the
     // warpgroup sums its queries' scores.
-    auto close_document = [&](i64 doc) {
+    template <typename T> __device__ __forceinline__ void close_document(const ForwardArgs& args, i64 doc) {
         const bool warp_has_row = __any_sync(0xffffffffu, has_row);
         const bool warp_bad = __any_sync(0xffffffffu, !(fabsf(witness) < MAXSIM_INF));
-        if (lane == 0) sHasRow[parity * WARPS + warp] = warp_has_row, sDocBad[parity * WARPS + warp] = warp_bad;
+        if (lane == 0) sHasRow()[parity * WARPS + warp] = warp_has_row, sDocBad()[parity * WARPS + warp] = warp_bad;
         has_row = false;
         witness = 0.f;
         // Per-document buffers alternate by parity: a warp reaches this barrier for the next
         // document only after it finished reading this one.
         warpgroup_sync();
-        finish_document(doc, parity);
+        finish_document<T>(args, doc, parity);
         parity ^= 1;
-    };
+    }
 
-    if constexpr (DOCS_ON_M) {
-        // ---- Documents on M: one loop, one accumulator set (64 registers) ------------------
+    // ---- Documents on M: one loop, one accumulator set (64 registers) ------------------
+    template <typename T> __device__ __forceinline__ void consume_docs_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
+        typedef typename WgmmaTile<T>::acc_t Acc;
+        constexpr bool SCALED = Codec<T>::SCALED;
         // Tile t multiplies, then folds into the running column maxima; the block's other
         // warpgroups keep the tensor cores busy meanwhile. Every warpgroup reads every tile of
         // the block's single ring. A document's first tile is folded apart (peeled), so that
@@ -790,7 +853,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         open_doc(cursor, 0);
         int stage = 0;
         u32 phase = 0;
-        const unsigned long long query_desc = tile_descriptor((unsigned char*)sQ + warpgroup * QUERY_BLOCK_BYTES);
+        const unsigned long long query_desc = tile_descriptor((unsigned char*)sQ() + warpgroup * QUERY_BLOCK_BYTES);
         const int r0 = warp_in_group * 16 + (lane >> 2);  // this thread's tile rows: r0 and r0 + 8
         // best[2j + c]: query column 8j + 2 quad + c, max over this thread's rows of the document
         // so far.
@@ -838,9 +901,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         };
         // Hand the cursor's tile to the tensor cores and move the cursor on.
         auto issue = [&]() -> TileFold {
-            mbarrier_wait(full + stage, phase);
+            mbarrier_wait(full() + stage, phase);
             if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
-            const unsigned long long doc_desc = tile_descriptor(sD + stage * TILE_BYTES);
+            const unsigned long long doc_desc = tile_descriptor(sD() + stage * TILE_BYTES);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks)
@@ -852,10 +915,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
             if (++stage == STAGES) stage = 0, phase ^= 1;
             next_tile(cursor);
-            tile.real0 = !tile.biased || token_real(tile.doc, tile.first_row, rows, r0);
-            tile.real1 = !tile.biased || token_real(tile.doc, tile.first_row, rows, r0 + 8);
+            tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+            tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
             tile.s0 = tile.s1 = 1.f;
-            if constexpr (SCALED) tile.s0 = sScale[tile.slot * TILE_N + r0], tile.s1 = sScale[tile.slot * TILE_N + r0 + 8];
+            if constexpr (SCALED) tile.s0 = sScale()[tile.slot * TILE_N + r0], tile.s1 = sScale()[tile.slot * TILE_N + r0 + 8];
             return tile;
         };
         // The tile's MMAs are done: free its slot and fold it (FIRST: a constant, as BIASED).
@@ -863,7 +926,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             wgmma_wait<0>();
             pin(acc);
             __syncwarp();
-            if (lane == 0) mbarrier_arrive(empty + tile.slot);  // the slot is free (scales already read)
+            if (lane == 0) mbarrier_arrive(empty() + tile.slot);  // the slot is free (scales already read)
             const bool real0 = tile.real0, real1 = tile.real1;
             has_row |= real0 | real1;
             // The witness: a non-finite document element makes its row's similarities non-finite
@@ -892,7 +955,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
             // winners beside them, 42 instead of 192), so that
             // lane l ends with column pairs 8 b4 + 4 b3 + 2 b2 + {0, 1} (b: the bits of l).
             const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
-            float2* published = (float2*)(sRowMax + slots);
+            float2* published = (float2*)(sRowMax() + slots);
             const int pair = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
             if constexpr (!ARGMAX) {
                 keep_max_of_halves<16>(best, lane);  // the lanes 16 apart: pairs 8 b4 + 0..7
@@ -902,36 +965,17 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 keep_best_of_halves<8>(best, winners, lane);
                 keep_best_of_halves<4>(best, winners, lane);
                 keep_best_of_halves<2>(best, winners, lane);
-                int2* published_rows = (int2*)(sRowArg + slots);
+                int2* published_rows = (int2*)(sRowArg() + slots);
                 published_rows[4 * pair + quad] = make_int2((short)(winners[0] & 0xffffu), (short)(winners[0] >> 16));
                 published_rows[4 * (pair + 1) + quad] = make_int2((short)(winners[1] & 0xffffu), (short)(winners[1] >> 16));
             }
             published[4 * pair + quad] = make_float2(best[0], best[1]);
             published[4 * (pair + 1) + quad] = make_float2(best[2], best[3]);
-            close_document(tile.doc);
+            close_document<T>(args, tile.doc);
             if (cursor.position >= doc_count) break;
             tile = issue();
         }
-        return;
     }
-
-    // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
-    // (splitting documents, each document's first slot says which it is).
-    DocCursor cursor;
-    open_doc(cursor, 0);
-    const int ring_first = (SPLIT_DOCS ? warpgroup : 0) * RING, ring_end = ring_first + RING;
-    int stage = ring_first;
-    u32 phase = 0;
-    // What the fold of a tile needs to know, recorded when its MMAs are issued.
-    struct TileInfo {
-        i64 doc;
-        int stage, first_column, columns;  // columns: real-or-masked tokens of the tile (<= 64)
-        bool biased, last;
-    };
-    TileInfo in_flight;
-
-    RowBest best[2] = {{MAXSIM_NEG_INF, -1}, {MAXSIM_NEG_INF, -1}};  // rows lane/4 and lane/4 + 8
-    // The witness here: row lane/4 against every real column of the document, summed.
 
     // Fold a finished tile's accumulators into the running row maxima. Columns that are not
     // real (padding, masked, past the document: a TMA tile holds whatever memory is there) are
@@ -942,18 +986,20 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     // Without a mask, a document's last tile tests its length only: the mask's address
     // arithmetic, predicated off, would still issue for every column (about 300 integer
     // instructions per tile and warp, the most executed in one-query int8 profiles).
-    auto column_real = [&](const TileInfo& info, int col, const bool MASKED) {
-        return MASKED ? token_real(info.doc, info.first_column, info.columns, col) : col < info.columns;
-    };
-    auto fold_tile = [&](const Acc (&acc)[ACC], const TileInfo& info, const bool BIASED, const bool MASKED) {
-        const float* scale = sScale + info.stage * TILE_N;
+    template <bool MASKED> __device__ __forceinline__ bool column_real(const ForwardArgs& args, const TileInfo& info, int col) const {
+        return MASKED ? token_real(args, info.doc, info.first_column, info.columns, col) : col < info.columns;
+    }
+    template <typename T, bool BIASED, bool MASKED, typename Acc>
+    __device__ __forceinline__ void fold_tile(const ForwardArgs& args, const Acc (&acc)[ACC], const TileInfo& info, RowBest (&best)[2]) {
+        constexpr bool SCALED = Codec<T>::SCALED;
+        const float* scale = sScale() + info.stage * TILE_N;
         if (!BIASED) has_row = true;
         if constexpr (SCALED) {
             // int8 tokens are finite: a non-finite similarity can only come from a document
             // scale, so the witness checks the tile's scales of real columns (one per thread)
             // instead of summing every similarity (0 * x is 0 unless x is inf or NaN).
             const int c = threadIdx.x % 128;
-            if (c < TILE_N && (BIASED ? column_real(info, c, MASKED) : true)) witness += 0.f * scale[c];
+            if (c < TILE_N && (BIASED ? column_real<MASKED>(args, info, c) : true)) witness += 0.f * scale[c];
         }
 #pragma unroll
         for (int chunk = 0; chunk < TILE_N / 64; ++chunk) {  // 64 columns at a time: 16 temporaries
@@ -964,7 +1010,7 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 bool real0 = true, real1 = true;
                 float2 sc = make_float2(1.f, 1.f);
                 if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
-                    real0 = column_real(info, col, MASKED), real1 = column_real(info, col + 1, MASKED);
+                    real0 = column_real<MASKED>(args, info, col), real1 = column_real<MASKED>(args, info, col + 1);
                     has_row |= real0 | real1;
                 }
                 if constexpr (SCALED) sc = *(const float2*)(scale + col);
@@ -994,124 +1040,168 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
                 }
             }
         }
-    };
-    // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
-    // maxima to the warpgroup and sum its queries' scores.
-    auto fold = [&](const Acc (&acc)[ACC], const TileInfo& info) {
-        if (!info.biased)
-            fold_tile(acc, info, false, false);
-        else if (args.d_mask == nullptr)
-            fold_tile(acc, info, true, false);
-        else
-            fold_tile(acc, info, true, true);
-        if (!info.last) return;
-#pragma unroll
-        for (int h = 0; h < ROW_HALVES; ++h) {
-            float value = best[h].value;
-            int index = best[h].index;
-#pragma unroll
-            for (int offset = 1; offset < 4; offset <<= 1) {
-                const float other = __shfl_xor_sync(0xffffffffu, value, offset);
-                if constexpr (ARGMAX) index = first_winner(value, index, other, __shfl_xor_sync(0xffffffffu, index, offset));
-                value = max_nan(value, other);
-            }
-            if (quad == 0) {
-                const int row = row0 + (lane >> 2) + 8 * h;
-                sRowMax[parity * BLOCK_ROWS + row] = value;
-                if constexpr (ARGMAX) sRowArg[parity * BLOCK_ROWS + row] = index;
-            }
-            best[h].value = MAXSIM_NEG_INF;
-            best[h].index = -1;
-        }
-        close_document(info.doc);
-    };
+    }
 
-    // Hand the next tile to the tensor cores (asynchronously) and move the cursor on; false at
-    // the end of a split ring.
-    auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
-        mbarrier_wait(full + stage, phase);
-        if constexpr (SPLIT_DOCS) {
-            if (cursor.tile == 0) {
-                const i64 position = sSlotDoc[stage];
-                if (position < 0) return false;
-                cursor.position = position, cursor.doc = doc_at(position);
-                cursor.length = sSlotLength[stage], cursor.tiles = doc_tiles(cursor.length);
-            }
-        }
-        // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
-        // writes through the async proxy: no fence).
-        if (!tile_map.use_tma) fence_proxy_async();
-        const unsigned long long desc = tile_descriptor(sD + stage * TILE_BYTES);
-        wgmma_fence();
+    // ---- Queries on M: the accumulators' rows are query rows -----------------------------
+    template <typename T> __device__ __forceinline__ void consume_queries_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
+        typedef typename WgmmaTile<T>::acc_t Acc;
+        constexpr bool SCALED = Codec<T>::SCALED;
+        // The warpgroup's query fragments, in registers for the block's lifetime.
+        u32 a_regs[KSTEPS][4];
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
-        wgmma_commit();
-        in_flight.doc = cursor.doc;
-        in_flight.stage = stage;
-        in_flight.first_column = cursor.tile * TILE_N;
-        in_flight.columns = (int)min(cursor.length - cursor.tile * TILE_N, (i64)TILE_N);
-        in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
-        in_flight.last = cursor.tile + 1 == cursor.tiles;
-        if (++stage == ring_end) stage = ring_first, phase ^= 1;
-        if constexpr (SPLIT_DOCS) {
-            if (++cursor.tile == cursor.tiles) cursor.tile = 0;  // the next document comes from its slot
-        } else {
-            next_tile(cursor);
-        }
-        return true;
-    };
-    // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
-    // slot's document scales.
-    auto release = [&](int slot) {
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(empty + slot);
-    };
-    if constexpr (DOUBLE_BUFFERED) {
-        // One step: tile t goes to the tensor cores while tile t-1 is folded. The two
-        // accumulator sets alternate, so the registers the running MMA writes are never the
-        // ones being read.
-        auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
-            if (cursor.position >= doc_count) return false;
-            const TileInfo folding = in_flight;
-            issue_mma(acc_new);
-            wgmma_wait<1>();
-            if constexpr (!SCALED) release(folding.stage);
-            pin(acc_old);
-            fold(acc_old, folding);
-            if constexpr (SCALED) release(folding.stage);
+        for (int ks = 0; ks < KSTEPS; ++ks)
+            ldmatrix_x4(a_regs[ks], sQ() + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+        // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
+        // (splitting documents, each document's first slot says which it is).
+        DocCursor cursor;
+        open_doc(cursor, 0);
+        const int ring_first = (SPLIT_DOCS ? warpgroup : 0) * RING, ring_end = ring_first + RING;
+        int stage = ring_first;
+        u32 phase = 0;
+        TileInfo in_flight;
+
+        RowBest best[2] = {{MAXSIM_NEG_INF, -1}, {MAXSIM_NEG_INF, -1}};  // rows lane/4 and lane/4 + 8
+        // The witness here: row lane/4 against every real column of the document, summed.
+        // ... and at a document's last tile, reduce over the 4 lanes of each row, publish the row
+        // maxima to the warpgroup and sum its queries' scores.
+        auto fold = [&](const Acc (&acc)[ACC], const TileInfo& info) {
+            if (!info.biased)
+                fold_tile<T, false, false>(args, acc, info, best);
+            else if (args.d_mask == nullptr)
+                fold_tile<T, true, false>(args, acc, info, best);
+            else
+                fold_tile<T, true, true>(args, acc, info, best);
+            if (!info.last) return;
+#pragma unroll
+            for (int h = 0; h < ROW_HALVES; ++h) {
+                float value = best[h].value;
+                int index = best[h].index;
+#pragma unroll
+                for (int offset = 1; offset < 4; offset <<= 1) {
+                    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+                    if constexpr (ARGMAX) index = first_winner(value, index, other, __shfl_xor_sync(0xffffffffu, index, offset));
+                    value = max_nan(value, other);
+                }
+                if (quad == 0) {
+                    const int row = row0 + (lane >> 2) + 8 * h;
+                    sRowMax()[parity * BLOCK_ROWS + row] = value;
+                    if constexpr (ARGMAX) sRowArg()[parity * BLOCK_ROWS + row] = index;
+                }
+                best[h].value = MAXSIM_NEG_INF;
+                best[h].index = -1;
+            }
+            close_document<T>(args, info.doc);
+        };
+
+        // Hand the next tile to the tensor cores (asynchronously) and move the cursor on; false at
+        // the end of a split ring.
+        auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
+            mbarrier_wait(full() + stage, phase);
+            if constexpr (SPLIT_DOCS) {
+                if (cursor.tile == 0) {
+                    const i64 position = sSlotDoc()[stage];
+                    if (position < 0) return false;
+                    cursor.position = position, cursor.doc = doc_at(position);
+                    cursor.length = sSlotLength()[stage], cursor.tiles = doc_tiles(cursor.length);
+                }
+            }
+            // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
+            // writes through the async proxy: no fence).
+            if (!tile_map.use_tma) fence_proxy_async();
+            const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
+            wgmma_commit();
+            in_flight.doc = cursor.doc;
+            in_flight.stage = stage;
+            in_flight.first_column = cursor.tile * TILE_N;
+            in_flight.columns = (int)min(cursor.length - cursor.tile * TILE_N, (i64)TILE_N);
+            in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
+            in_flight.last = cursor.tile + 1 == cursor.tiles;
+            if (++stage == ring_end) stage = ring_first, phase ^= 1;
+            if constexpr (SPLIT_DOCS) {
+                if (++cursor.tile == cursor.tiles) cursor.tile = 0;  // the next document comes from its slot
+            } else {
+                next_tile(cursor);
+            }
             return true;
         };
-        Acc acc0[ACC], acc1[ACC];
-        issue_mma(acc0);  // every block has at least one tile
+        // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
+        // slot's document scales.
+        auto release = [&](int slot) {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty() + slot);
+        };
+        if constexpr (DOUBLE_BUFFERED) {
+            // One step: tile t goes to the tensor cores while tile t-1 is folded. The two
+            // accumulator sets alternate, so the registers the running MMA writes are never the
+            // ones being read.
+            auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
+                if (cursor.position >= doc_count) return false;
+                const TileInfo folding = in_flight;
+                issue_mma(acc_new);
+                wgmma_wait<1>();
+                if constexpr (!SCALED) release(folding.stage);
+                pin(acc_old);
+                fold(acc_old, folding);
+                if constexpr (SCALED) release(folding.stage);
+                return true;
+            };
+            Acc acc0[ACC], acc1[ACC];
+            issue_mma(acc0);  // every block has at least one tile
 #pragma unroll 1
-        for (;;) {
-            if (!step(acc1, acc0)) {
-                wgmma_wait<0>();
-                pin(acc0);
-                fold(acc0, in_flight);
-                break;
+            for (;;) {
+                if (!step(acc1, acc0)) {
+                    wgmma_wait<0>();
+                    pin(acc0);
+                    fold(acc0, in_flight);
+                    break;
+                }
+                if (!step(acc0, acc1)) {
+                    wgmma_wait<0>();
+                    pin(acc1);
+                    fold(acc1, in_flight);
+                    break;
+                }
             }
-            if (!step(acc0, acc1)) {
+        } else {
+            // One accumulator set: each tile multiplies, then folds; the tensor cores meanwhile
+            // work for the block's other warpgroups.
+            Acc acc[ACC];
+#pragma unroll 1
+            while (SPLIT_DOCS || cursor.position < doc_count) {
+                if (!issue_mma(acc)) break;
+                const TileInfo folding = in_flight;
                 wgmma_wait<0>();
-                pin(acc1);
-                fold(acc1, in_flight);
-                break;
+                pin(acc);
+                if constexpr (!SCALED) release(folding.stage);
+                fold(acc, folding);
+                if constexpr (SCALED) release(folding.stage);
             }
         }
+    }
+};
+}  // namespace wg
+
+template <typename T>
+__device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const DocTileMap& tile_map) {
+    using namespace wg;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    Consumer block(args, tile_map, smem_raw, Codec<T>::SCALED);  // the producer uses its Block part
+    if (block.doc_begin >= block.doc_end) return;
+    block.init_barriers(tile_map);
+    if (block.warp < CONSUMER_WARPS) block.stage_queries<T>(args);
+    if (block.warp >= CONSUMER_WARPS) {
+        block.produce<T>(args, tile_map);
+        return;
+    }
+    // ---- Consumer warpgroups ----------------------------------------------------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
+    if constexpr (DOCS_ON_M) {
+        block.consume_docs_on_m<T>(args, tile_map);
     } else {
-        // One accumulator set: each tile multiplies, then folds; the tensor cores meanwhile
-        // work for the block's other warpgroups.
-        Acc acc[ACC];
-#pragma unroll 1
-        while (SPLIT_DOCS || cursor.position < doc_count) {
-            if (!issue_mma(acc)) break;
-            const TileInfo folding = in_flight;
-            wgmma_wait<0>();
-            pin(acc);
-            if constexpr (!SCALED) release(folding.stage);
-            fold(acc, folding);
-            if constexpr (SCALED) release(folding.stage);
-        }
+        block.consume_queries_on_m<T>(args, tile_map);
     }
 }
 
@@ -1127,7 +1217,7 @@ MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
 // two sets, or 8 k-steps of query fragments, its consumers would need more registers than they
 // have (spills); with two sets it measured no faster either (tune-wgmma-2026-11-30-462151b.log).
 // Documents on M with the argmax, or dim 256 (8 k-steps): int8 (its scales) spills in three
-// warpgroups, takes two (_kernels.int8_docs_on_m_warpgroups).
+// warpgroups, takes two (_plan/configs.int8_docs_on_m_warpgroups).
 #if (MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)) && \
     !(MAXSIM_DOCS_ON_M && (MAXSIM_ARGMAX || MAXSIM_KSTEPS > 6) && MAXSIM_WARPGROUPS == 3)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)

@@ -37,7 +37,7 @@ __device__ __forceinline__ void offsets_summary(const void* offsets, i64 count, 
     if (blockIdx.x == 0 && threadIdx.x == 0) summary[0] = at(0), summary[1] = at(count - 1);
 }
 
-// THREADS: the block size _kernels.offsets_summary launches with.
+// THREADS: the block size _gpu/launch.offsets_summary launches with.
 #define MAXSIM_OFFSETS_ENTRY(NAME, THREADS)                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(const void* offsets, i64 count, i64 stride, \
                                                                int is_64bit, i64* summary) {              \

@@ -190,3 +190,24 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
     gpu_launch.PreparedLaunch(kernel, (2,), (256,), 0).launch_packed(args, 0x123)
     assert calls[0][0] == (0xF00, 2, 1, 1, 256, 1, 1, 0, 0x123, 0) and calls[0][2] is None
     assert calls[0][1][:9 * 8] == struct.pack("<9Q", *range(1, 10))
+
+
+def test_formats_match_the_codecs():
+    """registry.FORMATS (Python) and codecs.cuh's Codec<T> (C++) describe the same element
+    formats: the kernels' type, bits and scaling of every dtype, and nothing more on either side."""
+    header = (ROOT / "kernels_cu" / "codecs.cuh").read_text()
+    codecs = {ctype: (int(bits), scaled == "true")
+              for ctype, bits, scaled in re.findall(r"^MAXSIM_CODEC\((\w+), (\d+), (\w+), \w+\)", header, re.M)}
+    assert codecs == {f.ctype: (f.bits, f.scaled) for f in registry.FORMATS.values()}
+    assert "sizeof(T)" not in "".join(p.read_text() for p in (ROOT / "kernels_cu").glob("*.cu"))
+
+
+def test_no_device_function_over_200_lines():
+    """The house rule for kernels_cu/: a device function (with its lambdas) fits a screenful or
+    three; a longer one is split into named pieces."""
+    from kernel_functions import device_functions
+
+    lengths = {f"{path.name}:{line} {name}": length for path in sorted((ROOT / "kernels_cu").iterdir())
+               for name, line, length in device_functions(path)}
+    assert len(lengths) > 50  # the scanner sees the functions
+    assert {where: n for where, n in lengths.items() if n > 200} == {}

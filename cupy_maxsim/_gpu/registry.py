@@ -8,11 +8,33 @@ its source (tests/test_packaging.py).
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
-#: dtype name -> the suffix of its kernels' names.
-DTYPE_SUFFIX = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64", "int8": "int8"}
+class Format(typing.NamedTuple):
+    """An element format as the kernels see it: the Python side of kernels_cu/codecs.cuh's
+    Codec<T> (tests/test_packaging.py holds the two to each other)."""
+
+    suffix: str  # of its kernels' names
+    ctype: str  # the kernels' type
+    bits: int
+    scaled: bool  # tokens carry per-token scales (int8)
+    tensor_cores: bool  # the tensor-core forwards take it
+
+
+#: dtype name -> its format. A new format (fp8, 4-bit) is a row here and a codec in codecs.cuh.
+FORMATS = {
+    "float16": Format("fp16", "fp16_t", 16, False, True),
+    "bfloat16": Format("bf16", "bf16_t", 16, False, True),
+    "float32": Format("fp32", "float", 32, False, False),
+    "float64": Format("fp64", "double", 64, False, False),
+    "int8": Format("int8", "i8", 8, True, True),
+}
+#: dtype name -> the suffix of its kernels' names, and back.
+DTYPE_SUFFIX = {dtype: f.suffix for dtype, f in FORMATS.items()}
 SUFFIX_DTYPE = {suffix: dtype for dtype, suffix in DTYPE_SUFFIX.items()}
+#: kernel suffix -> format.
+SUFFIX_FORMAT = {f.suffix: f for f in FORMATS.values()}
 
 #: Kernel names each source family defines; tests check that every one exists in the source.
 FAMILIES = {

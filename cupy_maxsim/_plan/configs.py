@@ -43,7 +43,7 @@ class MmaConfig:
 
     @property
     def shared_bytes(self) -> int:
-        # Mirrors the formula at the top of maxsim_fwd.cu.
+        # maxsim_fwd.cu's SHARED_BYTES (the compile checks assert the two are equal).
         row = self.ksteps * 16 + 8
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
@@ -97,7 +97,7 @@ class WgmmaConfig:
 
     @property
     def shared_bytes(self) -> int:
-        # Mirrors the formula at the top of maxsim_fwd_wgmma.cu.
+        # maxsim_fwd_wgmma.cu's SHARED_BYTES (the compile checks assert the two are equal).
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
         max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows

@@ -10,16 +10,17 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from .._gpu.registry import SUFFIX_DTYPE
+from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
 from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, mma_config, simt_shared_bytes, wgmma_config,
                       wgmma_tile_rows)
 
-ITEMSIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8, "int8": 1}
+#: Bytes per element by kernel suffix (registry.FORMATS).
+ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
 #: The widest stacked query tile: longer queries take the CUDA-core kernel.
 MAX_QUERY_ROWS = max(MMA_CONFIGS)
-#: dtypes the tensor-core kernels take.
-TENSOR_CORE_SUFFIXES = ("fp16", "bf16", "int8")
+#: Formats the tensor-core kernels take.
+TENSOR_CORE_SUFFIXES = tuple(suffix for suffix, f in SUFFIX_FORMAT.items() if f.tensor_cores)
 
 
 class ForwardShape(typing.NamedTuple):
@@ -101,6 +102,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed = shape
     ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
     corpus_elements = num_docs * mean_doc_length * dim
+    scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
     if tunables.use_wgmma and capability == 90 and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
@@ -108,10 +110,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         docs_on_m = tunables.wgmma_docs_on_m and num_queries > 128 // query_length and argmax != 32
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
         tile_rows = 64 if docs_on_m else wgmma_tile_rows(
-            mean_doc_length, suffix == "int8", warpgroups < 2, ksteps, 0 if packed else corpus_elements,
+            mean_doc_length, scaled, warpgroups < 2, ksteps, 0 if packed else corpus_elements,
             tunables=tunables)
         config = wgmma_config(ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
-                              docs_on_m, suffix == "int8", tunables=tunables)
+                              docs_on_m, scaled, tunables=tunables)
         if config is not None and config.shared_bytes <= smem_limit:
             return KernelChoice("maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config)
     config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax))
@@ -177,5 +179,3 @@ def simt_plan(suffix: str, num_queries: int, dim: int, num_docs: int, pairs: boo
     total = num_docs if pairs else num_queries * num_docs
     return SimtPlan(f"maxsim_fwd_simt_{suffix}", rows, shared, min(total, sm_count * 64), SIMT_THREADS)
 
-
-assert set(ITEMSIZE) == set(SUFFIX_DTYPE)

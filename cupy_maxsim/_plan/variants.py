@@ -28,29 +28,35 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     return names
 
 
+def _checked(config) -> tuple[str, ...]:
+    """A tile configuration's defines, plus the shared memory Python gives its launches: the
+    kernel's source asserts (static_assert) that its own SHARED_BYTES is the same."""
+    return config.defines() + (f"-DMAXSIM_EXPECT_SHARED_BYTES={config.shared_bytes}",)
+
+
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
-    with and without the argmax."""
+    with and without the argmax; the tensor-core forwards' with their shared memory checked."""
     variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ())]
     for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
             config = mma_config(width, ksteps)
             if config is not None:
-                variants.append(("maxsim_fwd", config.defines()))
-                variants.append(("maxsim_fwd", mma_config(width, ksteps, argmax=True).defines()))
+                variants.append(("maxsim_fwd", _checked(config)))
+                variants.append(("maxsim_fwd", _checked(mma_config(width, ksteps, argmax=True))))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split
                 for tile_n in (64, 128):
                     for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
                         config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
-                        variants.append(("maxsim_fwd_wgmma", config.defines()))
+                        variants.append(("maxsim_fwd_wgmma", _checked(config)))
         for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups)
             for argmax in (False, True):
                 for int8 in (False, True):
                     config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8)
-                    if ("maxsim_fwd_wgmma", config.defines()) not in variants:
-                        variants.append(("maxsim_fwd_wgmma", config.defines()))
+                    if ("maxsim_fwd_wgmma", _checked(config)) not in variants:
+                        variants.append(("maxsim_fwd_wgmma", _checked(config)))
     return variants
 
 
