@@ -42,11 +42,18 @@ class ForwardPlan(typing.NamedTuple):
 def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
     """The tensor-core plan of ``shape`` on ``device`` (None: the CUDA-core kernel), cached: a
     repeated call pays no configuration work (small calls are host-bound)."""
-    key = (device, shape, tunables)
-    plan = _plans.get(key)
-    if plan is None and key not in _plans:
+    return _plan_of((device,) + tuple(shape) + (tunables,))
+
+
+def _plan_of(key: tuple) -> ForwardPlan | None:
+    """mma_plan under its cache key (device, the ForwardShape's fields, tunables): a plain tuple,
+    so that a call that finds its plan builds no ForwardShape."""
+    plan = _plans.get(key, _MISSING)
+    if plan is _MISSING:
+        device, tunables, shape = key[0], key[-1], planner.ForwardShape(*key[1:-1])
         properties = gpu_device.device_properties(device)
         choice = planner.choose_kernel(shape, properties, tunables)
+        plan = None
         if choice is not None:
             config = choice.config
             kernel = gpu_compile.get_kernel(device, choice.family, choice.name, config.defines(), config.shared_bytes)
@@ -57,21 +64,24 @@ def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> Fo
     return plan
 
 
-def forward_shape(problem: ScoreProblem) -> planner.ForwardShape:
+_MISSING = object()
+
+
+def _shape_fields(problem: ScoreProblem) -> tuple:
+    """ForwardShape's fields of ``problem``, in order."""
     num_queries, query_length, dim = problem.q.shape
     offsets, num_docs = problem.offsets, problem.num_docs
     # Tokens of one (average) document: the Hopper tile rows, the L2 working-set estimate.
     mean_doc_length = problem.d.shape[0] / max(1, num_docs) if offsets is not None else problem.doc_length
     winners = problem.argmax_dtype
-    return planner.ForwardShape(DTYPE_SUFFIX[problem.q.dtype], num_queries, query_length, dim, num_docs,
-                                problem.pairs, 0 if winners is None else 32 if winners == "int32" else 16,
-                                mean_doc_length, offsets is not None)
+    return (DTYPE_SUFFIX[problem.q.dtype], num_queries, query_length, dim, num_docs, problem.pairs,
+            0 if winners is None else 32 if winners == "int32" else 16, mean_doc_length, offsets is not None)
 
 
 def run(problem: ScoreProblem, tunables: Tunables, record: list | None = None):
     """Allocate the scores (and the winners, where wanted) in the caller's framework and run
     the forward on its stream. ``record``: a list that gets what a replay of this call needs
-    (the shape, the plan, the argument values, the tile map's shape: see _replay.py)."""
+    (the plan, the argument values, the tile map's shape: see _replay.py)."""
     like = problem.like
     output = _arrays.Output(like)
     shape = problem.shape
@@ -162,18 +172,19 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
     values = argument_values(problem, out_ptr, winners)
     with gpu_device.on_device(q.device):
         properties = gpu_device.device_properties(q.device)
-        shape = forward_shape(problem)
-        eligible = planner.tensor_core_eligible(shape.suffix, dim, query_length, (q.strides, d.strides),
-                                                (q.ptr, d.ptr), properties[3])
-        plan = mma_plan(q.device, shape, tunables) if eligible else None
+        fields = _shape_fields(problem)
+        suffix = fields[0]
+        eligible = planner.tensor_core_eligible(suffix, dim, query_length, (q.strides, d.strides), (q.ptr, d.ptr),
+                                                properties[3])
+        plan = _plan_of((q.device,) + fields + (tunables,)) if eligible else None
         if plan is None:
-            simt = planner.simt_plan(shape.suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
+            simt = planner.simt_plan(suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
             kernel = gpu_compile.get_kernel(q.device, "maxsim_fwd_simt", simt.name, (), simt.shared)
             values.update(rows_per_chunk=simt.rows_per_chunk)
             gpu_launch.launch(kernel, (simt.grid,), (simt.threads,), forward_args(**values), simt.shared, stream)
             return
         values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation)
-        tile_map = map_shape = None
+        tile_map = map_shape = scales = None
         if plan.tile_rows:
             map_shape = tile_map_shape(problem, plan.tile_rows)
             d_scale = problem.d_scale
@@ -183,7 +194,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma)
         if record is not None and plan.groups <= 65535:
-            record.append((shape, plan, dict(values), map_shape))
+            record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:]))
         out_item = 8 if q.dtype == "float64" else 4
         out_query_stride = values["out_query_stride"]
         for first in range(0, plan.groups, 65535):  # grid.y is limited to 65535 query groups

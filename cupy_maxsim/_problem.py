@@ -36,27 +36,11 @@ class ScoreProblem(typing.NamedTuple):
     num_docs: int
     argmax_dtype: str | None  # the winners' dtype where they are wanted
 
-    @property
-    def shape(self) -> tuple:
-        """The scores' shape."""
-        return (self.num_docs,) if self.single or self.pairs else (self.q.shape[0], self.num_docs)
-
-    @property
-    def doc_length(self) -> int:
-        """Padded documents' length; 0 for packed ones."""
-        return 0 if self.offsets is not None else self.d.shape[1]
-
-    @property
-    def doc_stride(self) -> int:
-        return 0 if self.offsets is not None else self.d.strides[0]
-
-    @property
-    def result_dtype(self) -> str:
-        return result_dtype(self.q.dtype)
-
-    @property
-    def has_masks_or_scales(self) -> bool:
-        return any(x is not None for x in (self.q_mask, self.d_mask, self.q_scale, self.d_scale))
+    # Derived once in _batched (a small call is host-bound: fields, not properties).
+    shape: tuple  # the scores' shape
+    doc_length: int  # padded documents' length; 0 for packed ones
+    doc_stride: int  # elements between padded documents; 0 for packed ones
+    result_dtype: str  # the scores' dtype
 
 
 class BackwardProblem(typing.NamedTuple):
@@ -135,7 +119,10 @@ def _batched(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, num_d
         q = batch_view(q)
         q_mask = None if q_mask is None else batch_view(q_mask)
         q_scale = None if q_scale is None else batch_view(q_scale)
-    return ScoreProblem(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, single, num_docs, winners)
+    shape = (num_docs,) if single or pairs else (q.shape[0], num_docs)
+    packed = offsets is not None
+    return ScoreProblem(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, single, num_docs, winners,
+                        shape, 0 if packed else d.shape[1], 0 if packed else d.strides[0], result_dtype(q.dtype))
 
 
 def backward_problem(q, d, argmax, offsets, pairs, checked_offsets) -> BackwardProblem:

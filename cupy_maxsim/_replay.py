@@ -2,10 +2,11 @@
 
 A retrieval service calls score() with the same shapes over and over, and a training step
 repeats its forward and backward; a small call is host-bound (rerank-1k: the kernel takes
-~25 us, the general path 40-60 us of Python). After a call without masks or scales, of torch
-CUDA tensors or CuPy arrays, the general path leaves what its launch needed under the call's
-signature (types, shapes, strides, dtypes and devices of q and d, whether the winners are
-wanted, and the tunables in force: everything its checks and its plan read, but the pointers);
+~25 us, the general path 40-60 us of Python). After a call of torch CUDA tensors or CuPy
+arrays (masks and int8 scales included), the general path leaves what its launch needed under
+the call's signature (types, shapes, strides, dtypes and devices of q, d, the masks and the
+scales, whether the winners are wanted, and the tunables in force: everything its checks and
+its plan read, but the pointers);
 a later call with the same signature reads only the pointers and the stream, allocates the
 results and launches the same kernel. backward_plan does the same for the backward's layout
 (:func:`backward_key`), and score_with_plan (an autograd adapter's forward) replays both under
@@ -30,19 +31,35 @@ replays = Cache("replays")
 backward_templates = Cache("backward templates")
 
 
-def replay_key(q, d, argmax=False):
-    """The signature of a score(q, d) call without masks or scales, or None where the general
-    path is as cheap."""
+NO_EXTRAS = (None, None, None, None)
+
+
+def replay_key(q, d, argmax=False, extras=NO_EXTRAS):
+    """The signature of a score(q, d) call, or None where the general path is as cheap.
+    ``extras``: its (q_mask, d_mask, q_scale, d_scale), each None or an array of q's type."""
     kind = type(q)
     if type(d) is not kind:
         return None
     module = kind.__module__
     if module == "torch":  # get_device(): the device's index (-1: CPU) without a torch.device
-        return (kind, q.shape, q.stride(), q.dtype, q.get_device(), d.shape, d.stride(), d.dtype, d.get_device(),
-                argmax, current())
-    if module == "cupy":
-        return kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id, argmax, current()
-    return None
+        key = (kind, q.shape, q.stride(), q.dtype, q.get_device(), d.shape, d.stride(), d.dtype, d.get_device(),
+               argmax, current())
+    elif module == "cupy":
+        key = kind, q.shape, q.strides, q.dtype, q.device.id, d.shape, d.strides, d.dtype, d.device.id, argmax, current()
+    else:
+        return None
+    if extras is NO_EXTRAS:
+        return key
+    for x in extras:
+        if x is None:
+            key += (None,)
+        elif type(x) is not kind:
+            return None
+        elif module == "torch":
+            key += ((x.shape, x.stride(), x.dtype, x.get_device()),)
+        else:
+            key += ((x.shape, x.strides, x.dtype, x.device.id),)
+    return key
 
 
 def backward_key(q, d, argmax, pairs: bool):
@@ -65,13 +82,16 @@ class Replay:
     """A recorded forward launch, replayed with new pointers."""
 
     def __init__(self, like, shape: tuple, dtype: str, argmax_dtype: str | None, plan, values: dict,
-                 tile_map_shape: tuple | None, use_tma: bool):
+                 tile_map_shape: tuple | None, use_tma: bool, scale_strides: tuple | None = None):
         self.like, self.shape, self.dtype = like, shape, dtype
         self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan, self.tile_map_shape, self.use_tma = plan, tile_map_shape, use_tma
+        # int8 documents' scales read by TMA: their (row, document) strides in bytes.
+        self.scale_strides = scale_strides
         self.torch = like.framework == "torch"
         self.backward = None  # a BackwardPlan template: calls answer (scores, plan) (with_backward)
-        # The recorded arguments packed once; a call patches in q, d, out and argmax.
+        # The recorded arguments packed once; a call patches in q, d, out, argmax, the masks and
+        # the scales.
         arguments = ArgTemplate(forward_args, [values[name] for name, _ in FORWARD_ARGS], FORWARD_HEAD,
                                 0 if tile_map_shape is None else tma.DOC_TILE_MAP_BYTES)
         self.launch = gpu_launch.PreparedLaunch(plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
@@ -89,13 +109,15 @@ class Replay:
         replay.work_words = replay.argmax_words + template._scratch_words
         return replay
 
-    def __call__(self, q, d):
+    def __call__(self, q, d, extras=NO_EXTRAS):
         """The scores (and winners, or their backward plan), or None where the general path must
-        answer: a pointer not aligned as the kernel needs."""
+        answer: a pointer not aligned as the kernel needs. ``extras``: as in replay_key."""
         if self.torch:
             q_ptr, d_ptr = q.data_ptr(), d.data_ptr()
+            extra_ptrs = (0, 0, 0, 0) if extras is NO_EXTRAS else tuple(0 if x is None else x.data_ptr() for x in extras)
         else:
             q_ptr, d_ptr = q.data.ptr, d.data.ptr
+            extra_ptrs = (0, 0, 0, 0) if extras is NO_EXTRAS else tuple(0 if x is None else x.data.ptr for x in extras)
         if (q_ptr | d_ptr) % 16:
             return None
         output = _arrays.Output(self.like, q if self.torch else None)
@@ -113,16 +135,18 @@ class Replay:
         elif self.argmax_dtype is not None:
             argmax, argmax_ptr = output.empty(self.argmax_shape, self.argmax_dtype)
         with gpu_device.on_device(self.like.device):
-            tile_map = None if self.tile_map_shape is None else tma.doc_tile_map(d_ptr, *self.tile_map_shape,
-                                                                                  use_tma=self.use_tma)
-            self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr), stream, tile_map)
+            tile_map = None
+            if self.tile_map_shape is not None:
+                scales = None if self.scale_strides is None else (extra_ptrs[3],) + self.scale_strides
+                tile_map = tma.doc_tile_map(d_ptr, *self.tile_map_shape, scales=scales, use_tma=self.use_tma)
+            self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr) + extra_ptrs, stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)
         return output.wrap(result), plan if plan is not None else output.wrap(argmax)
 
 
-def replayed(key, q, d):
-    """The call recorded under ``key`` (from replay_key) replayed for q and d, or None: no key,
-    none recorded, or the general path must answer."""
+def replayed(key, q, d, extras=NO_EXTRAS):
+    """The call recorded under ``key`` (from replay_key) replayed for q and d (and ``extras``),
+    or None: no key, none recorded, or the general path must answer."""
     replay = replays.get(key) if key is not None else None
-    return None if replay is None else replay(q, d)
+    return None if replay is None else replay(q, d, extras)

@@ -1,8 +1,8 @@
 """The scoring functions: score, score_pairs, score_packed (validate, then a backend).
 
 Each call is validated into one :class:`~cupy_maxsim._problem.ScoreProblem`; host inputs run on
-the NumPy backend (_cpu.py), device inputs on the CUDA kernels (_forward.py). A plain
-``score(q, d)`` of torch CUDA tensors or CuPy arrays is replayed after its first call
+the NumPy backend (_cpu.py), device inputs on the CUDA kernels (_forward.py). A ``score`` call
+of torch CUDA tensors or CuPy arrays is replayed after its first call of the same signature
 (_replay.py).
 """
 
@@ -46,22 +46,28 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
         Only with ``return_argmax``: ``argmax[i, n, t]`` is the first ``j`` reaching the max
         for query token ``t``; -1 for a masked query token or a document with no real token.
     """
-    plain = q_mask is None and d_mask is None and q_scale is None and d_scale is None
-    replay_key = _replay.replay_key(q, d, return_argmax) if plain else None
-    result = _replay.replayed(replay_key, q, d)
+    if q_mask is None and d_mask is None and q_scale is None and d_scale is None:
+        extras = _replay.NO_EXTRAS
+    else:
+        extras = (q_mask, d_mask, q_scale, d_scale)
+    replay_key = _replay.replay_key(q, d, return_argmax, extras)
+    result = _replay.replayed(replay_key, q, d, extras)
     if result is not None:
         return result
     problem = padded_problem(q, d, q_mask, d_mask, q_scale, d_scale, return_argmax)
     if not problem.q.on_gpu:
         return _on_host(problem)
     tunables = current()
-    record = [] if replay_key is not None else None
+    # Float queries against int8 documents are quantised per call (a temporary the launch
+    # reads): those calls are not replayed.
+    replayable = replay_key is not None and (problem.q_scale is None or problem.like.dtype == "int8")
+    record = [] if replayable else None
     result = _forward.run(problem, tunables, record)
     if record:
-        shape, plan, values, map_shape = record[0]
+        plan, values, map_shape, scale_strides = record[0]
         _replay.replays.put(replay_key, _replay.Replay(problem.like.with_changes(ptr=0, keepalive=None), problem.shape,
                                                        problem.result_dtype, problem.argmax_dtype, plan, values,
-                                                       map_shape, tunables.use_tma))
+                                                       map_shape, tunables.use_tma, scale_strides))
     return result
 
 

@@ -66,6 +66,14 @@ class Tunables:
     #: Most documents per dQ chunk (a warp walks a chunk's documents in order).
     dq_docs_per_chunk: int = 4096
 
+    def __post_init__(self):
+        # Every cache of plans is keyed by the tunables: their hash is computed once, not per
+        # call (a frozen dataclass's own __hash__ hashes all fields each time).
+        object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
 
 def _from_environment() -> Tunables:
     flag = lambda name: os.environ.get(name, "1") != "0"  # noqa: E731

@@ -45,25 +45,26 @@ __device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b
 // Every scalar argument of the forward kernels, passed by value as one struct: the host packs
 // it with a single struct.pack (_gpu/args.FORWARD_ARGS mirrors the field order), which costs far
 // less per launch than two dozen separate arguments. 8-byte fields come first, then 4-byte
-// fields, so there is no padding to get wrong. The four pointers a repeated call changes lead,
-// so that a replayed launch patches them with one pack_into (_gpu/args.ArgTemplate, FORWARD_HEAD).
+// fields, so there is no padding to get wrong. The pointers a repeated call changes lead (its
+// arrays, results, masks and scales), so that a replayed launch patches them with one
+// pack_into (_gpu/args.ArgTemplate, FORWARD_HEAD).
 struct ForwardArgs {
     const void* q;
     const void* d;
     void* out;
-    void* argmax;  // training: winning document token per (query, doc, query token), or null
-    i64 q_query_stride, q_row_stride, q_dim_stride;
+    void* argmax;                // training: winning document token per (query, doc, query token), or null
     const unsigned char* q_mask;
+    const unsigned char* d_mask;
+    const float* q_scale;        // int8 only: per-token scales, (Nq, Lq) strides below
+    const float* d_scale;        // int8 only: (Nd, Ld) padded, or (T,) packed (row stride only)
+    i64 q_query_stride, q_row_stride, q_dim_stride;
     i64 q_mask_query_stride, q_mask_row_stride;
     i64 d_doc_stride, d_row_stride, d_dim_stride, doc_length;
     const void* offsets;
-    const unsigned char* d_mask;
     i64 d_mask_doc_stride, d_mask_row_stride;
     i64 num_docs, docs_per_block;
     i64 out_query_stride;
-    const float* q_scale;  // int8 only: per-token scales, (Nq, Lq) strides below
     i64 q_scale_query_stride, q_scale_row_stride;
-    const float* d_scale;  // int8 only: (Nd, Ld) padded, or (T,) packed (row stride only)
     i64 d_scale_doc_stride, d_scale_row_stride;
     i64 argmax_query_stride, argmax_doc_stride;  // token stride 1; int16 or int32 elements
     i64 doc_rotation;  // wgmma kernel: query group y starts its document range y * this later

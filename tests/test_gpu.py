@@ -259,6 +259,40 @@ def test_repeated_calls_replay_the_launch(framework, monkeypatch):
     assert len(_replay.replays) == 2
 
 
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_masked_and_int8_calls_replay_the_launch(framework, monkeypatch):
+    """Calls with masks (holes, a query mask, an empty document) and int8 calls with their
+    scales are replayed after their first call of a signature, patching the masks' and scales'
+    pointers: new data under the same signature must give the reference's scores and winners;
+    float queries against int8 documents (quantised per call) are never recorded."""
+    from cupy_maxsim import _replay
+
+    device = replay_device(framework)
+    replayed = count_calls(monkeypatch, _replay.Replay, "__call__")
+    _replay.replays.clear()
+    rng = np.random.default_rng(13)
+    for step in range(3):
+        q = unit_rows(rng, (3, 32, 128), np.float16)
+        d = unit_rows(rng, (40, 90, 128), np.float16)
+        q_mask, d_mask = holey_mask(rng, (3, 32), 0.9), holey_mask(rng, (40, 90), 0.7)
+        expected = reference.maxsim_reference(q, d, q_mask, d_mask)
+        got, argmax = cm.score(device(q), device(d), q_mask=device(q_mask), d_mask=device(d_mask), return_argmax=True)
+        assert_scores_match(got, expected, atol=1e-2)
+        ref_argmax = reference.maxsim_argmax_reference(q, d, q_mask, d_mask)
+        winners = to_numpy(argmax)
+        np.testing.assert_array_equal(winners[ref_argmax == -1], -1)  # masked tokens, the empty document
+        assert (winners == ref_argmax).mean() > 0.99  # fp32 accumulation may break a near-tie otherwise
+        (q8, qs), (d8, ds) = cm.quantize_int8(device(q)), cm.quantize_int8(device(d))
+        expected8 = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None])
+        assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), expected8, atol=1e-3, rtol=1e-5)
+        single = cm.score(q8[0], d8, q_scale=qs[0], d_scale=ds)  # one query: a signature of its own
+        assert_scores_match(single, expected8[0], atol=1e-3, rtol=1e-5)
+        on_the_fly = cm.score(device(q), d8, d_scale=ds)  # float queries quantised per call
+        assert_scores_match(on_the_fly, expected8, atol=2e-2)
+    assert len(replayed) == 6  # steps 1 and 2 of the three recorded signatures
+    assert len(_replay.replays) == 3
+
+
 def test_pack_on_gpu_round_trips():
     import cupy
 

@@ -133,7 +133,7 @@ def test_arg_template_patches_only_the_head():
 
     forward = gpu_args.ArgTemplate(gpu_args.forward_args, [0] * len(gpu_args.FORWARD_ARGS), gpu_args.FORWARD_HEAD,
                                    extra_bytes=tma.DOC_TILE_MAP_BYTES)
-    buffer = forward(1, 2, 3, 4)
+    buffer = forward(1, 2, 3, 4, 5, 6, 7, 8)
     address = ctypes.addressof(buffer)
     extra_at = struct.unpack_from("<QQ", buffer, 0)[1] - address
     assert extra_at % 16 == 0 and extra_at >= gpu_args.ArgTemplate.HEADER + gpu_args.forward_args.size
@@ -174,13 +174,13 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
     template = gpu_args.ArgTemplate(gpu_args.forward_args, values, gpu_args.FORWARD_HEAD, tma.DOC_TILE_MAP_BYTES)
     launch = gpu_launch.PreparedLaunch(kernel, (7, 3), (384,), 1000, template)
     map_a, map_b = bytes([1]) * tma.DOC_TILE_MAP_BYTES, bytes([2]) * tma.DOC_TILE_MAP_BYTES
-    launch((1, 2, 3, 4), 0xABC, map_a)
-    launch((5, 6, 7, 0), 0xABC, map_a)
-    launch((5, 6, 7, 0), 0xDEF, map_b)
+    launch((1, 2, 3, 4, 11, 12, 13, 14), 0xABC, map_a)
+    launch((5, 6, 7, 0, 0, 0, 0, 0), 0xABC, map_a)
+    launch((5, 6, 7, 0, 0, 15, 0, 0), 0xDEF, map_b)
     geometry = (0xF00, 7, 3, 1, 384, 1, 1, 1000)
     assert [call[0] for call in calls] == [geometry + (0xABC, 0), geometry + (0xABC, 0), geometry + (0xDEF, 0)]
-    assert [call[1] for call in calls] == [gpu_args.forward_args.pack(head + values[4:])
-                                           for head in ([1, 2, 3, 4], [5, 6, 7, 0], [5, 6, 7, 0])]
+    assert [call[1] for call in calls] == [gpu_args.forward_args.pack(head + values[8:]) for head in (
+        [1, 2, 3, 4, 11, 12, 13, 14], [5, 6, 7, 0, 0, 0, 0, 0], [5, 6, 7, 0, 0, 15, 0, 0])]
     assert [call[2] for call in calls] == [map_a, map_a, map_b]
 
     calls.clear()

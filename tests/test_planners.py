@@ -180,7 +180,8 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     launch, prepared = _recorded_launches(launches)
     monkeypatch.setattr(gpu_launch, "launch", launch)
     monkeypatch.setattr(gpu_launch, "PreparedLaunch", prepared)
-    monkeypatch.setattr(tma, "doc_tile_map", lambda pointer, *shape, use_tma: ("map", pointer) + shape)
+    monkeypatch.setattr(tma, "doc_tile_map",
+                        lambda pointer, *shape, scales=None, use_tma=True: ("map", pointer) + shape + (scales,))
     shape = _forward.planner.ForwardShape("fp16", 1, 32, 128, 1_000, False, 0, 300, False)
     plan = _forward.mma_plan(0, shape, DEFAULT)
     names = [name for name, _ in gpu_args.FORWARD_ARGS]
@@ -197,15 +198,27 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     assert (kernel, grid, block, shared, stream) == (plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
                                                      plan.shared, None)
     sent = dict(zip(names, gpu_args.forward_args.layout.unpack(args)))
-    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0)  # no winners wanted
-    assert tile_map == ("map", 0x200000) + tile_map_shape
+    no_extras = dict(q_mask=0, d_mask=0, q_scale=0, d_scale=0)
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0, **no_extras)  # no winners
+    assert tile_map == ("map", 0x200000) + tile_map_shape + (None,)
+
+    # Masks and int8 scales (a signature of their own): their pointers patched in too, the
+    # documents' scales into the tile map with the recorded strides.
+    scaled = _replay.Replay(like, (1_000,), "float32", None, plan, values, tile_map_shape, True, (4, 1200))
+    extras = (device_array(0x300000), None, device_array(0x400000), device_array(0x500000))
+    result = scaled(q, d, extras)
+    sent = dict(zip(names, gpu_args.forward_args.layout.unpack(launches[-1][3][0])))
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0, q_mask=0x300000, d_mask=0,
+                        q_scale=0x400000, d_scale=0x500000)
+    assert launches[-1][3][1] == ("map", 0x200000) + tile_map_shape + ((0x500000, 4, 1200),)
+    del launches[1:]
 
     # With the winners: a second result, its pointer in the argmax field.
     with_argmax = _replay.Replay(like, (1_000,), "float32", "int16", plan, values, tile_map_shape, True)
     result, argmax = with_argmax(q, d)
     assert argmax.shape == (1_000, 32) and argmax.dtype == np.int16
     sent = dict(zip(names, gpu_args.forward_args.layout.unpack(launches[-1][3][0])))
-    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data)
+    assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=argmax.ctypes.data, **no_extras)
     # With a backward template (score_with_plan replayed): the plan of the winners instead, the
     # winners and the backward's scratch in one allocation (the scratch 16-byte aligned after
     # 1,000 x 32 int16 winners: 16,000 words).

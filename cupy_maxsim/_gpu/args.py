@@ -14,18 +14,19 @@ import struct
 #: a repeated call changes (FORWARD_HEAD, BACKWARD_HEAD): they are patched into bytes packed once.
 FORWARD_ARGS = (
     ("q", "Q"), ("d", "Q"), ("out", "Q"), ("argmax", "Q"),
+    ("q_mask", "Q"), ("d_mask", "Q"), ("q_scale", "Q"), ("d_scale", "Q"),
     ("q_query_stride", "q"), ("q_row_stride", "q"), ("q_dim_stride", "q"),
-    ("q_mask", "Q"), ("q_mask_query_stride", "q"), ("q_mask_row_stride", "q"),
+    ("q_mask_query_stride", "q"), ("q_mask_row_stride", "q"),
     ("d_doc_stride", "q"), ("d_row_stride", "q"), ("d_dim_stride", "q"), ("doc_length", "q"),
-    ("offsets", "Q"), ("d_mask", "Q"), ("d_mask_doc_stride", "q"), ("d_mask_row_stride", "q"),
+    ("offsets", "Q"), ("d_mask_doc_stride", "q"), ("d_mask_row_stride", "q"),
     ("num_docs", "q"), ("docs_per_block", "q"), ("out_query_stride", "q"),
-    ("q_scale", "Q"), ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
-    ("d_scale", "Q"), ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
+    ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
+    ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
     ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("doc_rotation", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("argmax_is_32bit", "i"),
 )
-FORWARD_HEAD = ("q", "d", "out", "argmax")
+FORWARD_HEAD = ("q", "d", "out", "argmax", "q_mask", "d_mask", "q_scale", "d_scale")
 BACKWARD_ARGS = (
     ("q", "Q"), ("d", "Q"), ("argmax", "Q"), ("grad_q", "Q"), ("grad_d", "Q"),
     ("sources", "Q"), ("row_ranges", "Q"), ("csr_counts", "Q"), ("partial", "Q"),
