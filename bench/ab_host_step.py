@@ -1,7 +1,7 @@
 """A/B of the training step's host path in one process: this tree's ``cupy_maxsim.torch``
 against another commit's (a copy imported as ``cupy_maxsim_base``) and the autograd floor
 (bench_train's allocations-only Function), round-robin, as the host's speed drifts within a
-process by 2-3x (bench/NOTES.md). Per round and variant: the median host microseconds of a
+process by 2-3x (docs/notebook.md). Per round and variant: the median host microseconds of a
 free-running step (300 steps, no sync between: the host's own path) and the do_bench median
 (bench_forward._median_ms, the anchors' method).
 

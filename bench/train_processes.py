@@ -1,6 +1,6 @@
 """bench_train.py in several fresh processes, one summary: the training step is host-bound, and
 the host's speed (and how many steps stall) moves from process to process by up to 2x, for the
-peers as well (bench/NOTES.md, sixth day). Per process and shape: our median step, flash-maxsim's,
+peers as well (docs/notebook.md, sixth day). Per process and shape: our median step, flash-maxsim's,
 the ratio, the fastest step of each, the CUDA-graph steps, and the autograd floor (a Function that
 only allocates: what no autograd library's step can beat there); then the median over processes.
 
