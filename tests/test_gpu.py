@@ -231,6 +231,16 @@ def test_every_framework_in_and_out():
         assert isinstance(got, jax.Array)
 
 
+def _replay_watch(framework, monkeypatch):
+    """(a function putting NumPy arrays on the GPU in ``framework``, the list that grows by one
+    each time a recorded launch is asked to replay), no launch recorded yet."""
+    from cupy_maxsim import _replay
+
+    replayed = count_calls(monkeypatch, _replay.Replay, "__call__")
+    _replay.replays.clear()
+    return replay_device(framework), replayed
+
+
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
 def test_repeated_calls_replay_the_launch(framework, monkeypatch):
     """After a plain call, later calls with the same signature replay its launch (_replay.py):
@@ -238,9 +248,7 @@ def test_repeated_calls_replay_the_launch(framework, monkeypatch):
     the same signature, must go the general way; inputs stay as passed."""
     from cupy_maxsim import _cache, _replay
 
-    device = replay_device(framework)
-    replayed = count_calls(monkeypatch, _replay.Replay, "__call__")
-    _replay.replays.clear()
+    device, replayed = _replay_watch(framework, monkeypatch)
     rng = np.random.default_rng(12)
     for step in range(4):
         q = unit_rows(rng, (2, 32, 128), np.float16)
@@ -267,9 +275,7 @@ def test_masked_and_int8_calls_replay_the_launch(framework, monkeypatch):
     float queries against int8 documents (quantised per call) are never recorded."""
     from cupy_maxsim import _replay
 
-    device = replay_device(framework)
-    replayed = count_calls(monkeypatch, _replay.Replay, "__call__")
-    _replay.replays.clear()
+    device, replayed = _replay_watch(framework, monkeypatch)
     rng = np.random.default_rng(13)
     for step in range(3):
         q = unit_rows(rng, (3, 32, 128), np.float16)

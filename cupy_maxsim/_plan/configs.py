@@ -10,6 +10,13 @@ import dataclasses
 
 from ..tuning import DEFAULT, Tunables
 
+def compile_defines(config) -> tuple[str, ...]:
+    """A tile configuration as the compile-time defines of its kernel's source: each field f as
+    -DMAXSIM_F (the #ifndef defaults at the top of the .cu file), in field order."""
+    return tuple(f"-DMAXSIM_{field.name.upper()}={int(getattr(config, field.name))}"
+                 for field in dataclasses.fields(config))
+
+
 @dataclasses.dataclass(frozen=True)
 class MmaConfig:
     """Tile shape of the tensor-core forward kernel (``maxsim_fwd.cu``)."""
@@ -51,16 +58,7 @@ class MmaConfig:
             2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps)
 
     def defines(self) -> tuple[str, ...]:
-        return (
-            f"-DMAXSIM_WARPS_M={self.warps_m}",
-            f"-DMAXSIM_WARPS_N={self.warps_n}",
-            f"-DMAXSIM_MT={self.mt}",
-            f"-DMAXSIM_NT={self.nt}",
-            f"-DMAXSIM_STAGES={self.stages}",
-            f"-DMAXSIM_KSTEPS={self.ksteps}",
-            f"-DMAXSIM_B_IN_REGISTERS={self.b_in_registers}",
-            f"-DMAXSIM_ARGMAX={self.argmax}",
-        )
+        return compile_defines(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,16 +106,7 @@ class WgmmaConfig:
                 + 16 * self.stages + 16 * self.stages + 8)
 
     def defines(self) -> tuple[str, ...]:
-        return (
-            f"-DMAXSIM_WARPGROUPS={self.warpgroups}",
-            f"-DMAXSIM_STAGES={self.stages}",
-            f"-DMAXSIM_KSTEPS={self.ksteps}",
-            f"-DMAXSIM_ARGMAX={self.argmax}",
-            f"-DMAXSIM_TILE_N={self.tile_n}",
-            f"-DMAXSIM_SPLIT_DOCS={self.split_docs}",
-            f"-DMAXSIM_HALF_ROWS={self.half_rows}",
-            f"-DMAXSIM_DOCS_ON_M={self.docs_on_m}",
-        )
+        return compile_defines(self)
 
 
 #: The Hopper kernel's shape where queries fill its warpgroups, chosen by bench/lab/tune_wgmma.py on
