@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ab_host_step import host_us, import_base  # noqa: E402
-from bench_forward import SHAPES, _median_ms, provenance  # noqa: E402
+from ab_host_step import import_base, round_robin  # noqa: E402
+from bench_forward import SHAPES, _host_loop_us, _median_ms, provenance  # noqa: E402
 from bench_train import SHAPES as TRAIN_SHAPES, _unit, make_step  # noqa: E402
 
 import cupy_maxsim  # noqa: E402
@@ -102,28 +102,16 @@ def main() -> None:
         q0, d0 = _unit(torch, (nq, lq, dim), 1), _unit(torch, (nd, ld, dim), 2)
         grad = torch.randn(nq, nd, device="cuda")
         steps = {name: make_step(fn, q0, d0, grad)[0] for name, fn in adapters.items()}
-        times = {name: [] for name in steps}
-        host = {name: [] for name in steps}
-        for _ in range(options.rounds + 2):
-            for name, step in steps.items():
-                times[name].append(_median_ms(torch, step, reps=50))
-                host[name].append(host_us(step) / 1e3)
+        host, times = round_robin(steps, options.rounds + 2)
         row(f"train {shape} do_bench", times)
-        row(f"train {shape} host ms/step", host)
+        row(f"train {shape} host ms/step", {name: [us / 1e3 for us in values] for name, values in host.items()})
     # rerank-1k end to end with torch tensors, back to back (the README's per-call figure).
     q, d = _unit(torch, (32, 128), 1), _unit(torch, (1000, 300, 128), 2)
     calls = {name: (lambda package=package: package.score(q, d)) for name, package in variants.items()}
     per_call = {name: [] for name in calls}
     for _ in range(options.rounds + 2):
         for name, call in calls.items():
-            for _ in range(50):
-                call()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(500):
-                call()
-            torch.cuda.synchronize()
-            per_call[name].append((time.perf_counter() - start) / 500 * 1e3)
+            per_call[name].append(_host_loop_us(torch, call, calls=500) / 1e3)
     row("rerank-1k end to end, ms per call back to back", per_call)
 
 

@@ -51,6 +51,18 @@ def host_us(step, steps=300) -> float:
     return statistics.median(times)
 
 
+def round_robin(steps: dict, rounds: int) -> tuple[dict, dict]:
+    """({name: host us per round}, {name: do_bench ms per round}) of each training step, the
+    variants taking turns every round."""
+    host = {name: [] for name in steps}
+    bench = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            host[name].append(host_us(step))
+            bench[name].append(_median_ms(torch, step, reps=50))
+    return host, bench
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base", type=Path, required=True, help="a folder with another commit's cupy_maxsim and kernels_cu")
@@ -67,12 +79,7 @@ def main() -> None:
         q0, d0 = _unit(torch, (nq, lq, dim), 1), _unit(torch, (nd, ld, dim), 2)
         grad = torch.randn(nq, nd, device="cuda")
         steps = {name: make_step(fn, q0, d0, grad)[0] for name, fn in variants.items()}
-        host = {name: [] for name in steps}
-        bench = {name: [] for name in steps}
-        for _ in range(options.rounds):
-            for name, step in steps.items():
-                host[name].append(host_us(step))
-                bench[name].append(_median_ms(torch, step, reps=50))
+        host, bench = round_robin(steps, options.rounds)
         lines.append(f"== {shape}")
         for name in steps:
             lines.append(f"  {name:10s} host us " + " ".join(f"{x:6.1f}" for x in host[name])
