@@ -13,6 +13,7 @@ import typing
 import numpy as np
 
 from ._gpu import launch as gpu_launch
+from ._int8 import quantize_operand
 from ._arrays import Operand, as_operand
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -204,8 +205,6 @@ def resolve_int8(q: Operand, d: Operand, q_scale, d_scale):
         return q, scale_operand(q_scale, "q_scale", q.shape[:-1], q), d_scale_op
     if q_scale is not None:
         raise ValueError(f"q_scale applies to int8 queries, got q of dtype {q.dtype}")
-    from .quantize import quantize_operand
-
     values, scales = quantize_operand(q, None)
     return internal_operand(values, "q", q), internal_operand(scales, "q_scale", q), d_scale_op
 

@@ -169,13 +169,13 @@ def test_int8_packed_pairs_frameworks_on_gpu(poison):
 
 def test_quantize_int8_blocked_matches_whole(monkeypatch):
     """Quantisation runs in blocks of tokens (bounded temporaries): same values and scales."""
-    from cupy_maxsim import quantize
+    from cupy_maxsim import _int8
 
     rng = np.random.default_rng(9)
     x = unit_rows(rng, (4, 9, 32))
     mask = holey_mask(rng, (4, 9))
     whole = cm.quantize_int8(x, mask=mask)
-    monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 50)
+    monkeypatch.setattr(_int8, "QUANTIZE_BLOCK_ELEMENTS", 50)
     blocked = cm.quantize_int8(x, mask=mask)
     for a, b in zip(whole, blocked):
         np.testing.assert_array_equal(a, b)
