@@ -293,7 +293,21 @@ class Output:
 
             result = jax.numpy.asarray(array) if isinstance(array, np.ndarray) else jax.dlpack.from_dlpack(array)
             return jax.lax.bitcast_convert_type(result, jax.numpy.bfloat16) if bits else result
+        if bits and isinstance(array, np.ndarray):  # NumPy bfloat16 inputs came through ml_dtypes
+            try:
+                import ml_dtypes
+            except ImportError:  # bits of a bfloat16 from elsewhere: nothing to view them as
+                return array
+            return array.view(ml_dtypes.bfloat16)
         return array
+
+
+def bfloat16_bits(array: np.ndarray) -> np.ndarray:
+    """float32 (or float64) values as bfloat16 bits (uint16), rounded to nearest even; NaN stays
+    NaN. Exact for values that came from bfloat16 (host bfloat16 inputs are widened to float32)."""
+    bits = array.astype(np.float32).view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(array), np.uint16(0x7FC0), rounded)
 
 
 def module_of(operand: Operand):

@@ -31,10 +31,7 @@ def host_gradient(output: _arrays.Output, array: np.ndarray, dtype: str):
     """A CPU-backend gradient (compute dtype) in the caller's dtype and framework."""
     if dtype != "bfloat16":
         return output.wrap(array.astype(dtype, copy=False))
-    bits = array.astype(np.float32).view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
-    rounded = np.where(np.isnan(array), np.uint16(0x7FC0), rounded)
-    return output.wrap(rounded, dtype="bfloat16")
+    return output.wrap(_arrays.bfloat16_bits(array), dtype="bfloat16")
 
 
 

@@ -74,6 +74,8 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=F
     if doc_length == 0 or query_length == 0:
         out[:] = np.where(has_token, 0.0, -np.inf)
         return (out, argmax) if with_argmax else out
+    if num_queries == 0 or num_docs == 0:
+        return (out, argmax) if with_argmax else out
     pairs_per_block = max(1, BLOCK_ELEMENTS // (query_length * doc_length))
     q_step = min(num_queries, pairs_per_block)
     d_step = max(1, pairs_per_block // q_step)
@@ -133,7 +135,7 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
     out = np.empty((num_queries, num_docs), ctype)
     argmax = np.full((num_queries, num_docs, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
-    if query_length == 0 or num_docs == 0:
+    if query_length == 0 or num_docs == 0 or num_queries == 0:
         out[:] = np.where(lengths > 0, 0.0, -np.inf)
         return (out, argmax) if with_argmax else out
     q_step = min(num_queries, max(1, BLOCK_ELEMENTS // (query_length * max(1, int(lengths.max())))))
@@ -186,7 +188,7 @@ def score_backward(grad, q, d, argmax, offsets=None, pairs=False):
     ctype = _compute_dtype(q.dtype)
     num_queries, query_length, dim = q.shape
     q = q.astype(ctype, copy=False)
-    rows = (d if offsets is not None else d.reshape(-1, dim)).astype(ctype, copy=False)
+    rows = (d if offsets is not None else d.reshape(d.shape[0] * d.shape[1], dim)).astype(ctype, copy=False)
     grad = grad.astype(ctype, copy=False)
     if pairs:
         grad = grad[:, None]  # (B, 1): pair b is query b with document b
@@ -196,6 +198,8 @@ def score_backward(grad, q, d, argmax, offsets=None, pairs=False):
               else np.arange(d.shape[0], dtype=np.int64) * d.shape[1])
     grad_q = np.zeros(q.shape, ctype)
     grad_d = np.zeros(rows.shape, ctype)
+    if rows.shape[0] == 0 or grad.size == 0:  # no document token, or no score: no winner
+        return grad_q, grad_d.reshape(d.shape)
     step = max(1, BLOCK_ELEMENTS // max(1, num_docs * max(1, query_length) * max(1, dim)))
     for i0 in range(0, num_queries, step):
         a = argmax[i0:i0 + step].astype(np.int64)  # (nq, nd, Lq)

@@ -3,6 +3,8 @@ quantize_int8 returns and what float queries against int8 documents are scored a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._arrays import Operand, module_of
@@ -24,7 +26,7 @@ QUANTIZE_BLOCK_ELEMENTS = 16 * 1024 * 1024
 
 def _quantize_array(xp, x, dtype: str, mask):
     dim = x.shape[-1]
-    rows = x.reshape(-1, dim)
+    rows = x.reshape(math.prod(x.shape[:-1]), dim)  # not -1: dim may be 0
     mask_rows = None if mask is None else mask.reshape(-1)
     values = xp.empty(rows.shape, np.int8)
     scales = xp.empty(rows.shape[0], np.float32)

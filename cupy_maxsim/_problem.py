@@ -164,6 +164,9 @@ def backward_problem(q, d, argmax, offsets, pairs, checked_offsets) -> BackwardP
     if tuple(argmax_op.shape) != scores_shape + (query_length,):
         raise ValueError(f"argmax must have shape {scores_shape + (query_length,)}, got {tuple(argmax_op.shape)}")
     check_device(like, argmax_op)
+    if argmax_op.host is not None:
+        check_winners(argmax_op.host, o_op.host if o_op is not None else None, d_op.shape[1] if o_op is None else 0,
+                      pairs)
     return BackwardProblem(like, q3, d_op, argmax_op, o_op, pairs, single, scores_shape, longest, cover)
 
 
@@ -210,7 +213,14 @@ def resolve_int8(q: Operand, d: Operand, q_scale, d_scale):
 
 
 def scale_operand(scale, name: str, shape: tuple, q: Operand) -> Operand:
-    return per_token_operand(scale, name, shape, q, "float32", "float32 (one scale per token)")
+    """int8 scales: float32, one per token, non-negative (the query scale factors out of the
+    max only then). Host scales are checked; device scales are trusted (a check would read the
+    device back on every call)."""
+    operand = per_token_operand(scale, name, shape, q, "float32", "float32 (one scale per token)")
+    if operand.host is not None and operand.host.size and (operand.host < 0).any():
+        raise ValueError(f"{name} must be non-negative (as quantize_int8 makes them), got a minimum of "
+                         f"{float(operand.host.min())}")
+    return operand
 
 
 def internal_operand(array, name: str, like: Operand) -> Operand:
@@ -284,3 +294,20 @@ def check_offsets(offsets: Operand, num_tokens: int) -> tuple[int, int, int]:
             f"got first {first}, last {last}" + (f", and {decreasing} decreasing steps" if decreasing else "")
         )
     return first, last, max(0, longest)
+
+
+def check_winners(argmax: np.ndarray, offsets: np.ndarray | None, doc_length: int, pairs: bool) -> None:
+    """Host winners within their documents: -1 (no winner) or an index below the document's
+    length (packed: each document's own, from ``offsets``). Device winners are not read back."""
+    if argmax.size == 0:
+        return
+    if offsets is None:
+        limit = doc_length
+    else:
+        lengths = np.diff(offsets.astype(np.int64))
+        limit = lengths[:, None]  # (Nd, 1) against (..., Nd, Lq)
+    bad = (argmax < -1) | (argmax >= limit)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"argmax must hold -1 or a token index within its document (from return_argmax=True "
+                         f"for these very q and d), got {int(argmax[where])} at {where}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import Operand, Output, module_of
+from ._arrays import Operand, Output, bfloat16_bits, module_of
 from ._int8 import quantize_operand
 from ._problem import check_ndim, check_pair, float_operand, mask_operand
 
@@ -89,6 +89,8 @@ def pack(docs, mask=None):
             lengths = keep.sum(axis=1).astype(np.int64)
     offsets = xp.zeros(lengths.shape[0] + 1, dtype=np.int64)
     xp.cumsum(lengths, out=offsets[1:])
+    if first.dtype == "bfloat16" and not first.on_gpu:  # host bfloat16 arrives widened: back to bf16, exactly
+        tokens = bfloat16_bits(tokens)
     output = Output(first)
     return output.wrap(tokens, dtype=first.dtype), output.wrap(offsets)
 

@@ -1,0 +1,119 @@
+"""Corner cases and bad inputs on the host path (issue 27): empty inputs answer with correctly
+shaped results, bfloat16 stays bfloat16 through pack and the backward, host scales and winners
+are checked. Each against the float64 reference or the documented error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from cupy_maxsim import reference
+
+
+def _rows(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["padded", "packed", "pairs"])
+def test_zero_queries_give_empty_results(case):
+    rng = np.random.default_rng(1)
+    q = np.zeros((0, 4, 8), np.float32)
+    if case == "padded":
+        scores, argmax = cm.score(q, _rows(rng, (3, 5, 8)), return_argmax=True)
+        assert scores.shape == (0, 3) and argmax.shape == (0, 3, 4)
+    elif case == "packed":
+        scores, argmax = cm.score_packed(q, _rows(rng, (10, 8)), np.array([0, 4, 10]), return_argmax=True)
+        assert scores.shape == (0, 2) and argmax.shape == (0, 2, 4)
+    else:
+        scores, argmax = cm.score_pairs(q, np.zeros((0, 5, 8), np.float32), return_argmax=True)
+        assert scores.shape == (0,) and argmax.shape == (0, 4)
+
+
+@pytest.mark.parametrize("case", ["no document tokens", "dim 0", "packed, no tokens", "no queries"])
+def test_backward_of_empty_problems_is_zero(case):
+    """Zero-length documents, dim 0, packed corpora of no token and zero queries: gradients
+    shaped like q and d, all zero (no token wins anything)."""
+    rng = np.random.default_rng(2)
+    q, extra = _rows(rng, (2, 4, 8)), {}
+    if case == "no document tokens":
+        d = np.zeros((3, 0, 8), np.float32)
+        scores, argmax = cm.score(q, d, return_argmax=True)
+    elif case == "dim 0":
+        q, d = np.zeros((2, 4, 0), np.float32), np.zeros((3, 5, 0), np.float32)
+        scores, argmax = cm.score(q, d, return_argmax=True)
+    elif case == "packed, no tokens":
+        d, extra = np.zeros((0, 8), np.float32), dict(offsets=np.array([0, 0, 0]))
+        scores, argmax = cm.score_packed(q, d, extra["offsets"], return_argmax=True)
+    else:
+        q, d = np.zeros((0, 4, 8), np.float32), _rows(rng, (3, 5, 8))
+        scores, argmax = cm.score(q, d, return_argmax=True)
+    grad_q, grad_d = cm.score_backward(np.ones(scores.shape, np.float32), q, d, argmax, **extra)
+    assert grad_q.shape == q.shape and grad_d.shape == d.shape
+    assert not grad_q.any() and not grad_d.any()
+
+
+def test_quantize_dim_0():
+    values, scales = cm.quantize_int8(np.zeros((3, 0), np.float32))
+    assert values.shape == (3, 0) and values.dtype == np.int8
+    np.testing.assert_array_equal(scales, np.zeros(3, np.float32))
+
+
+def test_negative_host_scales_are_refused():
+    """The query scale factors out of the max only when non-negative: a negative scale is an
+    error naming the argument, not a silently wrong score."""
+    rng = np.random.default_rng(3)
+    (q8, q_scale), (d8, d_scale) = cm.quantize_int8(_rows(rng, (2, 4, 8))), cm.quantize_int8(_rows(rng, (3, 5, 8)))
+    for name in ("q_scale", "d_scale"):
+        scales = dict(q_scale=q_scale.copy(), d_scale=d_scale.copy())
+        scales[name][0, 1] = -0.5
+        before = scales[name].copy()
+        with pytest.raises(ValueError, match=f"{name} must be non-negative"):
+            cm.score(q8, d8, **scales)
+        np.testing.assert_array_equal(scales[name], before)  # nothing a caller passed is changed
+    q_nan = q_scale.copy()
+    q_nan[0, 0] = np.nan  # a non-finite token's scale (quantize_int8 gives NaN): a NaN score, no error
+    assert np.isnan(cm.score(q8, d8, q_scale=q_nan, d_scale=d_scale)[0]).all()
+
+
+@pytest.mark.parametrize("case", ["past the document", "below -1", "packed, past its own document", "pairs"])
+def test_host_winners_outside_their_documents_are_refused(case):
+    rng = np.random.default_rng(4)
+    q, d = _rows(rng, (2, 4, 8)), _rows(rng, (3, 5, 8))
+    extra = {}
+    if case == "packed, past its own document":
+        d, extra = _rows(rng, (10, 8)), dict(offsets=np.array([0, 4, 10]))
+        scores, argmax = cm.score_packed(q, d, extra["offsets"], return_argmax=True)
+        argmax[1, 0, 2] = 4  # document 0 has 4 tokens: 0..3
+    elif case == "pairs":
+        d, extra = d[:2], dict(pairs=True)
+        scores, argmax = cm.score_pairs(q, d, return_argmax=True)
+        argmax[1, 3] = 5
+    else:
+        scores, argmax = cm.score(q, d, return_argmax=True)
+        argmax[0, 2, 1] = 5 if case == "past the document" else -2
+    with pytest.raises(ValueError, match="argmax must hold -1 or a token index within its document"):
+        cm.score_backward(np.ones(scores.shape, np.float32), q, d, argmax, **extra)
+
+
+def test_bfloat16_survives_pack_and_backward_on_the_host():
+    """NumPy bfloat16 (ml_dtypes), torch CPU and JAX CPU: pack keeps bfloat16 tokens (bit for
+    bit), score_packed then takes them with a bfloat16 query, and the backward answers in
+    bfloat16, as the float64 reference of the same values says."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(5)
+    docs = [_rows(rng, (n, 8)).astype(ml_dtypes.bfloat16) for n in (3, 5, 2)]
+    tokens, offsets = cm.pack(docs)
+    assert tokens.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(tokens.view(np.uint16), np.concatenate(docs).view(np.uint16))
+    q = _rows(rng, (4, 8)).astype(ml_dtypes.bfloat16)
+    expected = reference.maxsim_packed_reference(q.astype(np.float64), tokens.astype(np.float64), offsets)
+    np.testing.assert_allclose(cm.score_packed(q, tokens, offsets), expected, rtol=1e-5, atol=1e-5)
+    scores, argmax = cm.score(q[None], np.stack([docs[0], docs[0]]), return_argmax=True)
+    grad_q, grad_d = cm.score_backward(np.ones(scores.shape, np.float32), q[None], np.stack([docs[0], docs[0]]),
+                                       argmax)
+    assert grad_q.dtype == ml_dtypes.bfloat16 and grad_d.dtype == ml_dtypes.bfloat16
+    torch = pytest.importorskip("torch")
+    torch_docs = [torch.from_numpy(doc.astype(np.float32)).bfloat16() for doc in docs]
+    torch_tokens, _ = cm.pack(torch_docs)
+    assert torch_tokens.dtype == torch.bfloat16 and torch.equal(torch_tokens, torch.cat(torch_docs))
