@@ -39,8 +39,12 @@ def info(_args) -> int:
             props = cupy.cuda.runtime.getDeviceProperties(device)
             print(f"device {device}: {props['name'].decode()}  sm_{props['major']}{props['minor']}  "
                   f"{props['totalGlobalMem'] / 2**30:.0f} GiB  {props['multiProcessorCount']} SMs")
-    except Exception as error:  # no CuPy or no driver: CPU backend only
-        print(f"GPU backend unavailable ({type(error).__name__}: {error}); CPU backend only")
+    except ImportError:
+        print("GPU backend: CuPy is not installed (pip install \"cupy-maxsim[cuda12]\" or [cuda13]); "
+              "host arrays run on the CPU backend (NumPy)")
+    except Exception as error:  # CuPy without a usable GPU or driver
+        print(f"GPU backend: no usable CUDA GPU here (CuPy: {type(error).__name__}: {error}); "
+              "host arrays run on the CPU backend (NumPy)")
     for name in ("torch", "jax"):
         try:
             module = __import__(name)
@@ -54,6 +58,13 @@ def compile_kernels(args) -> int:
     from ._gpu.nvrtc import compile_with_nvrtc
     from ._plan.variants import compile_targets, compile_variants
 
+    from ._gpu.nvrtc import _find_nvrtc
+
+    try:
+        _find_nvrtc()
+    except RuntimeError as error:  # once, not once per variant
+        print(f"cannot compile: {error}")
+        return 1
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     failures = 0
     print(f"{'kernel':<26} {'arch':<7} {'variant':<34} {'regs':>5} {'spill':>6}")
@@ -120,9 +131,11 @@ def demo(args) -> int:
     naive_scores, naive_seconds, naive_extra = timed(naive)
     top = xp.argsort(-scores, axis=1)[:, :5]
     found = sum(int(top[i, 0]) == t for i, t in enumerate(targets))
-    print(f"cupy_maxsim.score : {seconds * 1e3:8.2f} ms for {num_docs} pages"
+    # The two score different numbers of pages (the naive tensor would not fit): per page too.
+    print(f"cupy_maxsim.score : {seconds * 1e3:8.2f} ms for {num_docs} pages ({seconds / num_docs * 1e6:.2f} us a page)"
           + (f", {extra / 2**20:.0f} MiB extra" if gpu else ""))
-    print(f"naive einsum      : {naive_seconds * 1e3:8.2f} ms for {naive_docs} pages"
+    print(f"naive einsum      : {naive_seconds * 1e3:8.2f} ms for {naive_docs} pages "
+          f"({naive_seconds / naive_docs * 1e6:.2f} us a page)"
           + (f", {naive_extra / 2**20:.0f} MiB extra (the [Nq, Nd, Lq, Ld] tensor)" if gpu else ""))
     difference = float(xp.abs(scores[:, :naive_docs] - naive_scores).max())
     print(f"max |difference| on the shared pages: {difference:.3g} (naive keeps fp16 similarities)")
@@ -138,13 +151,24 @@ def bench(args) -> int:
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    sys.path.insert(0, str(root))
-    try:
-        from bench import bench_forward
-    except ImportError:
+    if not (root / "bench" / "bench_forward.py").is_file():
         print("python -m cupy_maxsim bench runs from a source checkout (bench/ is not in the wheel)")
         return 1
+    missing = [name for name in ("cupy", "torch") if not _importable(name)]
+    if missing or not _gpu_available():
+        print("python -m cupy_maxsim bench measures on a CUDA GPU, beside the peers (torch packages): it needs "
+              + (f"{' and '.join(missing)} installed" if missing else "a CUDA GPU that CuPy can see"))
+        return 1
+    sys.path.insert(0, str(root))
+    from bench import bench_forward
+
     return bench_forward.main(args.rest)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def main(argv=None) -> int:
@@ -161,7 +185,13 @@ def main(argv=None) -> int:
     bench_parser = commands.add_parser("bench", help="benchmark against the peers (source checkout)")
     bench_parser.add_argument("rest", nargs=argparse.REMAINDER)
     bench_parser.set_defaults(run=bench)
-    args = parser.parse_args(argv)
+    # bench hands everything after it to bench/bench_forward.py (argparse's REMAINDER would not
+    # take options that lead it, such as --shapes).
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.run(args)
 
 

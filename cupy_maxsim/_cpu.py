@@ -23,7 +23,10 @@ def _compute_dtype(dtype) -> np.dtype:
 def _block(x, scale, ctype):
     """A block of tokens in the compute dtype; int8 tokens dequantised with their scales."""
     block = x.astype(ctype, copy=False)
-    return block if scale is None else block * scale[..., None].astype(ctype)
+    if scale is None:
+        return block
+    with np.errstate(invalid="ignore"):  # 0 * inf of a non-finite scale: NaN, as documented
+        return block * scale[..., None].astype(ctype)
 
 
 def _token_reduce(sims: np.ndarray, d_real: np.ndarray | None, with_argmax: bool = False):

@@ -39,7 +39,8 @@ def _quantize_array(xp, x, dtype: str, mask):
         scale = (xp.abs(block).max(axis=-1) / 127).astype(np.float32) if dim else \
             xp.zeros(block.shape[0], np.float32)
         safe = xp.where(scale > 0, scale, np.float32(1))
-        scaled = xp.nan_to_num(block / safe[:, None], nan=0.0, posinf=0.0, neginf=0.0)
+        with np.errstate(invalid="ignore"):  # inf / inf in a non-finite token: zeroed just below
+            scaled = xp.nan_to_num(block / safe[:, None], nan=0.0, posinf=0.0, neginf=0.0)
         values[start:start + step] = xp.clip(xp.rint(scaled), -127, 127).astype(np.int8)
         if mask_rows is not None:
             values[start:start + step] *= mask_rows[start:start + step, None]

@@ -244,9 +244,10 @@ def check_pair(q: Operand, d: Operand) -> None:
 
 
 def check_device(q: Operand, other: Operand) -> None:
+    """``other`` on the device of ``q`` (the operand the error names as the reference)."""
     if q.device != other.device:
         where = lambda o: "host memory" if o.device < 0 else f"CUDA device {o.device}"  # noqa: E731
-        raise ValueError(f"{other.name} must be on the same device as q ({where(q)}), got {where(other)}")
+        raise ValueError(f"{other.name} must be on the same device as {q.name} ({where(q)}), got {where(other)}")
 
 
 def mask_operand(mask, name: str, shape: tuple, q: Operand):

@@ -11,7 +11,7 @@ import numpy as np
 
 from ._arrays import Operand, Output, bfloat16_bits, module_of
 from ._int8 import quantize_operand
-from ._problem import check_ndim, check_pair, float_operand, mask_operand
+from ._problem import check_device, check_ndim, float_operand, mask_operand
 
 
 def quantize_int8(x, *, mask=None):
@@ -68,7 +68,12 @@ def pack(docs, mask=None):
         first = operands[0]
         for op in operands:
             check_ndim(op, (2,), "(Ld_i, D)")
-            check_pair(first, op)
+            if op.dtype != first.dtype:
+                raise TypeError(f"{op.name} must have the dtype of docs[0] ({first.dtype}), got {op.dtype}")
+            if op.shape[-1] != first.shape[-1]:
+                raise ValueError(f"{op.name} must have the embedding dim of docs[0] ({first.shape[-1]}), "
+                                 f"got {op.shape[-1]}")
+            check_device(first, op)
         xp = module_of(first)
         arrays = [_backend_array(op) for op in operands]
         tokens = xp.concatenate(arrays, axis=0)

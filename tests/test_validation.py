@@ -43,7 +43,7 @@ D = np.zeros((3, 5, 8), np.float32)
                      "offsets must have shape", id="offsets-2d"),
         pytest.param(lambda: cm.score_packed(Q, D, np.array([0, 2])), ValueError,
                      "tokens must have shape", id="tokens-3d"),
-        pytest.param(lambda: cm.pack([D[0], D[0, :, :4]]), ValueError, "same embedding dim", id="pack-dim"),
+        pytest.param(lambda: cm.pack([D[0], D[0, :, :4]]), ValueError, r"docs\[1\] must have the embedding dim of docs\[0\]", id="pack-dim"),
         pytest.param(lambda: cm.pack([]), ValueError, "at least one document", id="pack-empty"),
     ],
 )
