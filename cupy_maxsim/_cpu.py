@@ -80,8 +80,9 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=F
     if num_queries == 0 or num_docs == 0:
         return (out, argmax) if with_argmax else out
     pairs_per_block = max(1, BLOCK_ELEMENTS // (query_length * doc_length))
-    q_step = min(num_queries, pairs_per_block)
-    d_step = max(1, pairs_per_block // q_step)
+    # The blocks' float32 copies of queries and documents count too: each at most a block.
+    q_step = min(num_queries, pairs_per_block, max(1, BLOCK_ELEMENTS // (query_length * max(1, dim))))
+    d_step = min(max(1, pairs_per_block // q_step), max(1, BLOCK_ELEMENTS // (doc_length * max(1, dim))))
     for i0 in range(0, num_queries, q_step):
         qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], ctype)
         nq = qb.shape[0]
@@ -111,7 +112,9 @@ def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=Fa
     if doc_length == 0 or query_length == 0:
         out[:] = np.where(has_token, 0.0, -np.inf)
         return (out, argmax) if with_argmax else out
-    step = max(1, BLOCK_ELEMENTS // (query_length * doc_length))
+    dim = q.shape[2]
+    step = max(1, min(BLOCK_ELEMENTS // (query_length * doc_length),
+                      BLOCK_ELEMENTS // (max(query_length, doc_length) * max(1, dim))))
     for b0 in range(0, batch, step):
         qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], ctype)
         db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], ctype)
@@ -141,8 +144,10 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
     if query_length == 0 or num_docs == 0 or num_queries == 0:
         out[:] = np.where(lengths > 0, 0.0, -np.inf)
         return (out, argmax) if with_argmax else out
-    q_step = min(num_queries, max(1, BLOCK_ELEMENTS // (query_length * max(1, int(lengths.max())))))
-    token_budget = max(1, BLOCK_ELEMENTS // (q_step * query_length))
+    q_step = min(num_queries, max(1, BLOCK_ELEMENTS // (query_length * max(1, int(lengths.max())))),
+                 max(1, BLOCK_ELEMENTS // (query_length * max(1, dim))))
+    # Tokens a block: its similarities and its float32 copy of the tokens within a block each.
+    token_budget = max(1, min(BLOCK_ELEMENTS // (q_step * query_length), BLOCK_ELEMENTS // max(1, dim)))
     for i0 in range(0, num_queries, q_step):
         qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], ctype)
         nq = qb.shape[0]

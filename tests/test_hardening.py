@@ -117,3 +117,34 @@ def test_bfloat16_survives_pack_and_backward_on_the_host():
     torch_docs = [torch.from_numpy(doc.astype(np.float32)).bfloat16() for doc in docs]
     torch_tokens, _ = cm.pack(torch_docs)
     assert torch_tokens.dtype == torch.bfloat16 and torch.equal(torch_tokens, torch.cat(torch_docs))
+
+
+def test_cpu_backend_memory_is_bounded():
+    """The NumPy backend's extra memory (tracemalloc's peak over the call, NumPy's allocations
+    included) stays within 256 MB plus the output for a 1.5 GB fp16 corpus, whatever the query
+    length (1 to 128 tokens), with several queries and the winners, and packed."""
+    import tracemalloc
+
+    rng = np.random.default_rng(6)
+    num_docs, doc_length, dim = 20_000, 300, 128  # 1.43 GiB of float16
+    docs = np.empty((num_docs, doc_length, dim), np.float16)
+    for n0 in range(0, num_docs, 1000):  # made in slices: no float32 copy of the whole corpus
+        docs[n0:n0 + 1000] = rng.random((min(1000, num_docs - n0), doc_length, dim), np.float32) - 0.5
+    offsets = np.arange(0, num_docs * doc_length + 1, doc_length)
+
+    def extra_mb(call):
+        tracemalloc.start()
+        try:
+            result = call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        output = sum(np.asarray(r).nbytes for r in (result if isinstance(result, tuple) else (result,)))
+        return (peak - output) / 2**20
+
+    for query_length in (1, 2, 32, 128):
+        q = (rng.random((query_length, dim), np.float32) - 0.5).astype(np.float16)
+        assert extra_mb(lambda: cm.score(q, docs)) <= 256, query_length
+    queries = (rng.random((8, 32, dim), np.float32) - 0.5).astype(np.float16)
+    assert extra_mb(lambda: cm.score(queries, docs, return_argmax=True)) <= 256
+    assert extra_mb(lambda: cm.score_packed(queries, docs.reshape(-1, dim), offsets)) <= 256
