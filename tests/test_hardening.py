@@ -148,3 +148,34 @@ def test_cpu_backend_memory_is_bounded():
     queries = (rng.random((8, 32, dim), np.float32) - 0.5).astype(np.float16)
     assert extra_mb(lambda: cm.score(queries, docs, return_argmax=True)) <= 256
     assert extra_mb(lambda: cm.score_packed(queries, docs.reshape(-1, dim), offsets)) <= 256
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_adapters_take_empty_problems(framework):
+    """Zero queries and documents of no token through the autograd adapters (CPU): the scores'
+    shape, -inf for an empty document, zero gradients shaped like the inputs."""
+    rng = np.random.default_rng(7)
+    cases = [(np.zeros((0, 4, 8), np.float32), _rows(rng, (3, 5, 8))),
+             (_rows(rng, (2, 4, 8)), np.zeros((3, 0, 8), np.float32))]
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        import cupy_maxsim.torch as cmt
+
+        for q_np, d_np in cases:
+            q, d = torch.from_numpy(q_np).requires_grad_(True), torch.from_numpy(d_np).requires_grad_(True)
+            scores = cmt.maxsim(q, d)
+            assert scores.shape == (q_np.shape[0], d_np.shape[0])
+            assert bool(torch.isneginf(scores).all())  # no score, or every document empty: -inf
+            torch.where(torch.isfinite(scores), scores, 0).sum().backward()
+            assert q.grad.shape == q.shape and d.grad.shape == d.shape
+            assert not q.grad.any() and not d.grad.any()
+    else:
+        jax = pytest.importorskip("jax")
+        import cupy_maxsim.jax as cmj
+
+        for q_np, d_np in cases:
+            q, d = jax.numpy.asarray(q_np), jax.numpy.asarray(d_np)
+            loss = lambda q, d: jax.numpy.where(jax.numpy.isfinite(s := cmj.maxsim(q, d)), s, 0).sum()  # noqa: E731
+            grad_q, grad_d = jax.jit(jax.grad(loss, argnums=(0, 1)))(q, d)
+            assert grad_q.shape == q.shape and grad_d.shape == d.shape
+            assert not np.asarray(grad_q).any() and not np.asarray(grad_d).any()
