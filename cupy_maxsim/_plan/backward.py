@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import typing
 
-from .._gpu.registry import kernel_name
+from .._gpu.registry import FORMATS, kernel_name
 from ..tuning import Tunables
 from .configs import (BWD_DIM_CHUNK, BWD_THREADS, bwd_csr_layout, bwd_csr_shared_bytes,
                       bwd_fused_shared_bytes)
 
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 #: The scratch's parts (4-byte words, each 16-byte aligned), in allocation order; the tail of
 #: gpu.args.BACKWARD_HEAD (tests/test_packaging.py checks it).
 SCRATCH_PARTS = ("sources", "row_ranges", "csr_counts", "partial")
@@ -59,7 +58,8 @@ def plan_backward(q, d, argmax, offsets, pairs: bool, num_docs: int, longest: in
     # 64 rows a warp, 27.6 with 32: bench/results/tune-dd-rows-2026-11-30-3572412.txt).
     rows_per_warp = max(1, min(32, 64 * longest // max(1, sources_per_doc)))
     # The _wide kernels walk dD's rows two at a time, one per half-warp: dense rows only.
-    wide = (pointers_aligned and ITEMSIZE[q.dtype] == 2 and all(s % 8 == 0 for s in row_starts)
+    bits = FORMATS[q.dtype].bits
+    wide = (pointers_aligned and bits == 16 and all(s % 8 == 0 for s in row_starts)
             and min(row_starts) >= 0 and furthest_row < 8 * 2**32
             and rows_per_warp <= tunables.bwd_wide_max_rows_per_warp)
     warps, threads = BWD_THREADS // 32, BWD_THREADS
@@ -114,7 +114,7 @@ def plan_backward(q, d, argmax, offsets, pairs: bool, num_docs: int, longest: in
         docs_per_chunk=docs_per_chunk, num_queries=num_queries, query_length=query_length, dim=dim,
         offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"), pairs=int(pairs),
         argmax_is_32bit=int(argmax.dtype == "int32"), count_warps=count_warps,
-        vector_loads=int(aligned and ITEMSIZE[q.dtype] <= 4), rows_per_warp=rows_per_warp,
+        vector_loads=int(aligned and bits <= 32), rows_per_warp=rows_per_warp,
         reserved=0,
     )
     return BackwardLayout(launches, total, tuple(None if s is None else 4 * s for s in starts), values)
