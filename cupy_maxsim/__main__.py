@@ -160,6 +160,10 @@ def bench(args) -> int:
               + (f"{' and '.join(missing)} installed" if missing else "a CUDA GPU that CuPy can see"))
         return 1
     sys.path.insert(0, str(root))
+    if "--cliffs" in args.rest:  # the dtype x dim sweep (bench/cliffs.py)
+        from bench import cliffs
+
+        return cliffs.main([a for a in args.rest if a != "--cliffs"])
     from bench import bench_forward
 
     return bench_forward.main(args.rest)
@@ -182,7 +186,8 @@ def main(argv=None) -> int:
     demo_parser.add_argument("--docs", type=int, default=0)
     demo_parser.add_argument("--cpu", action="store_true", help="use the NumPy backend")
     demo_parser.set_defaults(run=demo)
-    bench_parser = commands.add_parser("bench", help="benchmark against the peers (source checkout)")
+    bench_parser = commands.add_parser(
+        "bench", help="benchmark against the peers (source checkout); --cliffs: the dtype x dim sweep")
     bench_parser.add_argument("rest", nargs=argparse.REMAINDER)
     bench_parser.set_defaults(run=bench)
     # bench hands everything after it to bench/bench_forward.py (argparse's REMAINDER would not

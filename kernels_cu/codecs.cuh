@@ -4,6 +4,7 @@
 //   Codec<T>::SCALED       tokens carry a per-token scale (int8: x ~ value * scale): the document's
 //                          is applied before the max, the query's (non-negative) after it
 //   Codec<T>::Acc          the accumulator type: float, double for float64
+//   Codec<T>::EXPONENT     a float format's exponent bits (all ones: NaN or inf), 0 for int8
 // with convert<Acc, T> (one element widened), load4 (four of them) and stage_query_chunk (a
 // query chunk into shared memory). Kernels never test sizeof(T): a new format (fp8, 4-bit) is
 // one more codec here and one entry of cupy_maxsim/_gpu/registry.FORMATS, whose bits and
@@ -11,17 +12,18 @@
 #pragma once
 
 template <typename T> struct Codec;
-#define MAXSIM_CODEC(T, BITS_, SCALED_, ACC)                                   \
+#define MAXSIM_CODEC(T, BITS_, SCALED_, ACC, EXPONENT_)                        \
     template <> struct Codec<T> {                                              \
         static constexpr int BITS = BITS_, CHUNK_ELEMS = 128 / BITS_;         \
         static constexpr bool SCALED = SCALED_;                                \
+        static constexpr unsigned long long EXPONENT = EXPONENT_;              \
         typedef ACC Acc;                                                       \
     };
-MAXSIM_CODEC(fp16_t, 16, false, float)
-MAXSIM_CODEC(bf16_t, 16, false, float)
-MAXSIM_CODEC(float, 32, false, float)
-MAXSIM_CODEC(double, 64, false, double)
-MAXSIM_CODEC(i8, 8, true, float)
+MAXSIM_CODEC(fp16_t, 16, false, float, 0x7c00u)
+MAXSIM_CODEC(bf16_t, 16, false, float, 0x7f80u)
+MAXSIM_CODEC(float, 32, false, float, 0x7f800000u)
+MAXSIM_CODEC(double, 64, false, double, 0x7ff0000000000000ull)
+MAXSIM_CODEC(i8, 8, true, float, 0u)
 
 // Conversion of one element to the accumulator type (Codec<T>::Acc).
 template <typename A, typename T> __device__ __forceinline__ A convert(T x);
@@ -85,4 +87,33 @@ __device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void*
 // int8: the per-token query scale.
 __device__ __forceinline__ float query_scale(const ForwardArgs& args, i64 query, int token) {
     return args.q_scale[query * args.q_scale_query_stride + token * args.q_scale_row_stride];
+}
+
+// Whether a staged query token (16-bit or fp32) holds NaN or inf (an exponent of all ones), and
+// if so zeroes it, so that it stays a valid witness for non-finite document elements (a
+// non-finite document element makes 0 * inf = NaN against a zero token too). `row`: 16-byte
+// aligned, `chunks` 16-byte chunks, tested a 32-bit word (two 16-bit elements or one fp32) at a
+// time; with
+// atom_bytes > 0 the row is in the 128-byte swizzle layout (chunk k of row r in atom k / 8 at
+// position (k % 8) ^ (r % 8); `row` points at its line in the first atom). Both forward
+// kernels check their query block this way, once.
+template <typename T>
+__device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks, int swizzle_row = 0, int atom_bytes = 0) {
+    static_assert(Codec<T>::BITS == 16 || Codec<T>::BITS == 32, "16-bit or fp32 query tokens");
+    const u32 low = (u32)Codec<T>::EXPONENT, high = Codec<T>::BITS == 16 ? low << 16 : low;
+    auto chunk_at = [&](int k) {
+        return (uint4*)((unsigned char*)row +
+                        (atom_bytes ? (k / 8) * atom_bytes + (((k % 8) ^ (swizzle_row % 8)) << 4) : k * 16));
+    };
+    bool bad = false;
+#pragma unroll 4
+    for (int k = 0; k < chunks; ++k) {
+        const uint4 c = *chunk_at(k);
+        const u32 words[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
+    }
+    if (bad)
+        for (int k = 0; k < chunks; ++k) *chunk_at(k) = make_uint4(0, 0, 0, 0);
+    return bad;
 }

@@ -230,7 +230,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* smem) {
 template <typename T> struct Mma16816;
 template <> struct Mma16816<i8> {
     typedef int acc_t;
-    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ void run(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -241,7 +240,6 @@ template <> struct Mma16816<i8> {
 };
 template <> struct Mma16816<fp16_t> {
     typedef float acc_t;
-    static constexpr bool is_bf16 = false;
     static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -252,7 +250,6 @@ template <> struct Mma16816<fp16_t> {
 };
 template <> struct Mma16816<bf16_t> {
     typedef float acc_t;
-    static constexpr bool is_bf16 = true;
     static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -262,29 +259,36 @@ template <> struct Mma16816<bf16_t> {
     }
 };
 
-// Whether a staged 16-bit query token holds NaN or inf (an exponent of all ones), and if so
-// zeroes it, so that it stays a valid witness for non-finite document elements (a non-finite
-// document element makes 0 * inf = NaN against a zero token too). `row`: 16-byte aligned,
-// `chunks` 16-byte chunks, 8 elements each, tested a word (two elements) at a time; with
-// atom_bytes > 0 the row is in the 128-byte swizzle layout (chunk k of row r in atom k / 8 at
-// position (k % 8) ^ (r % 8); `row` points at its line in the first atom). Both forward
-// kernels check their query block this way, once.
-template <typename T>
-__device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks, int swizzle_row = 0, int atom_bytes = 0) {
-    const u32 low = Mma16816<T>::is_bf16 ? 0x7f80u : 0x7c00u, high = low << 16;
-    auto chunk_at = [&](int k) {
-        return (uint4*)((unsigned char*)row +
-                        (atom_bytes ? (k / 8) * atom_bytes + (((k % 8) ^ (swizzle_row % 8)) << 4) : k * 16));
-    };
-    bool bad = false;
-#pragma unroll 4
-    for (int k = 0; k < chunks; ++k) {
-        const uint4 c = *chunk_at(k);
-        const u32 words[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
-    }
-    if (bad)
-        for (int k = 0; k < chunks; ++k) *chunk_at(k) = make_uint4(0, 0, 0, 0);
-    return bad;
+// float32 on tensor cores at float32 accuracy (3xTF32): 32 bytes of k are 8 elements, one
+// m16n8k8 TF32 step, whose fragments are the same bytes in the same lanes as the 16-bit ones
+// (an fp32 element is a pair of b16 to ldmatrix), so the kernels load them alike. Each element
+// x is split into big = tf32(x) and small = tf32(x - big) (x - big is exact); x * y is taken as
+// big*big + big*small + small*big, leaving out small*small and the rounding of the smalls, each
+// at most 2^-22 |x y|: about 2^-21 relative per product, against 2^-11 for one TF32 pass. The
+// small terms go first so that the big one does not swamp them. Three MMAs of half the 16-bit
+// rate: six times the 16-bit MMA time per element (the sweep in bench/cliffs.py measures it).
+__device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(__uint_as_float(x)));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(__uint_as_float(x) - __uint_as_float(big)));
 }
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> struct Mma16816<float> {
+    typedef float acc_t;
+    // The split is plain (not volatile) asm: an A fragment met by several n-tiles is split once.
+    static __device__ __forceinline__ void run(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        u32 a_big[4], a_small[4], b_big[2], b_small[2];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) split_tf32(a[e], a_big[e], a_small[e]);
+        split_tf32(b0, b_big[0], b_small[0]);
+        split_tf32(b1, b_big[1], b_small[1]);
+        mma_tf32(c, a_small, b_big[0], b_big[1]);
+        mma_tf32(c, a_big, b_small[0], b_small[1]);
+        mma_tf32(c, a_big, b_big[0], b_big[1]);
+    }
+};

@@ -1,6 +1,7 @@
 // maxsim_fwd.cu: fused MaxSim forward on tensor cores, sm_80 and later: mma.sync m16n8k16 for
-// fp16 / bf16 (fp32 accumulate) and m16n8k32 for int8 x int8 (int32 accumulate, per-token
-// scales: the document scale applied per row before the max, the query scale after it).
+// fp16 / bf16 (fp32 accumulate), m16n8k32 for int8 x int8 (int32 accumulate, per-token
+// scales: the document scale applied per row before the max, the query scale after it) and
+// three m16n8k8 TF32 steps for fp32 at fp32 accuracy (3xTF32, common.cuh's Mma16816<float>).
 //
 //   out[q, n] = sum over real query tokens i of  max over real doc tokens j of  <q_i, d_nj>
 //
@@ -83,7 +84,11 @@ constexpr int CHUNKS = KPAD / 8;  // 16-byte chunks per row
 static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles at a time");
 static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
 // Query (B) fragments stay in registers when they fit in 64 of them; else re-read per k-step.
-constexpr bool B_IN_REGISTERS = MAXSIM_B_IN_REGISTERS && KSTEPS * NT * 2 <= 64;
+// fp32's count twice: ptxas keeps their TF32 halves (Mma16816<float>) in registers too
+// (measured in the compile report: 56 bytes spilled at 8 k-steps when counted once).
+template <typename T> __host__ __device__ constexpr bool b_in_registers() {
+    return MAXSIM_B_IN_REGISTERS && KSTEPS * NT * 2 * (Codec<T>::BITS == 32 ? 2 : 1) <= 64;
+}
 // Dynamic shared memory the kernel needs (the formula in the header comment; carve_shared lays
 // it out). _plan.configs.MmaConfig.shared_bytes mirrors it: the compile checks build every
 // variant with the Python value as MAXSIM_EXPECT_SHARED_BYTES.
@@ -274,7 +279,7 @@ __device__ __forceinline__ void finish_document(const ForwardArgs& args, const S
 // The warp's rows x columns of one tile over the whole padded dim: acc = tile_d x query.
 template <typename T, typename Acc>
 __device__ __forceinline__ void multiply_tile(Acc (&acc)[MT][NT][4], const u16* tile_d, const u16* sQ,
-                                              u32 (&b_regs)[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4],
+                                              u32 (&b_regs)[b_in_registers<T>() ? KSTEPS : 1][NT / 2][4],
                                               int warp_m, int warp_n, int lane) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -291,6 +296,7 @@ __device__ __forceinline__ void multiply_tile(Acc (&acc)[MT][NT][4], const u16* 
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             u32 b_smem[4];
+            constexpr bool B_IN_REGISTERS = b_in_registers<T>();
             if constexpr (!B_IN_REGISTERS) ldmatrix_x4(b_smem, b_fragment_address(sQ, warp_n, np, ks, lane));
             const u32(&b)[4] = B_IN_REGISTERS ? b_regs[B_IN_REGISTERS ? ks : 0][np] : b_smem;
 #pragma unroll
@@ -433,6 +439,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
         S.sColBad[col] = bad;
     }
     __syncthreads();
+    constexpr bool B_IN_REGISTERS = b_in_registers<T>();
     u32 b_regs[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4];
     if constexpr (B_IN_REGISTERS) {
 #pragma unroll
@@ -498,4 +505,9 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
 
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp16, fp16_t)
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_bf16, bf16_t)
+// fp32 at 16 accumulator tiles per warp spills registers past 6 k-steps (each fragment also held
+// as two TF32 halves): no entry there (_plan/configs.fp32_entry mirrors this rule).
+#if MAXSIM_MT * MAXSIM_NT < 16 || MAXSIM_KSTEPS <= 6
+MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp32, float)
+#endif
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_int8, i8)

@@ -197,7 +197,7 @@ def test_formats_match_the_codecs():
     formats: the kernels' type, bits and scaling of every dtype, and nothing more on either side."""
     header = (ROOT / "kernels_cu" / "codecs.cuh").read_text()
     codecs = {ctype: (int(bits), scaled == "true")
-              for ctype, bits, scaled in re.findall(r"^MAXSIM_CODEC\((\w+), (\d+), (\w+), \w+\)", header, re.M)}
+              for ctype, bits, scaled in re.findall(r"^MAXSIM_CODEC\((\w+), (\d+), (\w+), \w+, \w+\)", header, re.M)}
     assert codecs == {f.ctype: (f.bits, f.scaled) for f in registry.FORMATS.values()}
     assert "sizeof(T)" not in "".join(p.read_text() for p in (ROOT / "kernels_cu").glob("*.cu"))
 

@@ -19,16 +19,17 @@ class Format(typing.NamedTuple):
     ctype: str  # the kernels' type
     bits: int
     scaled: bool  # tokens carry per-token scales (int8)
-    tensor_cores: bool  # the tensor-core forwards take it
+    tensor_cores: bool  # the mma.sync forward (maxsim_fwd.cu) takes it
+    hopper: bool  # so does the Hopper forward (maxsim_fwd_wgmma.cu)
 
 
 #: dtype name -> its format. A new format (fp8, 4-bit) is a row here and a codec in codecs.cuh.
 FORMATS = {
-    "float16": Format("fp16", "fp16_t", 16, False, True),
-    "bfloat16": Format("bf16", "bf16_t", 16, False, True),
-    "float32": Format("fp32", "float", 32, False, False),
-    "float64": Format("fp64", "double", 64, False, False),
-    "int8": Format("int8", "i8", 8, True, True),
+    "float16": Format("fp16", "fp16_t", 16, False, True, True),
+    "bfloat16": Format("bf16", "bf16_t", 16, False, True, True),
+    "float32": Format("fp32", "float", 32, False, True, False),  # 3xTF32 (common.cuh, Mma16816<float>)
+    "float64": Format("fp64", "double", 64, False, False, False),
+    "int8": Format("int8", "i8", 8, True, True, True),
 }
 #: dtype name -> the suffix of its kernels' names, and back.
 DTYPE_SUFFIX = {dtype: f.suffix for dtype, f in FORMATS.items()}
@@ -38,7 +39,7 @@ SUFFIX_FORMAT = {f.suffix: f for f in FORMATS.values()}
 
 #: Kernel names each source family defines; tests check that every one exists in the source.
 FAMILIES = {
-    "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_int8")),
+    "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_fp32", "maxsim_fwd_int8")),
     "maxsim_fwd_wgmma": (
         "maxsim_fwd_wgmma.cu", ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8"),
     ),

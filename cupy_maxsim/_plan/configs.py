@@ -239,10 +239,22 @@ MMA_CONFIGS = {
 }
 
 
-def mma_config(width: int, ksteps: int, argmax: bool = False) -> MmaConfig | None:
+def mma_config(width: int, ksteps: int, argmax: bool = False, fp32: bool = False) -> MmaConfig | None:
     """The tile configuration of stacked width ``width`` at ``ksteps`` (saving the argmax or
-    not), or None past its limit."""
+    not), or None past its limit (``fp32``: that of the fp32 entry, see fp32_entry)."""
     shape = dict(MMA_CONFIGS[width])
     if ksteps > shape.pop("max_ksteps"):
         return None
-    return MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+    config = MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+    return None if fp32 and not fp32_entry(config.mt, config.nt, ksteps) else config
+
+
+#: fp32 (3xTF32: each fragment also held as two TF32 halves) at 16 accumulator tiles per warp
+#: (MT x NT) spills registers past this many k-steps (the compile report, sm_90); the #if before
+#: maxsim_fwd.cu's fp32 entry holds the same rule.
+FP32_WIDE_TILE_KSTEPS = 6
+
+
+def fp32_entry(mt: int, nt: int, ksteps: int) -> bool:
+    """Whether maxsim_fwd.cu's fp32 entry exists in the variant of these tiles and k-steps."""
+    return mt * nt < 16 or ksteps <= FP32_WIDE_TILE_KSTEPS

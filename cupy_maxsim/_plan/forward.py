@@ -19,8 +19,9 @@ from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, mma_config, s
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
 #: The widest stacked query tile: longer queries take the CUDA-core kernel.
 MAX_QUERY_ROWS = max(MMA_CONFIGS)
-#: Formats the tensor-core kernels take.
+#: Formats the tensor-core kernels take (all of them the mma.sync kernel; some the Hopper one).
 TENSOR_CORE_SUFFIXES = tuple(suffix for suffix, f in SUFFIX_FORMAT.items() if f.tensor_cores)
+HOPPER_SUFFIXES = tuple(suffix for suffix, f in SUFFIX_FORMAT.items() if f.hopper)
 
 
 class ForwardShape(typing.NamedTuple):
@@ -75,7 +76,7 @@ def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tupl
 
 
 def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
-                      argmax: bool = False):
+                      argmax: bool = False, fp32: bool = False):
     """The mma.sync tile configuration for a problem, or None (CUDA-core path)."""
     widths = [w for w in sorted(MMA_CONFIGS) if w >= query_length]
     if not pairs and num_queries > 1:
@@ -85,7 +86,7 @@ def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: b
         stacked = min(num_queries * query_length, 256)
         widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
     for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
-        config = mma_config(width, ksteps, argmax)
+        config = mma_config(width, ksteps, argmax, fp32)
         if config is None:
             continue
         while config.shared_bytes > smem_limit and config.stages > 2:
@@ -103,7 +104,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
     corpus_elements = num_docs * mean_doc_length * dim
     scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
-    if tunables.use_wgmma and capability == 90 and not pairs and query_length <= 64:
+    if tunables.use_wgmma and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs and query_length <= 64:
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
         # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles; its winners are 16-bit).
@@ -116,7 +117,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
                               docs_on_m, scaled, tunables=tunables)
         if config is not None and config.shared_bytes <= smem_limit:
             return KernelChoice("maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config)
-    config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax))
+    config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax), suffix == "fp32")
     if config is None:
         return None
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)

@@ -1,7 +1,8 @@
 """Every kernel variant the planners can ask for: what the compile checks and the CLI build.
 
-The Hopper family's int8 entry exists only where its registers allow (the #if before it in
-maxsim_fwd_wgmma.cu, mirrored by configs.int8_long_tiles and configs.int8_docs_on_m_warpgroups);
+The Hopper family's int8 entry and the mma.sync family's fp32 entry exist only where their
+registers allow (the #if before each, mirrored by configs.int8_long_tiles,
+configs.int8_docs_on_m_warpgroups and configs.fp32_entry);
 :func:`family_kernels` says which kernels a variant defines, and the compile test holds the
 source to it.
 """
@@ -11,15 +12,19 @@ from __future__ import annotations
 from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
 from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
-from .configs import MMA_CONFIGS, int8_docs_on_m_warpgroups, int8_long_tiles, mma_config, wgmma_config
+from .configs import (MMA_CONFIGS, fp32_entry, int8_docs_on_m_warpgroups, int8_long_tiles, mma_config,
+                      wgmma_config)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry:
-    see int8_long_tiles)."""
+    see int8_long_tiles; the mma.sync kernel's fp32 entry: see fp32_entry)."""
     names = FAMILIES[family][1]
+    value = dict(d[len("-D"):].split("=", 1) for d in defines)
+    if family == "maxsim_fwd" and defines and not fp32_entry(
+            int(value["MAXSIM_MT"]), int(value["MAXSIM_NT"]), int(value["MAXSIM_KSTEPS"])):
+        names = tuple(name for name in names if not name.endswith("_fp32"))
     if family == "maxsim_fwd_wgmma":
-        value = dict(d[len("-D"):].split("=", 1) for d in defines)
         if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
                 value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
                 value.get("MAXSIM_DOCS_ON_M") == "1" and int(value["MAXSIM_WARPGROUPS"]) > int8_docs_on_m_warpgroups(
