@@ -31,6 +31,25 @@ for nq, lq, nd, ld, dim in [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 8, 4, 1
     cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7))
     tv, ts = cm.quantize_int8(rows((41, dim), cupy.float32))
     cm.score_packed(qv, tv, cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int64), q_scale=qs, d_scale=ts)
+# Streaming k (issue 24): fat dims, and every format through it from its first k-step at the
+# small shapes (masks, pairs, packed, winners, one query and many).
+from cupy_maxsim import tuning  # noqa: E402
+
+for overrides, shapes in (({}, [(1, 31, 4, 70, 320), (9, 32, 3, 40, 2560), (2, 16, 3, 20, 4104)]),
+                          (dict(mma_resident_max_ksteps=0, fp32_resident_max_ksteps=0),
+                           [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (9, 32, 5, 17, 64)])):
+    with tuning.override(**overrides):
+        for dtype in (cupy.float16, cupy.float32):
+            for nq, lq, nd, ld, dim in shapes:
+                q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+                mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
+                cm.score(q, d, d_mask=mask, return_argmax=True)
+                cm.score(q[0], d)
+                cm.score_pairs(q, d[:nq] if nd >= nq else rows((nq, ld, dim), dtype))
+                cm.score_packed(q, rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32))
+            qv, qs = cm.quantize_int8(rows((nq, lq, dim), cupy.float32))
+            dv, ds = cm.quantize_int8(rows((nd, ld, dim), cupy.float32))
+            cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=mask)
 try:
     import torch
 
@@ -62,7 +81,6 @@ except ImportError:
 # Training: the forward with argmax, then the backward (padded with masks, pairs, packed, one
 # hot row per document, and many documents so that dQ takes the chunked path), in one launch
 # where it fits and, with its limit at 0, in two.
-from cupy_maxsim import tuning  # noqa: E402
 
 for fused_limit in (tuning.DEFAULT.bwd_fused_shared_limit, 0):
     with tuning.override(bwd_fused_shared_limit=fused_limit):

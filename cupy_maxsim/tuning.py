@@ -65,6 +65,11 @@ class Tunables:
     bwd_wide_max_rows_per_warp: int = 8
     #: Most documents per dQ chunk (a warp walks a chunk's documents in order).
     dq_docs_per_chunk: int = 4096
+    #: The mma.sync forward keeps the query block resident in shared memory up to this many
+    #: k-steps of 32 bytes (16: dim 256 in 16-bit, 128 in fp32); past it, it streams k.
+    mma_resident_max_ksteps: int = 16
+    fp32_resident_max_ksteps: int = 16
+
 
     def __post_init__(self):
         # Every cache of plans is keyed by the tunables: their hash is computed once, not per

@@ -34,14 +34,20 @@
 // per (query, doc, query token), -1 for a masked query token or a document with no real token.
 //
 // Shared memory (dynamic, bytes): 2 * LDS * (BN + STAGES * BM) for the query block and the
-// tile ring, plus 4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS)
+// tile ring (streaming k: STAGES query blocks, and 8 * BN for sColSrc), plus 4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS)
 // for row biases and scales, the cross-warp max (and argmax) of two documents in flight, the
 // per-column query index, scale and non-finite flag, and per-warp document flags; _plan/configs.py
 // mirrors this formula. Rows and k-steps are counted in
 // 16-bit units: a k-step is 32 bytes (16 fp16 or 32 int8 elements).
 //
+// Streamed k (MAXSIM_STREAM_K=1, dims past a resident query block: fat embeddings): each ring
+// slot holds KSTEPS k-steps of a document tile and of the query block, a step is one (tile,
+// k chunk), the accumulators carry over a tile's chunks and the fold runs after its last. The
+// query block's columns are set up once (sColSrc: where each column's row starts, -1 for a
+// column that is zero-filled), its non-finite tokens found by one pass over global memory.
+//
 // Preconditions (checked in Python): dim a multiple of 16 bytes' worth of elements and at most
-// KSTEPS k-steps; int8 scales non-negative (quantize_int8 makes them so); every row start
+// KSTEPS k-steps (any dim streaming k); int8 scales non-negative (quantize_int8 makes them so); every row start
 // 16-byte aligned (base pointers, doc and row strides in multiples of 16 bytes); query
 // length <= BN; pairs mode uses docs_per_block == 1.
 
@@ -69,11 +75,19 @@
 #ifndef MAXSIM_ARGMAX
 #define MAXSIM_ARGMAX 0
 #endif
+#ifndef MAXSIM_STREAM_K
+#define MAXSIM_STREAM_K 0
+#endif
+#ifndef MAXSIM_MIN_BLOCKS
+#define MAXSIM_MIN_BLOCKS 1
+#endif
 
 namespace fwd {
 constexpr int WARPS_M = MAXSIM_WARPS_M, WARPS_N = MAXSIM_WARPS_N;
 constexpr int MT = MAXSIM_MT, NT = MAXSIM_NT, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
 constexpr bool ARGMAX = MAXSIM_ARGMAX != 0;
+constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
+constexpr int Q_TILES = STREAM_K ? STAGES : 1;  // query blocks in shared memory
 constexpr int WARPS = WARPS_M * WARPS_N, THREADS = 32 * WARPS;
 constexpr int BM = WARPS_M * 16 * MT;
 constexpr int BN = WARPS_N * 8 * NT;
@@ -87,12 +101,15 @@ static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
 // fp32's count twice: ptxas keeps their TF32 halves (Mma16816<float>) in registers too
 // (measured in the compile report: 56 bytes spilled at 8 k-steps when counted once).
 template <typename T> __host__ __device__ constexpr bool b_in_registers() {
-    return MAXSIM_B_IN_REGISTERS && KSTEPS * NT * 2 * (Codec<T>::BITS == 32 ? 2 : 1) <= 64;
+    return MAXSIM_B_IN_REGISTERS && !STREAM_K && KSTEPS * NT * 2 * (Codec<T>::BITS == 32 ? 2 : 1) <= 64;
 }
+// The k (bytes) an int8 accumulator sums, for its exact conversion (accumulator_to_float):
+// unbounded streaming k.
+constexpr int ACC_K = STREAM_K ? (1 << 30) : KSTEPS * 32;
 // Dynamic shared memory the kernel needs (the formula in the header comment; carve_shared lays
 // it out). _plan.configs.MmaConfig.shared_bytes mirrors it: the compile checks build every
 // variant with the Python value as MAXSIM_EXPECT_SHARED_BYTES.
-constexpr int SHARED_BYTES = 2 * LDS * (BN + STAGES * BM) +
+constexpr int SHARED_BYTES = 2 * LDS * (Q_TILES * BN + STAGES * BM) + (STREAM_K ? 8 * BN : 0) +
                              4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS);
 #ifdef MAXSIM_EXPECT_SHARED_BYTES
 static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.MmaConfig.shared_bytes disagrees");
@@ -112,8 +129,9 @@ __device__ __forceinline__ const u16* b_fragment_address(const u16* sQ, int warp
 namespace fwd {
 // The block's shared memory, as the header comment lays it out.
 struct Shared {
-    u16* sQ;          // [BN][LDS]: the query block
+    u16* sQ;          // [Q_TILES][BN][LDS]: the query block (streaming k: one per ring slot)
     u16* sD;          // [STAGES][BM][LDS]: the document tile ring
+    i64* sColSrc;     // streaming k: [BN] the column's row in q (elements), -1: zero-filled
     float* sBias;     // [STAGES][BM]: 0 for a real row, -FLT_MAX for padding and masked rows
     float* sScale;    // int8: [STAGES][BM] per-row document scale
     float* sColScale; // int8: [BN] per-column query scale
@@ -127,8 +145,9 @@ struct Shared {
 __device__ __forceinline__ Shared carve_shared(unsigned char* smem) {
     Shared S;
     S.sQ = (u16*)smem;
-    S.sD = S.sQ + BN * LDS;
-    S.sBias = (float*)(S.sD + STAGES * BM * LDS);
+    S.sD = S.sQ + Q_TILES * BN * LDS;
+    S.sColSrc = (i64*)(S.sD + STAGES * BM * LDS);  // rows are 16-byte multiples: aligned
+    S.sBias = (float*)(S.sColSrc + (STREAM_K ? BN : 0));
     S.sScale = S.sBias + STAGES * BM;
     S.sColScale = S.sScale + STAGES * BM;
     S.sRedMax = S.sColScale + BN;
@@ -147,21 +166,37 @@ __device__ __forceinline__ Shared carve_shared(unsigned char* smem) {
 // multiply. Chunk slots are a power of two (KSTEPS = 6 has 12 chunks: 16 slots, 4 idle).
 constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
 constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
-static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0, "tile rows must split evenly");
+static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0 && BN % ROW_STEP == 0, "tile rows must split evenly");
+// k chunks per row: 1, or streaming k, KSTEPS k-steps each over the whole dim.
+template <typename T> __device__ __forceinline__ int k_chunks(int dim) {
+    constexpr int ELEMS = CHUNKS * Codec<T>::CHUNK_ELEMS;
+    return STREAM_K ? (dim + ELEMS - 1) / ELEMS : 1;
+}
+// Streaming k, the loader walks (document, tile, k chunk) and copies the query block's chunk
+// into the same slot.
 template <typename T> struct TileLoader {
     DocLayout layout;
     i64 doc, doc_end, base, length, first_token;
-    int tile, tiles, my_chunk, my_row, my_chunk_bytes;
+    int tile, tiles, my_chunk, my_row, my_chunk_bytes, kc, kchunks;
 
     __device__ __forceinline__ TileLoader(const ForwardArgs& args, const DocLayout& layout_, i64 doc_begin, i64 end,
                                           int tid)
-        : layout(layout_), doc(doc_begin), doc_end(end), tile(0) {
+        : layout(layout_), doc(doc_begin), doc_end(end), tile(0), kc(0) {
         doc_extent(layout, doc, base, length, first_token);
         tiles = max(1, (int)((length + BM - 1) / BM));
         my_chunk = tid % CHUNK_SLOTS, my_row = tid / CHUNK_SLOTS;
-        my_chunk_bytes = my_chunk * Codec<T>::CHUNK_ELEMS < args.dim ? 16 : 0;
+        kchunks = k_chunks<T>(args.dim);
+        set_chunk_bytes(args);
     }
-    __device__ __forceinline__ void advance() {
+    __device__ __forceinline__ void set_chunk_bytes(const ForwardArgs& args) {
+        my_chunk_bytes = (kc * CHUNKS + my_chunk) * Codec<T>::CHUNK_ELEMS < args.dim ? 16 : 0;
+    }
+    __device__ __forceinline__ void advance(const ForwardArgs& args) {
+        if constexpr (STREAM_K) {
+            kc = kc + 1 == kchunks ? 0 : kc + 1;
+            set_chunk_bytes(args);
+            if (kc != 0) return;
+        }
         if (++tile == tiles) {
             tile = 0;
             if (++doc < doc_end) {
@@ -176,12 +211,23 @@ template <typename T> struct TileLoader {
         constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
         const T* __restrict__ d = (const T*)args.d;
         if (doc >= doc_end || my_chunk >= CHUNKS) {
-            if (doc < doc_end) advance();
+            if (doc < doc_end) advance(args);
             return;
+        }
+        const int element = (kc * CHUNKS + my_chunk) * ELEMS;  // of the row, this thread's chunk
+        if constexpr (STREAM_K) {
+            const T* q = (const T*)args.q;
+            u16* q_dst = S.sQ + stage * BN * LDS + my_row * LDS + my_chunk * 8;
+#pragma unroll
+            for (int col = my_row; col < BN; col += ROW_STEP, q_dst += ROW_STEP * LDS) {
+                const i64 start = S.sColSrc[col];
+                const int bytes = start >= 0 ? my_chunk_bytes : 0;
+                cp_async_16(q_dst, bytes ? (const void*)(q + start + element) : (const void*)q, bytes);
+            }
         }
         u16* dst = S.sD + stage * BM * LDS + my_row * LDS + my_chunk * 8;
         i64 row = (i64)tile * BM + my_row;
-        const T* src = d + base + row * args.d_row_stride + my_chunk * ELEMS;
+        const T* src = d + base + row * args.d_row_stride + element;
         // Scale of this document's row 0 (padded: by doc; packed: by token index).
         const i64 scale_base = args.offsets == nullptr ? doc * args.d_scale_doc_stride
                                                        : first_token * args.d_scale_row_stride;
@@ -207,14 +253,60 @@ template <typename T> struct TileLoader {
             src += src_step;
             row += ROW_STEP;
         }
-        advance();
+        advance(args);
     }
 };
+
+// Streaming k: each column's query, scale and row in q, and whether the token holds NaN or
+// inf, by one warp per column reading the row from global memory (16-byte chunks; a bad token
+// is zero-filled from then on, so that it stays a witness for non-finite documents). Ends with
+// a barrier: the loader reads sColSrc.
+template <typename T>
+__device__ __forceinline__ void stream_query_columns(const ForwardArgs& args, const Shared& S, i64 first_query,
+                                                     int group_size, int tid) {
+    for (int col = tid; col < BN; col += THREADS) {
+        const int g = col / args.query_length, token = col % args.query_length;
+        const i64 query = first_query + g;
+        bool real = g < group_size;
+        if (real && args.q_mask != nullptr)
+            real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+        S.sColQuery[col] = real ? g : -1;
+        if constexpr (Codec<T>::SCALED) S.sColScale[col] = real ? query_scale(args, query, token) : 0.f;
+        S.sColSrc[col] = real ? query * args.q_query_stride + token * args.q_row_stride : -1;
+    }
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int col = warp; col < BN; col += WARPS) {
+        const i64 start = S.sColSrc[col];
+        bool bad = false;
+        if constexpr (!Codec<T>::SCALED) {
+            const u32 low = (u32)Codec<T>::EXPONENT, high = Codec<T>::BITS == 16 ? low << 16 : low;
+            if (start >= 0)
+                for (int c = lane; c * Codec<T>::CHUNK_ELEMS < args.dim; c += 32) {
+                    const uint4 v = *(const uint4*)((const T*)args.q + start + c * Codec<T>::CHUNK_ELEMS);
+                    const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
+                }
+        }
+        bad = __any_sync(0xffffffffu, bad);
+        if (lane == 0) {
+            S.sColBad[col] = bad;
+            if (bad) S.sColSrc[col] = -1;
+        }
+    }
+    __syncthreads();
+}
 
 // Query block -> shared memory, once (a cp.async group of its own, committed here).
 template <typename T>
 __device__ __forceinline__ void stage_queries(const ForwardArgs& args, const Shared& S, i64 first_query,
                                               int group_size, int tid) {
+    if constexpr (STREAM_K) {
+        stream_query_columns<T>(args, S, first_query, group_size, tid);
+        cp_async_commit();  // empty: where the resident query block's group would be
+        return;
+    }
     for (int c = tid; c < BN * CHUNKS; c += THREADS) {
         const int col = c / CHUNKS, chunk = c % CHUNKS;
         const int g = col / args.query_length, token = col % args.query_length;
@@ -276,17 +368,21 @@ __device__ __forceinline__ void finish_document(const ForwardArgs& args, const S
             FinishedColumns{red_max, red_arg, S.sColQuery, S.sColScale, S.sColBad, g * args.query_length});
 }
 
-// The warp's rows x columns of one tile over the whole padded dim: acc = tile_d x query.
-template <typename T, typename Acc>
-__device__ __forceinline__ void multiply_tile(Acc (&acc)[MT][NT][4], const u16* tile_d, const u16* sQ,
-                                              u32 (&b_regs)[b_in_registers<T>() ? KSTEPS : 1][NT / 2][4],
-                                              int warp_m, int warp_n, int lane) {
+template <typename Acc> __device__ __forceinline__ void zero_tile(Acc (&acc)[MT][NT][4]) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0;
+}
+
+// The warp's rows x columns of one tile over its KSTEPS k-steps (the whole padded dim, or one
+// k chunk streaming k): acc += tile_d x query.
+template <typename T, typename Acc>
+__device__ __forceinline__ void multiply_tile(Acc (&acc)[MT][NT][4], const u16* tile_d, const u16* sQ,
+                                              u32 (&b_regs)[b_in_registers<T>() ? KSTEPS : 1][NT / 2][4],
+                                              int warp_m, int warp_n, int lane) {
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
         u32 a[MT][4];
@@ -338,7 +434,7 @@ __device__ __forceinline__ void fold_tile(RunningMax& run, const Acc (&acc)[MT][
         const float scale_lo = SCALED ? S.sScale[stage * BM + r] : 1.f;
         const float scale_hi = SCALED ? S.sScale[stage * BM + r + 8] : 1.f;
         // Masked rows are zero-filled (scale 0): they add 0.
-        auto value = [](Acc x) { return accumulator_to_float<KSTEPS * 32>(x); };
+        auto value = [](Acc x) { return accumulator_to_float<ACC_K>(x); };
         run.row_sum += value(acc[mt][0][0]) * scale_lo + value(acc[mt][0][2]) * scale_hi;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -433,12 +529,14 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     // Non-finite query tokens, once (int8 tokens cannot be; their scales are checked with the
     // max): such a column scores NaN through sColBad and is zeroed. The row pitch keeps rows
     // 16-byte aligned.
-    for (int col = tid; col < BN; col += THREADS) {
-        bool bad = false;
-        if constexpr (!SCALED) bad = zero_if_non_finite<T>(S.sQ + col * LDS, CHUNKS);
-        S.sColBad[col] = bad;
+    if constexpr (!STREAM_K) {  // (streaming k: stream_query_columns found them)
+        for (int col = tid; col < BN; col += THREADS) {
+            bool bad = false;
+            if constexpr (!SCALED) bad = zero_if_non_finite<T>(S.sQ + col * LDS, CHUNKS);
+            S.sColBad[col] = bad;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     constexpr bool B_IN_REGISTERS = b_in_registers<T>();
     u32 b_regs[B_IN_REGISTERS ? KSTEPS : 1][NT / 2][4];
     if constexpr (B_IN_REGISTERS) {
@@ -454,6 +552,9 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     int tiles = max(1, (int)((length + BM - 1) / BM)), tile = 0;
     i64 pending_doc = -1;
     int parity = 0;
+    const int kchunks = k_chunks<T>(args.dim);
+    int kc = 0;
+    Acc acc[MT][NT][4];
     RunningMax run;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -475,8 +576,11 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
         loader.issue(args, S, (stage + STAGES - 1) % STAGES);
         cp_async_commit();
 
-        Acc acc[MT][NT][4];
-        multiply_tile<T>(acc, S.sD + stage * BM * LDS, S.sQ, b_regs, warp_m, warp_n, lane);
+        if (kc == 0) zero_tile(acc);
+        multiply_tile<T>(acc, S.sD + stage * BM * LDS, S.sQ + (STREAM_K ? stage * BN * LDS : 0), b_regs, warp_m,
+                         warp_n, lane);
+        if (STREAM_K && ++kc < kchunks) continue;  // the tile's next k chunk
+        kc = 0;
         // Each call inlines into its own specialised copy.
         if (args.d_mask == nullptr && (i64)(tile + 1) * BM <= length)
             fold_tile<T, false>(run, acc, S, stage, tile, warp_m, lane);
@@ -499,7 +603,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
 }
 
 #define MAXSIM_FWD_MMA_ENTRY(NAME, T)                                                      \
-    extern "C" __global__ void __launch_bounds__(fwd::THREADS, 1) NAME(const ForwardArgs args) { \
+    extern "C" __global__ void __launch_bounds__(fwd::THREADS, MAXSIM_MIN_BLOCKS) NAME(const ForwardArgs args) { \
         maxsim_fwd_mma<T>(args);                                                          \
     }
 

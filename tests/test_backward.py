@@ -304,6 +304,8 @@ def _assert_valid_winners(argmax, q64, d64, q_mask, d_mask, dtype):
     pytest.param(2, 5, 3, 20, 100, id="dim100-simt"),
     pytest.param(40, 32, 3, 50, 64, id="many-queries"),
     pytest.param(4, 8, 300, 20, 64, id="many-documents"),  # dQ in document chunks, summed in the dD launch
+    pytest.param(3, 32, 4, 70, 320, id="dim320"),  # fat dims: the forward streams k (issue 24)
+    pytest.param(2, 32, 3, 40, 2560, id="dim2560"),
 ])
 def test_gpu_backward_matches_reference(dtype, nq, lq, nd, ld, dim, monkeypatch):
     pytest.importorskip("torch") if dtype == "bfloat16" else None

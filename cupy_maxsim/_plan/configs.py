@@ -10,11 +10,18 @@ import dataclasses
 
 from ..tuning import DEFAULT, Tunables
 
+#: A field with this metadata is left out of the defines at its default (the source's #ifndef
+#: default is the same): fields added later do not change the defines, nor the compiled
+#: binaries' cache keys, of the configurations that existed before them.
+OPTIONAL = {"optional": True}
+
+
 def compile_defines(config) -> tuple[str, ...]:
     """A tile configuration as the compile-time defines of its kernel's source: each field f as
     -DMAXSIM_F (the #ifndef defaults at the top of the .cu file), in field order."""
     return tuple(f"-DMAXSIM_{field.name.upper()}={int(getattr(config, field.name))}"
-                 for field in dataclasses.fields(config))
+                 for field in dataclasses.fields(config)
+                 if not (field.metadata.get("optional") and getattr(config, field.name) == field.default))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +36,9 @@ class MmaConfig:
     ksteps: int
     b_in_registers: int = 1  # keep query fragments in registers when they fit (see maxsim_fwd.cu)
     argmax: int = 0  # also save the argmax (training)
+    #: Stream k: ksteps k-steps of query and document tiles a ring slot, any dim (fat embeddings).
+    stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    min_blocks: int = dataclasses.field(default=1, metadata=OPTIONAL)  # __launch_bounds__' blocks per SM
 
     @property
     def threads(self) -> int:
@@ -54,7 +64,8 @@ class MmaConfig:
         row = self.ksteps * 16 + 8
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
-        return 2 * row * (bn + self.stages * bm) + 4 * (
+        query_blocks = self.stages if self.stream_k else 1
+        return 2 * row * (query_blocks * bn + self.stages * bm) + (8 * bn if self.stream_k else 0) + 4 * (
             2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps)
 
     def defines(self) -> tuple[str, ...]:
@@ -239,9 +250,24 @@ MMA_CONFIGS = {
 }
 
 
-def mma_config(width: int, ksteps: int, argmax: bool = False, fp32: bool = False) -> MmaConfig | None:
+#: Streaming k (dims past a width's max_ksteps): tiles by stacked width, STREAM_KSTEPS k-steps
+#: (128 bytes of each row) a ring slot. First shapes, not yet tuned (issue 24).
+STREAM_KSTEPS = 4
+STREAM_CONFIGS = {
+    32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4, min_blocks=2),
+    64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4, min_blocks=2),
+    128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=4),
+    256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=3),
+}
+
+
+def mma_config(width: int, ksteps: int, argmax: bool = False, fp32: bool = False,
+               stream: bool = False) -> MmaConfig | None:
     """The tile configuration of stacked width ``width`` at ``ksteps`` (saving the argmax or
-    not), or None past its limit (``fp32``: that of the fp32 entry, see fp32_entry)."""
+    not): the query block resident, or None past the width's max_ksteps or where the fp32 entry
+    does not exist (see fp32_entry); with ``stream``, streaming k (any ksteps)."""
+    if stream:
+        return MmaConfig(ksteps=STREAM_KSTEPS, argmax=int(argmax), stream_k=1, **STREAM_CONFIGS[width])
     shape = dict(MMA_CONFIGS[width])
     if ksteps > shape.pop("max_ksteps"):
         return None

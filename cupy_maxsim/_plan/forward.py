@@ -63,11 +63,12 @@ class ForwardGeometry(typing.NamedTuple):
 
 def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tuple, pointers: tuple,
                          capability: int) -> bool:
-    """Whether the tensor-core kernels take these operands: whole 16-byte chunks per row, at
-    most 16 k-steps of 32 bytes, rows aligned to 16 bytes, a query no wider than a tile.
-    ``strides``: q's and d's strides in elements (the dim's last); ``pointers``: q's and d's."""
+    """Whether the tensor-core kernels take these operands: whole 16-byte chunks per row (any
+    number: past 16 k-steps of 32 bytes they stream k), rows aligned to 16 bytes, a query no
+    wider than a tile. ``strides``: q's and d's strides in elements (the dim's last);
+    ``pointers``: q's and d's."""
     item = ITEMSIZE[suffix]
-    if suffix not in TENSOR_CORE_SUFFIXES or (dim * item) % 16 or dim * item > 512 or query_length > MAX_QUERY_ROWS:
+    if suffix not in TENSOR_CORE_SUFFIXES or (dim * item) % 16 or query_length > MAX_QUERY_ROWS:
         return False
     q_strides, d_strides = strides
     if q_strides[-1] != 1 or d_strides[-1] != 1 or (pointers[0] | pointers[1]) % 16:
@@ -76,7 +77,7 @@ def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tupl
 
 
 def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
-                      argmax: bool = False, fp32: bool = False):
+                      argmax: bool = False, fp32: bool = False, stream: bool = False):
     """The mma.sync tile configuration for a problem, or None (CUDA-core path)."""
     widths = [w for w in sorted(MMA_CONFIGS) if w >= query_length]
     if not pairs and num_queries > 1:
@@ -86,7 +87,7 @@ def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: b
         stacked = min(num_queries * query_length, 256)
         widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
     for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
-        config = mma_config(width, ksteps, argmax, fp32)
+        config = mma_config(width, ksteps, argmax, fp32, stream)
         if config is None:
             continue
         while config.shared_bytes > smem_limit and config.stages > 2:
@@ -117,7 +118,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
                               docs_on_m, scaled, tunables=tunables)
         if config is not None and config.shared_bytes <= smem_limit:
             return KernelChoice("maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config)
-    config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax), suffix == "fp32")
+    resident_max = tunables.fp32_resident_max_ksteps if suffix == "fp32" else tunables.mma_resident_max_ksteps
+    stream = ksteps > resident_max
+    config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax), suffix == "fp32",
+                               stream)
     if config is None:
         return None
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)

@@ -41,7 +41,8 @@ def _checked(config) -> tuple[str, ...]:
 
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
-    with and without the argmax; the tensor-core forwards' with their shared memory checked."""
+    and streaming k (fatter dims), with and without the argmax; the tensor-core forwards' with
+    their shared memory checked."""
     variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ())]
     for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
@@ -49,6 +50,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             if config is not None:
                 variants.append(("maxsim_fwd", _checked(config)))
                 variants.append(("maxsim_fwd", _checked(mma_config(width, ksteps, argmax=True))))
+        for argmax in (False, True):  # streaming k: every dim past the resident query block
+            variants.append(("maxsim_fwd", _checked(mma_config(width, 0, argmax, stream=True))))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split

@@ -1,0 +1,150 @@
+"""The paths issue 24 opens on the tensor cores, against the float64 reference: fp32 at fp32
+accuracy (3xTF32), fat embedding dims (the mma.sync kernel streaming k), and streaming k forced
+at every small shape too (tuning.override), forward with masks, winners, pairs and packed
+corpora, non-finite inputs."""
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from cupy_maxsim import _arrays, reference, tuning
+from support import assert_scores_match, holey_mask, to_numpy, unit_rows
+from test_gpu import NOISE, _inputs, _like, _to_device, naive_error
+
+pytestmark = pytest.mark.gpu
+
+#: Every format through streaming k from its first k-step.
+STREAM_EVERYTHING = dict(mma_resident_max_ksteps=0, fp32_resident_max_ksteps=0)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(_arrays, "POISON_OUTPUTS", True)
+
+
+def _check_padded(dtype, nq, lq, nd, ld, dim, seed):
+    rng = np.random.default_rng(seed)
+    q64, d64, q, d = _inputs(rng, nq, lq, nd, ld, dim, dtype)
+    q_mask, d_mask = holey_mask(rng, (nq, lq), 0.8), holey_mask(rng, (nd, ld), 0.6)
+    got, winners = cm.score(q, d, q_mask=_like(q, q_mask), d_mask=_like(q, d_mask), return_argmax=True)
+    expected = reference.maxsim_reference(q64, d64, q_mask, d_mask)
+    bound = 2 * naive_error(q64, d64, q_mask, d_mask, dtype, expected) + NOISE[dtype] * lq
+    assert_scores_match(got, expected, atol=bound)
+    assert np.all(to_numpy(got)[:, 1] == -np.inf)  # holey_mask empties document 1
+    if dtype == "float32":
+        finite = np.isfinite(expected)
+        assert np.abs(to_numpy(got)[finite] - expected[finite]).max() <= 1e-5 * np.abs(expected[finite]).max()
+    # Winners reach the max (up to the accumulation), -1 exactly where no token can win.
+    ref_winners = reference.maxsim_argmax_reference(q64, d64, q_mask, d_mask)
+    winners = to_numpy(winners).astype(np.int64)
+    np.testing.assert_array_equal(winners < 0, ref_winners < 0)
+    sims = np.where(d_mask[None, :, None, :], np.einsum("qtd,njd->qntj", q64, d64), -np.inf)
+    chosen = np.take_along_axis(sims, np.maximum(winners, 0)[..., None], axis=-1)[..., 0]
+    real = ref_winners >= 0
+    assert np.all(sims.max(-1)[real] - chosen[real] <= (1e-5 if dtype == "float32" else 2e-3))
+    again = cm.score(q, d, q_mask=_like(q, q_mask), d_mask=_like(q, d_mask))
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(again))  # bitwise reproducible
+
+
+FAT = [
+    pytest.param(1, 32, 6, 70, 320, id="1q-dim320"),
+    pytest.param(9, 32, 5, 40, 768, id="9q-dim768"),
+    pytest.param(2, 31, 4, 33, 2560, id="2q-dim2560"),
+    pytest.param(1, 16, 3, 20, 4104, id="1q-dim4104"),  # a dim that is no multiple of the k chunk
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("nq,lq,nd,ld,dim", FAT)
+def test_fat_dims(dtype, nq, lq, nd, ld, dim):
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, nq, lq, nd, ld, dim, seed=dim + nq)
+
+
+SMALL = [
+    pytest.param(1, 1, 5, 1, 64, id="Lq1-Ld1"),
+    pytest.param(2, 31, 9, 7, 96, id="Lq31-Ld7-dim96"),
+    pytest.param(5, 31, 40, 130, 128, id="stacked-5x31"),
+    pytest.param(9, 32, 20, 64, 32, id="stacked-9x32-dim32"),
+    pytest.param(2, 100, 7, 50, 64, id="Lq100"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("nq,lq,nd,ld,dim", SMALL)
+def test_streaming_k_at_small_dims(dtype, nq, lq, nd, ld, dim):
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    with tuning.override(**STREAM_EVERYTHING):
+        _check_padded(dtype, nq, lq, nd, ld, dim, seed=nq * 7 + lq + dim)
+
+
+@pytest.mark.parametrize("dim", [128, 2560])
+def test_fp32_resident_and_streamed_agree_with_float64(dim):
+    """fp32 at fp32 accuracy either way (relative error <= 1e-5), near-tied rows included."""
+    import cupy
+
+    rng = np.random.default_rng(dim)
+    q = unit_rows(rng, (4, 32, dim), np.float64).astype(np.float32)
+    d = unit_rows(rng, (30, 60, dim), np.float64)
+    d[:, 1::2] = d[:, 0::2] + 1e-6 * rng.standard_normal(d[:, 0::2].shape)  # near-ties
+    d = d.astype(np.float32)
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    for overrides in ({}, STREAM_EVERYTHING):
+        with tuning.override(**overrides):
+            got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))
+        assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_pairs_and_packed_fat_and_streamed(streamed):
+    import cupy
+
+    dim = 64 if streamed else 1024
+    rng = np.random.default_rng(21)
+    q64, d64, q, d = _inputs(rng, 6, 32, 6, 50, dim, "float16")
+    q_mask, d_mask = holey_mask(rng, (6, 32)), holey_mask(rng, (6, 50))
+    lengths = np.array([50, 0, 1, 17, 33, 20])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens64 = np.concatenate([d64[n, :lengths[n]] for n in range(6)])
+    with tuning.override(**(STREAM_EVERYTHING if streamed else {})):
+        got = cm.score_pairs(q, d, q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask))
+        assert_scores_match(got, reference.maxsim_pairs_reference(q64, d64, q_mask, d_mask), atol=2e-2)
+        packed = cm.score_packed(q, _to_device(tokens64, "float16"), cupy.asarray(offsets), q_mask=cupy.asarray(q_mask))
+        assert_scores_match(packed, reference.maxsim_packed_reference(q64, tokens64, offsets, q_mask), atol=2e-2)
+        assert np.all(to_numpy(packed)[:, 1] == -np.inf)
+
+
+@pytest.mark.parametrize("dim", [64, 1024])
+def test_int8_fat_and_streamed(dim):
+    import cupy
+
+    rng = np.random.default_rng(22)
+    q = cupy.asarray(unit_rows(rng, (3, 32, dim), np.float32))
+    d = cupy.asarray(unit_rows(rng, (7, 45, dim), np.float32))
+    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+    expected = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None])
+    with tuning.override(**(STREAM_EVERYTHING if dim == 64 else {})):
+        assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), expected, atol=1e-3, rtol=1e-5)
+        assert_scores_match(cm.score(q8[0], d8, q_scale=qs[0], d_scale=ds), expected[0], atol=1e-3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_non_finite_policy_streamed(dtype):
+    """A non-finite document element makes its documents' scores NaN; a non-finite query token
+    its own query's only (streaming k finds them by another road than the resident block)."""
+    import cupy
+
+    rng = np.random.default_rng(23)
+    q = unit_rows(rng, (3, 32, 640), np.float32)
+    d = unit_rows(rng, (4, 40, 640), np.float32)
+    d[0, 5, 600] = np.nan
+    d[1, 39, 0] = -np.inf
+    q[1, 4, 333] = np.inf
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    got = to_numpy(cm.score(cupy.asarray(q.astype(dtype)), cupy.asarray(d.astype(dtype))))
+    assert np.isnan(got[:, :2]).all() and np.isnan(got[1]).all()
+    finite = np.isfinite(expected)
+    assert np.isfinite(got[finite]).all()
+    assert_scores_match(got[finite], expected[finite], atol=5e-2)
