@@ -130,6 +130,8 @@ def measure_cell(torch, dtype, dim, nq, options, ceilings):
            "bytes_floor_ms": bytes_ms, "flops_floor_ms": flops_ms, "floor_ms": max(bytes_ms, flops_ms),
            "bound": "bytes" if bytes_ms >= flops_ms else "flops", "providers": {}}
     found, notes = cell_providers(torch, dtype)
+    if options.ours_only:
+        found = {"cupy_maxsim": found["cupy_maxsim"]}
     reference = None
     for name, fn in found.items():
         entry = {}
@@ -219,10 +221,20 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus-gb", type=float, default=4.0, help="corpus bytes per cell, in GB (1e9)")
     parser.add_argument("--doc-length", type=int, default=300)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--ours-only", action="store_true", help="cupy_maxsim alone (A/B of tunables)")
+    parser.add_argument("--tunables", default="", help="tuning.override for cupy_maxsim, e.g. stream_ksteps=8,use_wgmma=0")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     options = parser.parse_args(argv)
     import torch
 
+    from cupy_maxsim import tuning
+
+    changes = {key: int(value) for key, value in (item.split("=") for item in options.tunables.split(",") if item)}
+    with tuning.override(**changes):
+        return _sweep(torch, options)
+
+
+def _sweep(torch, options) -> int:
     ceilings = measure_ceilings(torch)
     ceilings["tf32_tflops"] = tf32_tflops(torch)
     print(f"# ceilings: {json.dumps({k: round(v, 1) for k, v in ceilings.items()})}", flush=True)
@@ -232,7 +244,8 @@ def main(argv=None) -> int:
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
-    stem = out / f"cliffs-{datetime.date.today().isoformat()}-{meta.get('commit', 'unknown')}"
+    tag = "-" + options.tunables.replace("=", "").replace(",", "-") if options.tunables else ""
+    stem = out / f"cliffs-{datetime.date.today().isoformat()}-{meta.get('commit', 'unknown')}{tag}"
     for dtype in options.dtypes.split(","):
         for dim in map(int, options.dims.split(",")):
             for nq in map(int, options.queries.split(",")):

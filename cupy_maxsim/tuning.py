@@ -69,6 +69,8 @@ class Tunables:
     #: k-steps of 32 bytes (16: dim 256 in 16-bit, 128 in fp32); past it, it streams k.
     mma_resident_max_ksteps: int = 16
     fp32_resident_max_ksteps: int = 16
+    #: Streaming k, k-steps a ring slot holds (4 or 8: configs.STREAM_KSTEPS_CHOICES).
+    stream_ksteps: int = 4
 
 
     def __post_init__(self):

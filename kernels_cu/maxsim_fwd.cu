@@ -554,7 +554,12 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
     int parity = 0;
     const int kchunks = k_chunks<T>(args.dim);
     int kc = 0;
-    Acc acc[MT][NT][4];
+    // fp32 streaming k: each k chunk into a fresh accumulator, added to the tile's sum by a
+    // rounding add. The tensor cores' accumulation truncates; over a fat dim its bias toward
+    // zero came to 1.7e-5 of the score at dim 2560 (tests/results/2026-12-01-h200-gpu-cliffs-1a41b57.log),
+    // while partial sums of either sign leave no bias.
+    constexpr bool CHUNK_SUMS = STREAM_K && Codec<T>::BITS == 32;
+    Acc acc[MT][NT][4], sum[MT][NT][4];  // (sum: CHUNK_SUMS only, else dead)
     RunningMax run;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -576,16 +581,25 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
         loader.issue(args, S, (stage + STAGES - 1) % STAGES);
         cp_async_commit();
 
-        if (kc == 0) zero_tile(acc);
+        if (kc == 0 || CHUNK_SUMS) zero_tile(acc);
         multiply_tile<T>(acc, S.sD + stage * BM * LDS, S.sQ + (STREAM_K ? stage * BN * LDS : 0), b_regs, warp_m,
                          warp_n, lane);
+        if constexpr (CHUNK_SUMS) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sum[mt][nt][e] = kc == 0 ? acc[mt][nt][e] : sum[mt][nt][e] + acc[mt][nt][e];
+        }
         if (STREAM_K && ++kc < kchunks) continue;  // the tile's next k chunk
         kc = 0;
+        const auto& tile_sum = CHUNK_SUMS ? sum : acc;
         // Each call inlines into its own specialised copy.
         if (args.d_mask == nullptr && (i64)(tile + 1) * BM <= length)
-            fold_tile<T, false>(run, acc, S, stage, tile, warp_m, lane);
+            fold_tile<T, false>(run, tile_sum, S, stage, tile, warp_m, lane);
         else
-            fold_tile<T, true>(run, acc, S, stage, tile, warp_m, lane);
+            fold_tile<T, true>(run, tile_sum, S, stage, tile, warp_m, lane);
 
         if (++tile < tiles) continue;
         publish_document(run, S, parity, warp_m, warp_n, warp, lane);
@@ -610,8 +624,9 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp16, fp16_t)
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_bf16, bf16_t)
 // fp32 at 16 accumulator tiles per warp spills registers past 6 k-steps (each fragment also held
-// as two TF32 halves): no entry there (_plan/configs.fp32_entry mirrors this rule).
-#if MAXSIM_MT * MAXSIM_NT < 16 || MAXSIM_KSTEPS <= 6
+// as two TF32 halves) or streaming k (the chunk sums): no entry there (_plan/configs.fp32_entry
+// mirrors this rule).
+#if MAXSIM_MT * MAXSIM_NT < 16 || (MAXSIM_KSTEPS <= 6 && !MAXSIM_STREAM_K)
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_fp32, float)
 #endif
 MAXSIM_FWD_MMA_ENTRY(maxsim_fwd_int8, i8)

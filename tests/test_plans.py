@@ -176,6 +176,12 @@ def _problems():
     problems["bwd-long-docs-40000"] = backward(4, 32, 2, 40_000)
     problems["bwd-320q-fused-too-big"] = backward(320, 32, 40, 70)
     problems["bwd-dim96"] = backward(64, 32, 64, 180, dim=96)
+    # Fat dims: the mma.sync kernel streams k (issue 24).
+    problems["fp16-dim2560-1q"] = score(0, 32, 1_000, 768, dim=2560)
+    problems["bf16-dim320-32q"] = score(32, 32, 2_000, 768, dim=320, dtype="bfloat16")
+    problems["fp32-dim1024-32q-argmax"] = score(32, 32, 500, 300, dim=1024, dtype="float32", argmax=True)
+    problems["int8-dim4096-8q-masks"] = score(8, 32, 200, 100, dim=4096, dtype="int8", masks=True)
+    problems["bwd-dim2560"] = backward(32, 32, 128, 768, dim=2560)
     return problems
 
 

@@ -251,8 +251,10 @@ MMA_CONFIGS = {
 
 
 #: Streaming k (dims past a width's max_ksteps): tiles by stacked width, STREAM_KSTEPS k-steps
-#: (128 bytes of each row) a ring slot. First shapes, not yet tuned (issue 24).
+#: (128 bytes of each row) a ring slot, or another of STREAM_KSTEPS_CHOICES (Tunables.stream_ksteps).
+#: First shapes, not yet tuned (issue 24).
 STREAM_KSTEPS = 4
+STREAM_KSTEPS_CHOICES = (4, 8)
 STREAM_CONFIGS = {
     32: dict(warps_m=4, warps_n=1, mt=1, nt=4, stages=4, min_blocks=2),
     64: dict(warps_m=4, warps_n=2, mt=1, nt=4, stages=4, min_blocks=2),
@@ -262,25 +264,34 @@ STREAM_CONFIGS = {
 
 
 def mma_config(width: int, ksteps: int, argmax: bool = False, fp32: bool = False,
-               stream: bool = False) -> MmaConfig | None:
+               stream: bool = False, stream_ksteps: int = STREAM_KSTEPS) -> MmaConfig | None:
     """The tile configuration of stacked width ``width`` at ``ksteps`` (saving the argmax or
     not): the query block resident, or None past the width's max_ksteps or where the fp32 entry
     does not exist (see fp32_entry); with ``stream``, streaming k (any ksteps)."""
     if stream:
-        return MmaConfig(ksteps=STREAM_KSTEPS, argmax=int(argmax), stream_k=1, **STREAM_CONFIGS[width])
-    shape = dict(MMA_CONFIGS[width])
-    if ksteps > shape.pop("max_ksteps"):
-        return None
-    config = MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
-    return None if fp32 and not fp32_entry(config.mt, config.nt, ksteps) else config
+        config = MmaConfig(ksteps=stream_ksteps, argmax=int(argmax), stream_k=1, **STREAM_CONFIGS[width])
+    else:
+        shape = dict(MMA_CONFIGS[width])
+        if ksteps > shape.pop("max_ksteps"):
+            return None
+        config = MmaConfig(ksteps=ksteps, argmax=int(argmax), **shape)
+    return None if fp32 and not fp32_entry(config.mt, config.nt, config.ksteps, config.stream_k) else config
 
 
 #: fp32 (3xTF32: each fragment also held as two TF32 halves) at 16 accumulator tiles per warp
-#: (MT x NT) spills registers past this many k-steps (the compile report, sm_90); the #if before
-#: maxsim_fwd.cu's fp32 entry holds the same rule.
+#: (MT x NT) spills registers past this many k-steps, or streaming k (its chunk sums), in the
+#: compile report (sm_90); the #if before maxsim_fwd.cu's fp32 entry holds the same rule.
 FP32_WIDE_TILE_KSTEPS = 6
 
 
-def fp32_entry(mt: int, nt: int, ksteps: int) -> bool:
+def fp32_entry(mt: int, nt: int, ksteps: int, stream_k: int = 0) -> bool:
     """Whether maxsim_fwd.cu's fp32 entry exists in the variant of these tiles and k-steps."""
-    return mt * nt < 16 or ksteps <= FP32_WIDE_TILE_KSTEPS
+    return mt * nt < 16 or (ksteps <= FP32_WIDE_TILE_KSTEPS and not stream_k)
+
+
+def choose_stages(config: MmaConfig, smem_limit: int = WGMMA_SHARED_LIMIT) -> MmaConfig | None:
+    """``config`` with fewer ring stages (at least two) until its shared memory fits
+    ``smem_limit``, or None where even two do not."""
+    while config.shared_bytes > smem_limit and config.stages > 2:
+        config = dataclasses.replace(config, stages=config.stages - 1)
+    return config if config.shared_bytes <= smem_limit else None

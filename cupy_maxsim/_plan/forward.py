@@ -7,13 +7,12 @@ compiled kernel, how many of its blocks an SM holds, is passed in (``resident``)
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 
 from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
-from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, mma_config, simt_shared_bytes, wgmma_config,
-                      wgmma_tile_rows)
+from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, STREAM_KSTEPS, choose_stages, mma_config,
+                      simt_shared_bytes, wgmma_config, wgmma_tile_rows)
 
 #: Bytes per element by kernel suffix (registry.FORMATS).
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
@@ -77,7 +76,8 @@ def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tupl
 
 
 def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
-                      argmax: bool = False, fp32: bool = False, stream: bool = False):
+                      argmax: bool = False, fp32: bool = False, stream: bool = False,
+                      stream_ksteps: int = STREAM_KSTEPS):
     """The mma.sync tile configuration for a problem, or None (CUDA-core path)."""
     widths = [w for w in sorted(MMA_CONFIGS) if w >= query_length]
     if not pairs and num_queries > 1:
@@ -87,12 +87,9 @@ def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: b
         stacked = min(num_queries * query_length, 256)
         widths = [w for w in widths if w >= stacked] + [w for w in reversed(widths) if w < stacked]
     for width in widths:  # preferred first; narrower ones where a wide tile cannot take this dim
-        config = mma_config(width, ksteps, argmax, fp32, stream)
-        if config is None:
-            continue
-        while config.shared_bytes > smem_limit and config.stages > 2:
-            config = dataclasses.replace(config, stages=config.stages - 1)
-        if config.shared_bytes <= smem_limit:
+        config = mma_config(width, ksteps, argmax, fp32, stream, stream_ksteps)
+        config = config and choose_stages(config, smem_limit)
+        if config is not None:
             return config
     return None
 
@@ -121,7 +118,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     resident_max = tunables.fp32_resident_max_ksteps if suffix == "fp32" else tunables.mma_resident_max_ksteps
     stream = ksteps > resident_max
     config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax), suffix == "fp32",
-                               stream)
+                               stream, tunables.stream_ksteps)
     if config is None:
         return None
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
 from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
-from .configs import (MMA_CONFIGS, fp32_entry, int8_docs_on_m_warpgroups, int8_long_tiles, mma_config,
-                      wgmma_config)
+from .configs import (MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
+                      int8_long_tiles, mma_config, wgmma_config)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
@@ -22,7 +22,8 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     names = FAMILIES[family][1]
     value = dict(d[len("-D"):].split("=", 1) for d in defines)
     if family == "maxsim_fwd" and defines and not fp32_entry(
-            int(value["MAXSIM_MT"]), int(value["MAXSIM_NT"]), int(value["MAXSIM_KSTEPS"])):
+            int(value["MAXSIM_MT"]), int(value["MAXSIM_NT"]), int(value["MAXSIM_KSTEPS"]),
+            int(value.get("MAXSIM_STREAM_K", 0))):
         names = tuple(name for name in names if not name.endswith("_fp32"))
     if family == "maxsim_fwd_wgmma":
         if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
@@ -51,7 +52,9 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 variants.append(("maxsim_fwd", _checked(config)))
                 variants.append(("maxsim_fwd", _checked(mma_config(width, ksteps, argmax=True))))
         for argmax in (False, True):  # streaming k: every dim past the resident query block
-            variants.append(("maxsim_fwd", _checked(mma_config(width, 0, argmax, stream=True))))
+            for stream_ksteps in STREAM_KSTEPS_CHOICES:
+                config = choose_stages(mma_config(width, 0, argmax, stream=True, stream_ksteps=stream_ksteps))
+                variants.append(("maxsim_fwd", _checked(config)))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split
