@@ -69,8 +69,10 @@ class Tunables:
     #: k-steps of 32 bytes (16: dim 256 in 16-bit, 128 in fp32); past it, it streams k.
     mma_resident_max_ksteps: int = 16
     fp32_resident_max_ksteps: int = 16
-    #: Streaming k, k-steps a ring slot holds (4 or 8: configs.STREAM_KSTEPS_CHOICES).
-    stream_ksteps: int = 4
+    #: Streaming k, k-steps a ring slot holds (4 or 8: configs.STREAM_KSTEPS_CHOICES): 8 took
+    #: fp16 dim 2560 from 1.113 to 0.892 ms for one query and 14.2 to 12.2 ms for 32, fp32 dim
+    #: 2560 from 35.4 to 30.8 ms for 32 (bench/results/cliffs-2026-12-01-95f1431*.json).
+    stream_ksteps: int = 8
 
 
     def __post_init__(self):
