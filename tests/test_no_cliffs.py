@@ -9,7 +9,7 @@ import pytest
 import cupy_maxsim as cm
 from cupy_maxsim import _arrays, reference, tuning
 from support import assert_scores_match, holey_mask, to_numpy, unit_rows
-from test_gpu import NOISE, _inputs, _like, _to_device, naive_error
+from test_gpu import NOISE, SHAPES, _inputs, _like, _to_device, naive_error
 
 pytestmark = pytest.mark.gpu
 
@@ -62,13 +62,8 @@ def test_fat_dims(dtype, nq, lq, nd, ld, dim):
     _check_padded(dtype, nq, lq, nd, ld, dim, seed=dim + nq)
 
 
-SMALL = [
-    pytest.param(1, 1, 5, 1, 64, id="Lq1-Ld1"),
-    pytest.param(2, 31, 9, 7, 96, id="Lq31-Ld7-dim96"),
-    pytest.param(5, 31, 40, 130, 128, id="stacked-5x31"),
-    pytest.param(9, 32, 20, 64, 32, id="stacked-9x32-dim32"),
-    pytest.param(2, 100, 7, 50, 64, id="Lq100"),
-]
+#: test_gpu's shapes that the tensor-core kernels take (the last two are the CUDA cores').
+SMALL = [shape for shape in SHAPES if not shape.id.endswith("simt")]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
