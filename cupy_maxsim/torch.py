@@ -4,7 +4,9 @@ The forward saves only the winners (int16 per query token and document) instead 
 similarity tensor; the backward gathers and scatters from them with cupy_maxsim's kernels
 (deterministic, no float atomics) on torch's current stream, without a device sync. CPU
 tensors run the NumPy backend, so ``torch.autograd.gradcheck`` works in float64 on any
-machine. Gradients are not differentiable again (no double backward).
+machine. Gradients are not differentiable again (no double backward). Under ``torch.compile``
+(and ``torch.export``) the same functions are the custom ops ``cupy_maxsim::maxsim_fwd`` and
+``maxsim_bwd`` (``_torch_ops``): no graph break; eager calls keep the direct path.
 
     import cupy_maxsim.torch as cmt
     scores = cmt.maxsim(q, d, q_mask=q_mask, d_mask=d_mask)   # (Nq, Nd), differentiable
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import scoring, training
+from . import _torch_ops, scoring, training
 
 __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed"]
 
@@ -79,18 +81,28 @@ def _versions(q, d, offsets) -> tuple:
     return q._version, d._version, None if offsets is None else offsets._version
 
 
+def _compiling() -> bool:
+    return _torch_ops.AVAILABLE and torch.compiler.is_compiling()
+
+
 def maxsim(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score`: q (Lq, D) or (Nq, Lq, D), d (Nd, Ld, D),
     boolean masks (True = real token) -> scores (Nd,) or (Nq, Nd), float32."""
+    if _compiling():
+        return _torch_ops.compiled_scores(q, d, q_mask, d_mask, None, "padded")
     return _MaxSim.apply(q, d, ("padded", None, q_mask, d_mask))
 
 
 def maxsim_pairs(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score_pairs`: (B, Lq, D) x (B, Ld, D) -> (B,)."""
+    if _compiling():
+        return _torch_ops.compiled_scores(q, d, q_mask, d_mask, None, "pairs")
     return _MaxSim.apply(q, d, ("pairs", None, q_mask, d_mask))
 
 
 def maxsim_packed(q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, q_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score_packed`: documents packed as tokens (T, D) with
     offsets (Nd + 1,); the gradient of ``tokens`` is (T, D)."""
+    if _compiling():
+        return _torch_ops.compiled_scores(q, tokens, q_mask, None, offsets, "packed")
     return _MaxSim.apply(q, tokens, ("packed", offsets, q_mask, None))
