@@ -1,0 +1,170 @@
+"""Exact top-k search: the k best documents of a corpus for each query, never the whole score
+matrix.
+
+The corpus is scored in blocks of documents whose (queries x block) scores fit a bounded
+workspace, and each block's best are merged into a running top-k (issue 25's first layer; the
+fused selection in the kernels' epilogue comes next, behind the same functions). Order: by
+descending score, ties to the lower document id; documents scoring ``-inf`` (no real token)
+after every real one, NaN after those; where the corpus has fewer than k documents the rest
+are id -1 with score ``-inf``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from . import _arrays, scoring
+from ._problem import packed_problem, padded_problem
+
+#: Bytes the per-block scores (and winners) may take: the workspace bound of a search.
+WORKSPACE_BYTES = 64 * 2**20
+
+
+def search(q, d, k, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_argmax=False,
+           workspace_bytes=WORKSPACE_BYTES):
+    """The ``k`` best documents of a padded corpus for each query.
+
+    Parameters
+    ----------
+    q, d, q_mask, d_mask, q_scale, d_scale
+        As in :func:`cupy_maxsim.score`: queries (Lq, D) or (Nq, Lq, D), documents (Nd, Ld, D).
+    k : int
+        Documents returned per query, at least 1; more than Nd pads with id -1.
+    return_argmax : bool, optional
+        Also return the winning document token of every query token for each hit (the
+        token-level explanation), shape (k, Lq) or (Nq, k, Lq); -1 where there is none.
+    workspace_bytes : int, optional
+        The most bytes a block's scores (and winners) take; the corpus is scored in as many
+        blocks as that needs.
+
+    Returns
+    -------
+    scores : array, shape (k,) or (Nq, k)
+        float32 (float64 for float64 inputs), sorted by descending score, ties to the lower id.
+    ids : int64 array, same shape
+        Document indices into ``d``; -1 past the corpus.
+    """
+    k = _check_k(k)
+    problem = padded_problem(q, d, q_mask, d_mask, q_scale, d_scale, return_argmax)
+
+    def block(start, stop):
+        return scoring.score(q, d[start:stop], q_mask=q_mask, d_mask=None if d_mask is None else d_mask[start:stop],
+                             q_scale=q_scale, d_scale=None if d_scale is None else d_scale[start:stop],
+                             return_argmax=return_argmax)
+
+    return _top_k(problem, block, k, workspace_bytes)
+
+
+def search_packed(q, tokens, offsets, k, *, q_mask=None, q_scale=None, d_scale=None, return_argmax=False,
+                  workspace_bytes=WORKSPACE_BYTES):
+    """:func:`search` over packed documents, as :func:`cupy_maxsim.score_packed` takes them
+    (tokens (T, D), offsets (Nd + 1,)); ids index the documents of ``offsets``."""
+    k = _check_k(k)
+    problem, _ = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
+
+    def block(start, stop):  # a slice of the offsets is the same tokens' documents start..stop
+        return scoring.score_packed(q, tokens, offsets[start:stop + 1], q_mask=q_mask, q_scale=q_scale,
+                                    d_scale=d_scale, return_argmax=return_argmax)
+
+    return _top_k(problem, block, k, workspace_bytes)
+
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return int(k)
+
+
+def _top_k(problem, block, k, workspace_bytes):
+    """Score ``problem``'s documents block by block (``block(start, stop)`` -> the scoring
+    function's result for documents start..stop) and keep each query's k best."""
+    if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)) or workspace_bytes < 1:
+        raise ValueError(f"workspace_bytes must be a positive int, got {workspace_bytes!r}")
+    like, num_docs = problem.like, problem.num_docs
+    num_queries, query_length = problem.q.shape[0], problem.q.shape[1]
+    winners = problem.argmax_dtype is not None
+    per_doc = num_queries * (8 + (4 * query_length if winners else 0))  # a block's scores, ids, winners
+    docs_per_block = max(1, workspace_bytes // max(1, per_doc))
+    xp = _arrays.module_of(like)
+    stream = _gpu_stream(like)
+    best = None  # (scores, ids, winners or None), each query's best so far, sorted
+    with stream:
+        for start in range(0, num_docs, docs_per_block):
+            stop = min(num_docs, start + docs_per_block)
+            result = block(start, stop)
+            scores, argmax = (result if winners else (result, None))
+            scores = _as_xp(scores, problem.single)
+            ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
+            argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
+            candidate = _best_of(xp, scores, ids, argmax, k)
+            best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k)
+        out = _padded(xp, best, k, num_queries, query_length, problem, winners)
+    output = _arrays.Output(like)
+    results = [output.wrap(x[0] if problem.single else x) for x in out if x is not None]
+    return tuple(results)
+
+
+def _gpu_stream(like) -> contextlib.ExitStack:
+    """CuPy's work on the caller's device and stream (torch's current one for torch tensors)."""
+    stack = contextlib.ExitStack()
+    if like.on_gpu:
+        import cupy
+
+        from ._gpu.device import on_stream
+
+        stack.enter_context(cupy.cuda.Device(like.device))
+        stack.enter_context(on_stream(like.stream))
+    return stack
+
+
+def _as_xp(array, single: bool):
+    """A scoring result as a NumPy or CuPy array (zero-copy), with the query axis."""
+    operand = _arrays.as_operand(array, "scores")
+    x = operand.host if not operand.on_gpu else operand.cupy()
+    return x[None] if single else x
+
+
+def _best_of(xp, scores, ids, argmax, k):
+    """The k best candidates of each row, in order: descending score, ties to the lower id (the
+    candidates come in ascending id order within each row), ``-inf`` then NaN last. A stable sort
+    of -score does all of it: -(-inf) sorts after finite keys, NaN after everything."""
+    order = _stable_argsort(xp, -scores)[:, :k]
+    take = lambda x: xp.take_along_axis(x, order, axis=-1)  # noqa: E731
+    chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
+    return take(scores), take(ids), chosen_argmax
+
+
+def _stable_argsort(xp, keys):
+    """Along the last axis, equal keys in their order (CuPy's argsort is always stable and
+    takes no ``kind``)."""
+    return xp.argsort(keys, axis=-1, kind="stable") if xp is np else xp.argsort(keys, axis=-1)
+
+
+def _joined(xp, best, candidate):
+    """Two rows' candidate lists as one, in ascending id order (what _best_of's ties need)."""
+    scores = xp.concatenate([best[0], candidate[0]], axis=-1)
+    ids = xp.concatenate([best[1], candidate[1]], axis=-1)
+    order = _stable_argsort(xp, ids)
+    argmax = None
+    if best[2] is not None:
+        argmax = xp.take_along_axis(xp.concatenate([best[2], candidate[2]], axis=1), order[..., None], axis=1)
+    return xp.take_along_axis(scores, order, axis=-1), xp.take_along_axis(ids, order, axis=-1), argmax
+
+
+def _padded(xp, best, k, num_queries, query_length, problem, winners):
+    """(scores, ids, winners) of shape (Nq, k): past the corpus, -inf and id -1 (winners -1)."""
+    dtype = problem.result_dtype
+    scores = xp.full((num_queries, k), -np.inf, dtype=dtype)
+    ids = xp.full((num_queries, k), -1, dtype=xp.int64)
+    argmax = xp.full((num_queries, k, query_length), -1, dtype=problem.argmax_dtype) if winners else None
+    if best is not None:
+        found = best[0].shape[1]
+        scores[:, :found], ids[:, :found] = best[0], best[1]
+        if winners:
+            argmax[:, :found] = best[2]
+    return scores, ids, argmax
+
