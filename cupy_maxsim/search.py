@@ -79,9 +79,11 @@ def _check_k(k) -> int:
     return int(k)
 
 
-def _top_k(problem, block, k, workspace_bytes):
+def _top_k(problem, block, k, workspace_bytes, allowed=None):
     """Score ``problem``'s documents block by block (``block(start, stop)`` -> the scoring
-    function's result for documents start..stop) and keep each query's k best."""
+    function's result for documents start..stop) and keep each query's k best; ``allowed``: a
+    boolean array over the documents (on their device), False never returned (an Index's
+    removed and filtered-out documents)."""
     if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)) or workspace_bytes < 1:
         raise ValueError(f"workspace_bytes must be a positive int, got {workspace_bytes!r}")
     like, num_docs = problem.like, problem.num_docs
@@ -100,6 +102,8 @@ def _top_k(problem, block, k, workspace_bytes):
             scores = _as_xp(scores, problem.single)
             ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
+            if allowed is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
+                ids = xp.where(allowed[start:stop], ids, -1)
             candidate = _best_of(xp, scores, ids, argmax, k)
             best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k)
         out = _padded(xp, best, k, num_queries, query_length, problem, winners)
@@ -130,9 +134,12 @@ def _as_xp(array, single: bool):
 
 def _best_of(xp, scores, ids, argmax, k):
     """The k best candidates of each row, in order: descending score, ties to the lower id (the
-    candidates come in ascending id order within each row), ``-inf`` then NaN last. A stable sort
-    of -score does all of it: -(-inf) sorts after finite keys, NaN after everything."""
-    order = _stable_argsort(xp, -scores)[:, :k]
+    candidates come in ascending id order within each row), ``-inf`` then NaN last, excluded
+    candidates (id -1) after all. A stable sort of -score does all but the last: -(-inf) sorts
+    after finite keys, NaN after everything; a stable sort on exclusion then keeps that order."""
+    order = _stable_argsort(xp, -scores)
+    excluded = xp.take_along_axis(ids, order, axis=-1) < 0
+    order = xp.take_along_axis(order, _stable_argsort(xp, excluded.astype(xp.int8)), axis=-1)[:, :k]
     take = lambda x: xp.take_along_axis(x, order, axis=-1)  # noqa: E731
     chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
     return take(scores), take(ids), chosen_argmax
@@ -163,8 +170,10 @@ def _padded(xp, best, k, num_queries, query_length, problem, winners):
     argmax = xp.full((num_queries, k, query_length), -1, dtype=problem.argmax_dtype) if winners else None
     if best is not None:
         found = best[0].shape[1]
-        scores[:, :found], ids[:, :found] = best[0], best[1]
+        real = best[1] >= 0  # excluded candidates are not results
+        scores[:, :found] = xp.where(real, best[0], -np.inf)
+        ids[:, :found] = best[1]
         if winners:
-            argmax[:, :found] = best[2]
+            argmax[:, :found] = xp.where(real[..., None], best[2], -1)
     return scores, ids, argmax
 

@@ -1,0 +1,357 @@
+"""An exact multi-vector index: a corpus built once, grown, shrunk, searched and reloaded.
+
+The documents live packed (tokens back to back, int64 offsets) in one store on one device, in
+the format chosen at build (float32, float16, or int8 with per-token scales); each has an int64
+id, given or assigned, stable forever. ``remove`` marks documents dead (a tombstone) and
+compacts the store once dead tokens outnumber live ones; ``search`` never returns a dead or
+filtered-out document. ``save`` writes a directory of plain ``.npy`` files and a JSON manifest
+(no pickle); ``Index.load`` memory-maps them.
+
+    index = cupy_maxsim.Index(128, dtype="float16", device="cuda")
+    index.add(list_of_documents)                      # ids 0..n-1
+    scores, ids = index.search(queries, k=10)
+    index.remove([3, 17]); index.save("corpus.idx")
+    index = cupy_maxsim.Index.load("corpus.idx", device="cuda")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import _arrays, quantize, search as _search
+from ._problem import packed_problem
+
+#: Storage formats, by dtype name.
+FORMATS = ("float32", "float16", "int8")
+MANIFEST = "manifest.json"
+FORMAT_NAME = "cupy-maxsim-index"
+VERSION = 1
+
+
+class Index:
+    """An exact MaxSim index of documents of ``dim``-wide token embeddings.
+
+    Parameters
+    ----------
+    dim : int
+        Embedding width of every token.
+    dtype : {"float32", "float16", "int8"}
+        The stored format (int8: per-token scales, as :func:`cupy_maxsim.quantize_int8`).
+    device : "cpu", "cuda" or "cuda:N"
+        Where the store lives: NumPy arrays on the host, CuPy arrays on GPU N.
+    """
+
+    def __init__(self, dim: int, *, dtype: str = "float16", device: str = "cpu"):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if dtype not in FORMATS:
+            raise ValueError(f"dtype must be one of {FORMATS}, got {dtype!r}")
+        self.dim, self.dtype = int(dim), dtype
+        self._gpu = _parse_device(device)
+        xp = self._xp
+        with self._on_device():
+            self._tokens = xp.zeros((0, self.dim), dtype=np.int8 if dtype == "int8" else dtype)
+            self._scales = xp.zeros((0,), dtype=np.float32) if dtype == "int8" else None
+            self._offsets = xp.zeros((1,), dtype=np.int64)
+        self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
+        self._alive = np.zeros((0,), dtype=bool)
+        self._next_id = 0
+
+    # ---- what it holds ------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self._gpu is None else f"cuda:{self._gpu}"
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The ids of the live documents, in storage order (a copy)."""
+        return self._ids[self._alive]
+
+    def __len__(self) -> int:
+        return int(self._alive.sum())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the store (tokens, scales, offsets, ids)."""
+        parts = [self._tokens, self._offsets, self._ids, self._alive] + ([self._scales] if self._scales is not None else [])
+        return int(sum(p.nbytes for p in parts))
+
+    def __repr__(self) -> str:
+        tokens = int(self._offsets[-1])
+        size = self.nbytes
+        size = f"{size / 1e9:,.2f} GB" if size >= 1e9 else f"{size / 1e6:,.1f} MB" if size >= 1e6 else f"{size:,} bytes"
+        return (f"Index(dim={self.dim}, dtype={self.dtype}, device={self.device}, documents={len(self):,}, "
+                f"tokens={tokens:,}, removed={int((~self._alive).sum()):,}, {size})")
+
+    # ---- building -------------------------------------------------------------------------
+
+    def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
+        """Add documents: a list of (Ld_i, dim) arrays, a padded (Nd, Ld, dim) array with an
+        optional (Nd, Ld) mask, or a (tokens (T, dim), offsets (Nd + 1,)) pair. ``ids``: one
+        int64 per document, none already in the index; default the next free ones. Returns the
+        ids added."""
+        tokens, offsets = self._packed(docs, mask)
+        count = int(offsets.shape[0]) - 1
+        new_ids = self._new_ids(ids, count)
+        with self._on_device():
+            values, scales = self._stored(tokens)
+            xp = self._xp
+            base = self._offsets[-1]
+            self._tokens = xp.concatenate([self._tokens, values])
+            if scales is not None:
+                self._scales = xp.concatenate([self._scales, scales])
+            self._offsets = xp.concatenate([self._offsets, xp.asarray(offsets[1:], dtype=np.int64) + base])
+        self._ids = np.concatenate([self._ids, new_ids])
+        self._alive = np.concatenate([self._alive, np.ones(count, bool)])
+        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
+        self._id_rows = None
+        return new_ids
+
+    def remove(self, ids) -> int:
+        """Remove the documents of ``ids`` (each must be in the index); returns how many. The
+        store is compacted once removed tokens outnumber live ones."""
+        wanted = _id_array(ids, "ids")
+        rows = self._rows_of(wanted, "ids")
+        self._alive[rows] = False
+        lengths = np.diff(_to_host(self._offsets))
+        if lengths[~self._alive].sum() > lengths[self._alive].sum():
+            self.compact()
+        return int(rows.shape[0])
+
+    def compact(self) -> None:
+        """Drop removed documents from the store (ids stay as they were)."""
+        if self._alive.all():
+            return
+        offsets = _to_host(self._offsets)
+        keep = np.flatnonzero(self._alive)
+        lengths = np.diff(offsets)[keep]
+        # The kept documents' token rows: each document's start, then consecutive rows.
+        starts = offsets[keep]
+        token_rows = np.arange(int(lengths.sum())) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        with self._on_device():
+            xp = self._xp
+            rows = xp.asarray(token_rows)
+            self._tokens = self._tokens[rows]
+            if self._scales is not None:
+                self._scales = self._scales[rows]
+            self._offsets = xp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        self._ids, self._alive = self._ids[keep], np.ones(keep.shape[0], bool)
+        self._id_rows = None
+
+    # ---- searching ------------------------------------------------------------------------
+
+    def search(self, q, k: int, *, q_mask=None, q_scale=None, filter=None, return_argmax=False,
+               workspace_bytes=_search.WORKSPACE_BYTES):
+        """The k best live documents for each query: ``(scores, ids)`` (and the winners with
+        ``return_argmax``), as :func:`cupy_maxsim.search` orders them, ids the index's own (-1
+        past what there is). ``filter``: an allow-list of ids, or a boolean array over
+        :attr:`ids` (True: may be returned). Results in the framework of ``q``; ``q`` lives on
+        the index's device. An int8 index quantises float queries (once a call); int8 queries
+        come with their ``q_scale``."""
+        k = _search._check_k(k)
+        allowed = self._alive.copy()
+        if filter is not None:
+            allowed &= self._filter_rows(filter)
+        scales = {} if q_scale is None else {"q_scale": q_scale}
+        q_dtype = _arrays.as_operand(q, "q").dtype
+        if self._scales is None and q_dtype != self.dtype:  # queries (small) cast to the stored format
+            q = _cast(q, self.dtype)
+        if self._scales is not None:  # float queries quantised once, not once per block
+            if q_dtype != "int8":
+                q, q_scale = quantize.quantize_int8(q, mask=q_mask)
+                scales["q_scale"] = q_scale
+            scales["d_scale"] = self._scales
+        problem, _ = packed_problem(q, self._tokens, self._offsets, q_mask, scales.get("q_scale"),
+                                    scales.get("d_scale"), return_argmax)
+        with self._on_device():
+            allowed_device = self._xp.asarray(allowed)
+            store_ids = self._xp.asarray(self._ids)
+
+        def block(start, stop):
+            return _search.scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,
+                                                return_argmax=return_argmax, **scales)
+
+        results = _search._top_k(problem, block, k, workspace_bytes, allowed_device)
+        # Storage rows -> the index's ids, on the device of the results.
+        rows = results[1]
+        operand = _arrays.as_operand(rows, "ids")
+        with _search._gpu_stream(problem.like):
+            local = operand.host if not operand.on_gpu else operand.cupy()
+            xp = _arrays.module_of(operand)
+            mapped = xp.where(local >= 0, store_ids[xp.maximum(local, 0)], -1)
+        return (results[0], _arrays.Output(problem.like).wrap(mapped)) + tuple(results[2:])
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def save(self, path) -> Path:
+        """Write the index to directory ``path`` (created; removed documents compacted away
+        first): tokens.npy, offsets.npy, ids.npy (and scales.npy for int8), manifest.json."""
+        self.compact()
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        arrays = {"tokens": self._tokens, "offsets": self._offsets, "ids": self._ids}
+        if self._scales is not None:
+            arrays["scales"] = self._scales
+        for name, array in arrays.items():
+            np.save(folder / f"{name}.npy", _to_host(array), allow_pickle=False)
+        manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype,
+                    "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
+                    "files": sorted(f"{name}.npy" for name in arrays)}
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, path, *, device: str = "cpu", mmap: bool = True) -> "Index":
+        """An index saved by :meth:`save`. On the CPU with ``mmap`` the arrays are memory-mapped
+        (read-only, nothing copied in Python); on a GPU they are copied to it once."""
+        folder = Path(path)
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index") from None
+        if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
+            raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
+        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device)
+        load = lambda name: np.load(folder / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)  # noqa: E731
+        with index._on_device():
+            xp = index._xp
+            index._tokens = load("tokens") if xp is np else xp.asarray(load("tokens"))
+            index._offsets = load("offsets") if xp is np else xp.asarray(load("offsets"))
+            if manifest["dtype"] == "int8":
+                index._scales = load("scales") if xp is np else xp.asarray(load("scales"))
+        index._ids = np.asarray(load("ids"))
+        index._alive = np.ones(index._ids.shape[0], bool)
+        index._next_id = int(manifest["next_id"])
+        if index._tokens.shape != (manifest["tokens"], manifest["dim"]) or index._ids.shape[0] != manifest["documents"]:
+            raise ValueError(f"{folder}: the arrays do not match {MANIFEST} (a partial write?)")
+        return index
+
+    # ---- internals --------------------------------------------------------------------------
+
+    _id_rows = None  # id -> storage row, built when first needed
+
+    @property
+    def _xp(self):
+        if self._gpu is None:
+            return np
+        import cupy
+
+        return cupy
+
+    def _on_device(self):
+        if self._gpu is None:
+            return contextlib.nullcontext()
+        import cupy
+
+        return cupy.cuda.Device(self._gpu)
+
+    def _packed(self, docs, mask):
+        """(tokens operand's array, host int64 offsets) of what add() was given."""
+        if isinstance(docs, tuple) and len(docs) == 2:
+            tokens, offsets = docs
+            offsets = _to_host(_arrays.as_operand(offsets, "offsets"))
+        else:
+            tokens, offsets = quantize.pack(docs, mask=mask)
+            offsets = _to_host(_arrays.as_operand(offsets, "offsets"))
+        operand = _arrays.as_operand(tokens, "docs")
+        if operand.ndim != 2 or operand.shape[1] != self.dim:
+            raise ValueError(f"docs must have tokens of width {self.dim} (the index's dim), got shape {operand.shape}")
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != operand.shape[0] or (
+                np.diff(offsets) < 0).any():
+            raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
+        return operand, offsets
+
+    def _stored(self, operand):
+        """An operand's tokens in the stored format on the index's device: (values, scales)."""
+        xp = self._xp
+        if operand.on_gpu != (self._gpu is not None) or (operand.on_gpu and operand.device != self._gpu):
+            where = "the host" if self._gpu is None else f"GPU {self._gpu}"
+            raise ValueError(f"docs must be on {where} (the index's device), got "
+                             f"{'the host' if not operand.on_gpu else f'GPU {operand.device}'}")
+        x = operand.host if not operand.on_gpu else operand.cupy()
+        if operand.dtype == "bfloat16":  # widen the bits exactly to float32
+            bits = x if x.dtype == np.uint16 else x.view(np.uint16)
+            x = (bits.astype(xp.uint32) << 16).view(xp.float32)
+        elif operand.dtype not in ("float16", "float32", "float64"):
+            raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
+        if self.dtype == "int8":
+            values, scales = quantize.quantize_int8(x)
+            return xp.asarray(values), xp.asarray(scales)
+        return x.astype(self.dtype, copy=True), None
+
+    def _new_ids(self, ids, count: int) -> np.ndarray:
+        if ids is None:
+            return np.arange(self._next_id, self._next_id + count, dtype=np.int64)
+        new = _id_array(ids, "ids")
+        if new.shape[0] != count:
+            raise ValueError(f"ids must give one id per document: {count} documents, {new.shape[0]} ids")
+        if np.unique(new).shape[0] != count:
+            raise ValueError("ids must be unique")
+        taken = np.isin(new, self._ids)  # live, or removed and not yet compacted away
+        if taken.any():
+            raise ValueError(f"ids already in the index (or removed, before compact()): {new[taken][:5].tolist()}")
+        return new
+
+    def _rows_of(self, ids: np.ndarray, name: str) -> np.ndarray:
+        """Storage rows of live ``ids``; ValueError naming any that is not in the index."""
+        order = np.argsort(self._ids, kind="stable")
+        position = np.searchsorted(self._ids[order], ids)
+        position = np.minimum(position, max(0, order.shape[0] - 1))
+        rows = order[position] if order.size else np.zeros(ids.shape, np.int64)
+        found = (self._ids[rows] == ids) & self._alive[rows] if order.size else np.zeros(ids.shape, bool)
+        if not found.all():
+            raise ValueError(f"{name} not in the index: {ids[~found][:5].tolist()}")
+        return rows
+
+    def _filter_rows(self, filter) -> np.ndarray:
+        """A boolean array over storage rows: True where ``filter`` allows the document."""
+        operand = _arrays.as_operand(filter, "filter")
+        values = _to_host(operand)
+        if operand.dtype == "bool":
+            if values.shape != (len(self),):
+                raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(self)},), "
+                                 f"got {values.shape}")
+            allowed = np.zeros(self._ids.shape[0], bool)
+            allowed[np.flatnonzero(self._alive)[values]] = True
+            return allowed
+        ids = _id_array(values, "filter")
+        return np.isin(self._ids, ids)
+
+
+def _cast(x, dtype: str):
+    """``x`` as ``dtype`` in its own framework (the results follow the framework of the query)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+
+        return x.to(getattr(torch, dtype))
+    return x.astype(dtype)
+
+
+def _parse_device(device) -> int | None:
+    if device in ("cpu", None):
+        return None
+    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+        number = device.partition(":")[2] or "0"
+        if number.isdigit():
+            return int(number)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+def _id_array(ids, name: str) -> np.ndarray:
+    values = np.asarray(_to_host(_arrays.as_operand(ids, name)) if not isinstance(ids, (list, tuple, range)) else ids)
+    if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+        raise TypeError(f"{name} must be a 1-D array of integer ids, got dtype {values.dtype} shape {values.shape}")
+    return values.astype(np.int64)
+
+
+def _to_host(x) -> np.ndarray:
+    """A NumPy copy (or view) of an Operand or a NumPy / CuPy array."""
+    if isinstance(x, _arrays.Operand):
+        return x.host if not x.on_gpu else x.cupy().get()
+    return x if isinstance(x, np.ndarray) else x.get()

@@ -1,0 +1,214 @@
+"""cupy_maxsim.Index against search_packed over the same documents (issue 25, item 2): every way
+of adding, given ids, removes then adds against a build from scratch, filters, compaction, save
+then load (memory-mapped), int8 and float32 stores, validation. CPU here; the GPU case is
+marked gpu."""
+
+import json
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from support import holey_mask, to_numpy, unit_rows
+
+DIM = 16
+
+
+def _documents(rng, count, longest=12):
+    return [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, longest, count)]
+
+
+def _expected(q, docs, ids, k, dtype="float32", **kwargs):
+    """search_packed over ``docs`` (stored as ``dtype``), its rows mapped to ``ids``."""
+    tokens, offsets = cm.pack([x.astype(dtype) for x in docs] if docs else [np.zeros((0, DIM), dtype)])
+    scores, rows = cm.search_packed(q.astype(dtype), tokens, offsets if docs else offsets[:1], k, **kwargs)[:2]
+    return scores, np.where(rows >= 0, np.asarray(ids, np.int64)[np.maximum(rows, 0)], -1)
+
+
+def test_add_every_layout_and_search():
+    rng = np.random.default_rng(0)
+    docs = _documents(rng, 30)
+    index = cm.Index(DIM, dtype="float32")
+    assert list(index.add(docs[:10])) == list(range(10))  # a list of arrays
+    padded = np.zeros((10, 12, DIM), np.float32)
+    mask = np.zeros((10, 12), bool)
+    for n, x in enumerate(docs[10:20]):
+        padded[n, :len(x)], mask[n, :len(x)] = x, True
+    index.add(padded, mask=mask)  # padded with a mask
+    index.add(cm.pack(docs[20:]))  # tokens and offsets
+    assert len(index) == 30 and list(index.ids) == list(range(30))
+    q = unit_rows(rng, (3, 5, DIM), np.float32)
+    for k in (1, 7, 30, 50):
+        scores, ids = index.search(q, k, workspace_bytes=100)
+        want_scores, want_ids = _expected(q, docs, range(30), k)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(scores, want_scores)
+    single = index.search(q[0], 4)
+    assert single[0].shape == (4,) and single[1].shape == (4,)
+
+
+def test_given_ids_removes_then_adds_match_a_fresh_build():
+    rng = np.random.default_rng(1)
+    docs = _documents(rng, 40)
+    ids = np.arange(1000, 1040) * 7
+    index = cm.Index(DIM, dtype="float16")
+    index.add(docs[:25], ids=ids[:25])
+    index.remove(ids[[2, 5, 6, 20]])
+    index.add(docs[25:], ids=ids[25:])
+    index.remove([ids[30]])
+    live = [n for n in range(40) if n not in (2, 5, 6, 20, 30)]
+    fresh = cm.Index(DIM, dtype="float16")
+    fresh.add([docs[n] for n in live], ids=ids[live])
+    q = unit_rows(rng, (4, 6, DIM), np.float32).astype(np.float16)
+    q_mask = holey_mask(rng, (4, 6), 0.8)
+    for k in (1, 10, 35, 60):
+        got = index.search(q, k, q_mask=q_mask, workspace_bytes=64)
+        want = fresh.search(q, k, q_mask=q_mask)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # BLAS blocks by batch shape: last bits
+        assert not np.isin(got[1], ids[[2, 5, 6, 20, 30]]).any()
+    assert sorted(index.ids) == sorted(ids[live]) and len(index) == 35
+
+
+def test_filters_and_winners():
+    rng = np.random.default_rng(2)
+    docs = _documents(rng, 20)
+    index = cm.Index(DIM, dtype="float32")
+    index.add(docs, ids=np.arange(20) + 100)
+    q = unit_rows(rng, (2, 5, DIM), np.float32)
+    allow = [103, 107, 111, 999]  # an id not in the index allows nothing
+    scores, ids = index.search(q, 6, filter=np.array(allow))
+    want = _expected(q, [docs[3], docs[7], docs[11]], [103, 107, 111], 6)
+    np.testing.assert_array_equal(ids, want[1])
+    np.testing.assert_array_equal(scores, want[0])
+    assert (ids[:, 3:] == -1).all() and (scores[:, 3:] == -np.inf).all()
+    boolean = np.zeros(20, bool)
+    boolean[[3, 7, 11]] = True
+    np.testing.assert_array_equal(index.search(q, 6, filter=boolean)[1], ids)
+    _, hits, winners = index.search(q, 5, return_argmax=True)
+    _, all_winners = cm.score_packed(q, *cm.pack(docs), return_argmax=True)
+    rows = hits - 100
+    np.testing.assert_array_equal(winners, np.take_along_axis(all_winners, rows[..., None], axis=1))
+
+
+def test_compaction_keeps_ids_and_results():
+    rng = np.random.default_rng(3)
+    docs = _documents(rng, 30, longest=8)
+    index = cm.Index(DIM, dtype="float32")
+    index.add(docs)
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    index.remove(range(0, 24))  # most tokens removed: compacted
+    assert index._ids.shape[0] == 6 and len(index) == 6
+    want = _expected(q, docs[24:], range(24, 30), 10)
+    np.testing.assert_array_equal(index.search(q, 10)[1], want[1])
+    assert list(index.add(docs[:1])) == [30]  # ids are never reused
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_save_then_load(tmp_path, dtype):
+    rng = np.random.default_rng(4)
+    docs = _documents(rng, 25)
+    index = cm.Index(DIM, dtype=dtype)
+    index.add(docs, ids=np.arange(25) * 3)
+    index.remove([6, 9])
+    q = unit_rows(rng, (3, 5, DIM), np.float32)
+    before = index.search(q, 8)
+    index.save(tmp_path / "idx")
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert manifest["documents"] == 23 and manifest["dtype"] == dtype and manifest["dim"] == DIM
+    loaded = cm.Index.load(tmp_path / "idx")
+    assert isinstance(loaded._tokens, np.memmap)  # memory-mapped, not read into Python
+    after = loaded.search(q, 8)
+    np.testing.assert_array_equal(after[1], before[1])
+    np.testing.assert_array_equal(after[0], before[0])
+    assert sorted(loaded.ids) == sorted(index.ids)
+    loaded.add(docs[:2])  # a loaded index grows (its memory maps are read-only: add copies)
+    assert len(loaded) == 25 and {73, 74} <= set(loaded.ids.tolist())  # the next ids after the largest
+    assert "documents=25" in repr(loaded) and loaded.nbytes > 0
+
+
+def test_int8_index_matches_quantised_scoring():
+    rng = np.random.default_rng(5)
+    docs = _documents(rng, 20)
+    index = cm.Index(DIM, dtype="int8")
+    index.add(docs)
+    q = unit_rows(rng, (2, 5, DIM), np.float32)
+    tokens, offsets = cm.pack(docs)
+    d8, ds = cm.quantize_int8(tokens)
+    q8, qs = cm.quantize_int8(q)
+    want = cm.search_packed(q8, d8, offsets, 7, q_scale=qs, d_scale=ds)
+    got = index.search(q, 7)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(index.search(q8, 7, q_scale=qs)[1], want[1])
+
+
+def test_torch_queries_answer_in_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    docs = _documents(rng, 10)
+    index = cm.Index(DIM, dtype="float32")
+    index.add([torch.from_numpy(x) for x in docs])
+    q = unit_rows(rng, (2, 5, DIM), np.float32)
+    scores, ids = index.search(torch.from_numpy(q), 3)
+    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.int64
+    np.testing.assert_array_equal(ids.numpy(), _expected(q, docs, range(10), 3)[1])
+
+
+def test_validation():
+    rng = np.random.default_rng(7)
+    docs = _documents(rng, 5)
+    with pytest.raises(ValueError, match="dim"):
+        cm.Index(0)
+    with pytest.raises(ValueError, match="dtype"):
+        cm.Index(DIM, dtype="bfloat16x")
+    with pytest.raises(ValueError, match="device"):
+        cm.Index(DIM, device="tpu")
+    index = cm.Index(DIM, dtype="float32")
+    with pytest.raises(ValueError, match="width"):
+        index.add([np.zeros((3, DIM + 1), np.float32)])
+    index.add(docs, ids=[1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="already"):
+        index.add(docs[:1], ids=[3])
+    with pytest.raises(ValueError, match="unique"):
+        index.add(docs[:2], ids=[8, 8])
+    with pytest.raises(ValueError, match="one id per document"):
+        index.add(docs[:2], ids=[9])
+    with pytest.raises(ValueError, match="not in the index"):
+        index.remove([42])
+    with pytest.raises(ValueError, match="filter"):
+        index.search(unit_rows(rng, (1, 3, DIM), np.float32), 2, filter=np.ones(3, bool))
+    with pytest.raises(ValueError, match="k must"):
+        index.search(unit_rows(rng, (1, 3, DIM), np.float32), 0)
+    with pytest.raises(TypeError, match="ids"):
+        index.remove(np.array([1.5]))
+    assert len(index) == 5  # nothing half-done by a refused call
+
+
+def test_load_refuses_what_is_not_an_index(tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        cm.Index.load(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="manifest"):
+        cm.Index.load(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_index_on_gpu(framework, tmp_path):
+    from support import replay_device
+
+    device = replay_device(framework)
+    rng = np.random.default_rng(8)
+    docs = _documents(rng, 200, longest=40)
+    index = cm.Index(DIM, dtype="float16", device="cuda")
+    index.add([device(x.astype(np.float16)) for x in docs])
+    index.remove([3, 4])
+    q = unit_rows(rng, (3, 5, DIM), np.float32).astype(np.float16)
+    live = [n for n in range(200) if n not in (3, 4)]
+    want = _expected(q.astype(np.float32), [docs[n] for n in live], live, 20, dtype="float16")
+    got = index.search(device(q), 20)
+    np.testing.assert_array_equal(to_numpy(got[1]), want[1])
+    index.save(tmp_path / "gpu")
+    again = cm.Index.load(tmp_path / "gpu", device="cuda").search(device(q), 20)
+    np.testing.assert_array_equal(to_numpy(again[1]), want[1])
