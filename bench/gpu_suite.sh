@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, compute-sanitizer on the forward kernels, a few timings.
+# One device call: GPU tests, compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on
+# every kernel variant, a few timings.
 # Usage (device machine, repo root): bash bench/gpu_suite.sh [pytest -k expr]
 set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { date -u; echo "commit ${CUPY_MAXSIM_COMMIT:-unknown (the device copy has no .git; pass CUPY_MAXSIM_COMMIT)}"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
   python3 -c "import cupy, numpy, torch, jax; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_no_cliffs.py tests/test_search.py tests/test_index.py \
+  -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
 if [ -z "$SKIP_SANITIZER" ]; then
-  compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/memcheck.log"
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/memcheck.log"
   compute-sanitizer --tool racecheck python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/racecheck.log"
+  # Barriers reached by part of a block, and reads of device memory never written (issue 27).
+  compute-sanitizer --tool synccheck python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/synccheck.log"
+  compute-sanitizer --tool initcheck python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/initcheck.log"
 fi
 [ -z "$SKIP_TIMING" ] && python3 bench/bench_forward.py --out "$OUT" --shapes rerank-1k,corpus-10k,colpali-32q-10k 2>&1 | tail -6 | tee "$OUT/bench.log"
