@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, quantize, search as _search
+from . import _arrays, quantize, scoring, search as _search
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -43,13 +43,20 @@ class Index:
         The stored format (int8: per-token scales, as :func:`cupy_maxsim.quantize_int8`).
     device : "cpu", "cuda" or "cuda:N"
         Where the store lives: NumPy arrays on the host, CuPy arrays on GPU N.
+    rescore : {None, "float16", "float32"}
+        Also keep a host copy of the documents in this format, and rescore each search's
+        shortlist from it exactly (an int8 index then ranks as the copy's format does).
     """
 
-    def __init__(self, dim: int, *, dtype: str = "float16", device: str = "cpu"):
+    def __init__(self, dim: int, *, dtype: str = "float16", device: str = "cpu", rescore: str | None = None):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if dtype not in FORMATS:
             raise ValueError(f"dtype must be one of {FORMATS}, got {dtype!r}")
+        if rescore not in (None, "float16", "float32"):
+            raise ValueError(f"rescore must be None, 'float16' or 'float32', got {rescore!r}")
+        self.rescore = rescore
+        self._exact = None if rescore is None else np.zeros((0, int(dim)), dtype=rescore)  # host
         self.dim, self.dtype = int(dim), dtype
         self._gpu = _parse_device(device)
         xp = self._xp
@@ -78,8 +85,8 @@ class Index:
     @property
     def nbytes(self) -> int:
         """Bytes of the store (tokens, scales, offsets, ids)."""
-        parts = [self._tokens, self._offsets, self._ids, self._alive] + ([self._scales] if self._scales is not None else [])
-        return int(sum(p.nbytes for p in parts))
+        parts = [self._tokens, self._offsets, self._ids, self._alive, self._scales, self._exact]
+        return int(sum(p.nbytes for p in parts if p is not None))
 
     def __repr__(self) -> str:
         tokens = int(self._offsets[-1])
@@ -99,13 +106,15 @@ class Index:
         count = int(offsets.shape[0]) - 1
         new_ids = self._new_ids(ids, count)
         with self._on_device():
-            values, scales = self._stored(tokens)
+            values, scales, exact = self._stored(tokens)
             xp = self._xp
             base = self._offsets[-1]
             self._tokens = xp.concatenate([self._tokens, values])
             if scales is not None:
                 self._scales = xp.concatenate([self._scales, scales])
             self._offsets = xp.concatenate([self._offsets, xp.asarray(offsets[1:], dtype=np.int64) + base])
+        if exact is not None:
+            self._exact = np.concatenate([self._exact, exact])
         self._ids = np.concatenate([self._ids, new_ids])
         self._alive = np.concatenate([self._alive, np.ones(count, bool)])
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
@@ -130,9 +139,7 @@ class Index:
         offsets = _to_host(self._offsets)
         keep = np.flatnonzero(self._alive)
         lengths = np.diff(offsets)[keep]
-        # The kept documents' token rows: each document's start, then consecutive rows.
-        starts = offsets[keep]
-        token_rows = np.arange(int(lengths.sum())) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        token_rows = _token_rows(offsets, keep)
         with self._on_device():
             xp = self._xp
             rows = xp.asarray(token_rows)
@@ -140,20 +147,36 @@ class Index:
             if self._scales is not None:
                 self._scales = self._scales[rows]
             self._offsets = xp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        if self._exact is not None:
+            self._exact = self._exact[token_rows]
         self._ids, self._alive = self._ids[keep], np.ones(keep.shape[0], bool)
         self._id_rows = None
 
     # ---- searching ------------------------------------------------------------------------
 
-    def search(self, q, k: int, *, q_mask=None, q_scale=None, filter=None, return_argmax=False,
+    def search(self, q, k: int, *, q_mask=None, q_scale=None, filter=None, return_argmax=False, shortlist=None,
                workspace_bytes=_search.WORKSPACE_BYTES):
         """The k best live documents for each query: ``(scores, ids)`` (and the winners with
         ``return_argmax``), as :func:`cupy_maxsim.search` orders them, ids the index's own (-1
-        past what there is). ``filter``: an allow-list of ids, or a boolean array over
-        :attr:`ids` (True: may be returned). Results in the framework of ``q``; ``q`` lives on
-        the index's device. An int8 index quantises float queries (once a call); int8 queries
-        come with their ``q_scale``."""
+        past what there is; ties to the document added first). ``filter``: an allow-list of
+        ids, or a boolean array over :attr:`ids` (True: may be returned). Results in the
+        framework of ``q``; ``q`` lives on the index's device. An int8 index quantises float
+        queries (once a call); int8 queries come with their ``q_scale``. An index that
+        rescores takes the ``shortlist`` best (default max(4k, k + 16)) from its store and
+        ranks them by exact scores from its host copy."""
         k = _search._check_k(k)
+        if self._exact is None:
+            return self._search(q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes)
+        if q_scale is not None or _arrays.as_operand(q, "q").dtype == "int8":
+            raise ValueError("an index that rescores takes float queries (it rescores them exactly), not int8 ones")
+        depth = max(4 * k, k + 16) if shortlist is None else _search._check_k(shortlist)
+        if depth < k:
+            raise ValueError(f"shortlist must be at least k ({k}), got {depth}")
+        like, _, rows = self._search(q, depth, q_mask, None, filter, False, workspace_bytes, rows=True)
+        return self._rescored(q, q_mask, rows, k, return_argmax, like)
+
+    def _search(self, q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes, rows=False):
+        """search() from the store; ``rows``: (like, scores, storage rows), unwrapped."""
         allowed = self._alive.copy()
         if filter is not None:
             allowed &= self._filter_rows(filter)
@@ -173,18 +196,54 @@ class Index:
             store_ids = self._xp.asarray(self._ids)
 
         def block(start, stop):
-            return _search.scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,
+            return scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,
                                                 return_argmax=return_argmax, **scales)
 
         results = _search._top_k(problem, block, k, workspace_bytes, allowed_device)
+        if rows:
+            return problem.like, results[0], _to_host(_arrays.as_operand(results[1], "rows"))
         # Storage rows -> the index's ids, on the device of the results.
-        rows = results[1]
-        operand = _arrays.as_operand(rows, "ids")
+        operand = _arrays.as_operand(results[1], "ids")
         with _search._gpu_stream(problem.like):
             local = operand.host if not operand.on_gpu else operand.cupy()
             xp = _arrays.module_of(operand)
             mapped = xp.where(local >= 0, store_ids[xp.maximum(local, 0)], -1)
         return (results[0], _arrays.Output(problem.like).wrap(mapped)) + tuple(results[2:])
+
+    def _rescored(self, q, q_mask, rows, k, return_argmax, like):
+        """Each query's shortlist (storage rows, -1: none) scored exactly from the host copy
+        (the NumPy backend), its k best kept; results on the device of ``like``."""
+        single = like.ndim == 2
+        q_host = self._exact_values(_arrays.as_operand(q, "q"))
+        q_host = q_host[None] if single else q_host
+        mask = None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask")).reshape(q_host.shape[:2])
+        rows = rows.reshape(q_host.shape[0], -1)
+        offsets = _to_host(self._offsets)
+        scores = np.full((q_host.shape[0], k), -np.inf, np.float32)
+        found = np.full((q_host.shape[0], k), -1, np.int64)
+        winners = np.full((q_host.shape[0], k, q_host.shape[1]), -1, np.int32) if return_argmax else None
+        for i in range(q_host.shape[0]):
+            shortlist = np.sort(rows[i][rows[i] >= 0])  # ascending: ties to the earlier document
+            if not shortlist.size:
+                continue
+            lengths = offsets[shortlist + 1] - offsets[shortlist]
+            sub_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            result = scoring.score_packed(q_host[i], self._exact[_token_rows(offsets, shortlist)], sub_offsets,
+                                          q_mask=None if mask is None else mask[i], return_argmax=return_argmax)
+            exact = result[0] if return_argmax else result
+            order = np.argsort(-exact, kind="stable")[:k]
+            scores[i, :order.size], found[i, :order.size] = exact[order], shortlist[order]
+            if return_argmax:
+                winners[i, :order.size] = result[1][order]
+        ids = np.where(found >= 0, self._ids[np.maximum(found, 0)], -1)
+        out = [scores, ids] + ([winners] if return_argmax else [])
+        if like.on_gpu:
+            import cupy
+
+            with cupy.cuda.Device(like.device):
+                out = [cupy.asarray(x) for x in out]
+        output = _arrays.Output(like)
+        return tuple(output.wrap(x[0] if single else x) for x in out)
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -197,9 +256,11 @@ class Index:
         arrays = {"tokens": self._tokens, "offsets": self._offsets, "ids": self._ids}
         if self._scales is not None:
             arrays["scales"] = self._scales
+        if self._exact is not None:
+            arrays["exact"] = self._exact
         for name, array in arrays.items():
             np.save(folder / f"{name}.npy", _to_host(array), allow_pickle=False)
-        manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype,
+        manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype, "rescore": self.rescore,
                     "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
                     "files": sorted(f"{name}.npy" for name in arrays)}
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -216,7 +277,7 @@ class Index:
             raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index") from None
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
-        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device)
+        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"))
         load = lambda name: np.load(folder / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)  # noqa: E731
         with index._on_device():
             xp = index._xp
@@ -224,6 +285,8 @@ class Index:
             index._offsets = load("offsets") if xp is np else xp.asarray(load("offsets"))
             if manifest["dtype"] == "int8":
                 index._scales = load("scales") if xp is np else xp.asarray(load("scales"))
+        if index.rescore is not None:
+            index._exact = load("exact")  # host, memory-mapped
         index._ids = np.asarray(load("ids"))
         index._alive = np.ones(index._ids.shape[0], bool)
         index._next_id = int(manifest["next_id"])
@@ -280,10 +343,18 @@ class Index:
             x = (bits.astype(xp.uint32) << 16).view(xp.float32)
         elif operand.dtype not in ("float16", "float32", "float64"):
             raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
+        exact = None if self._exact is None else (x.get() if xp is not np else np.asarray(x)).astype(self.rescore)
         if self.dtype == "int8":
             values, scales = quantize.quantize_int8(x)
-            return xp.asarray(values), xp.asarray(scales)
-        return x.astype(self.dtype, copy=True), None
+            return xp.asarray(values), xp.asarray(scales), exact
+        return x.astype(self.dtype, copy=True), None, exact
+
+    def _exact_values(self, operand) -> np.ndarray:
+        """Queries on the host in the rescoring format (bfloat16 widened exactly)."""
+        x = _to_host(operand)
+        if operand.dtype == "bfloat16":
+            x = (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return np.asarray(x).astype(self.rescore)
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
         if ids is None:
@@ -311,6 +382,8 @@ class Index:
 
     def _filter_rows(self, filter) -> np.ndarray:
         """A boolean array over storage rows: True where ``filter`` allows the document."""
+        if isinstance(filter, (list, tuple, range)):
+            filter = np.asarray(filter, dtype=np.int64)
         operand = _arrays.as_operand(filter, "filter")
         values = _to_host(operand)
         if operand.dtype == "bool":
@@ -331,6 +404,13 @@ def _cast(x, dtype: str):
 
         return x.to(getattr(torch, dtype))
     return x.astype(dtype)
+
+
+def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """The token rows of ``documents`` (storage rows), in order: each one's start, then
+    consecutive rows."""
+    lengths = offsets[documents + 1] - offsets[documents]
+    return np.arange(int(lengths.sum())) + np.repeat(offsets[documents] - (np.cumsum(lengths) - lengths), lengths)
 
 
 def _parse_device(device) -> int | None:

@@ -143,6 +143,30 @@ def test_int8_index_matches_quantised_scoring():
     np.testing.assert_array_equal(index.search(q8, 7, q_scale=qs)[1], want[1])
 
 
+@pytest.mark.parametrize("store", ["int8", "float16"])
+def test_rescoring_ranks_as_the_exact_copy(store, tmp_path):
+    """An index rescoring from a float32 copy returns what float32 exhaustive search returns,
+    when the shortlist holds it (here: the whole corpus), and keeps doing so through save/load,
+    removes and filters."""
+    rng = np.random.default_rng(9)
+    docs = _documents(rng, 30)
+    index = cm.Index(DIM, dtype=store, rescore="float32")
+    index.add(docs)
+    index.remove([4])
+    live = [n for n in range(30) if n != 4]
+    q = unit_rows(rng, (3, 5, DIM), np.float32)
+    want_scores, want_ids = _expected(q, [docs[n] for n in live], live, 10)
+    for searched in (index, cm.Index.load(index.save(tmp_path / "r"))):
+        scores, ids, winners = searched.search(q, 10, shortlist=40, return_argmax=True)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
+        assert winners.shape == (3, 10, 5)
+    allowed = index.search(q, 5, shortlist=40, filter=[0, 1, 2])[1]
+    assert set(allowed.ravel()) <= {0, 1, 2, -1}
+    with pytest.raises(ValueError, match="shortlist"):
+        index.search(q, 10, shortlist=5)
+
+
 def test_torch_queries_answer_in_torch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)
