@@ -1,0 +1,184 @@
+"""PyLate's scorers on cupy_maxsim: the same signatures as ``pylate.scores``, one launch each.
+
+    from cupy_maxsim.integrations import pylate as cm_pylate
+    loss = pylate.losses.Contrastive(model, score_metric=cm_pylate.ColBERTScores())
+    loss = pylate.losses.Distillation(model, score_metric=cm_pylate.colbert_kd_scores)
+    cm_pylate.patch()      # or: every place PyLate captured its scorers, until unpatch()
+
+Semantics kept from PyLate (``../shared/research/ecosystem.md`` 1.6):
+
+- masks are bool or 0/1 floats, with holes (skiplists); a float mask is ``mask != 0``;
+- an empty document (no real token) scores 0, as PyLate's own torch scorer scores it: the
+  -inf of ``cupy_maxsim.score`` would turn Distillation's min-max normalisation into NaN;
+- scores are float32 (PyLate's flash and LIK backends' dtype; its torch path answers in the
+  input dtype);
+- ``ColBERTScores`` scores all ``Q_doc x N`` document slots in one call (PyLate's loops over
+  the N slots), in its query-major layout: ``scores[i, j * N + k]``.
+
+One difference, on purpose: a masked document token never wins a max here (PyLate's torch path
+multiplies similarities by the mask, so a masked token scores 0 and wins where every real
+similarity is negative; its flash and LIK backends do as we do). ``backend=`` is accepted and
+ignored, so that PyLate's call sites need no change.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import torch
+
+from .. import torch as cmt
+
+#: What a document with no real token scores (PyLate's torch path: a sum of masked zeros).
+EMPTY_DOCUMENT_SCORE = 0.0
+
+
+def colbert_scores(queries_embeddings, documents_embeddings, queries_mask=None, documents_mask=None,
+                   backend=None) -> torch.Tensor:
+    """(Nq, Lq, H) queries x (B, Ld, H) documents -> (Nq, B) scores, differentiable."""
+    q, d = _tensor(queries_embeddings), _tensor(documents_embeddings)
+    return _finite(cmt.maxsim(q, d.to(q.dtype), q_mask=_mask(queries_mask), d_mask=_mask(documents_mask)))
+
+
+def colbert_scores_pairwise(queries_embeddings, documents_embeddings, backend=None) -> torch.Tensor:
+    """Query b against document b -> (B,): tensors (B, L, H), or lists of (L_b, H) of any lengths
+    (padded here, the padding masked)."""
+    q, q_mask = _padded(queries_embeddings)
+    d, d_mask = _padded(documents_embeddings)
+    return _finite(cmt.maxsim_pairs(q, d.to(q.dtype), q_mask=q_mask, d_mask=d_mask))
+
+
+def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=None, documents_mask=None,
+                      backend=None) -> torch.Tensor:
+    """Each query against its own K candidates: (B, Lq, H) x (B, K, Ld, H) -> (B, K). (The
+    queries are repeated K times for now: cupy_maxsim's own candidates layout is issue 26's
+    first item.)"""
+    q, d = _tensor(queries_embeddings), _tensor(documents_embeddings)
+    batch, candidates = d.shape[:2]
+    repeat = lambda x: x.unsqueeze(1).expand(batch, candidates, *x.shape[1:]).reshape(batch * candidates, *x.shape[1:])  # noqa: E731
+    q_mask, d_mask = _mask(queries_mask), _mask(documents_mask)
+    scores = cmt.maxsim_pairs(repeat(q), d.to(q.dtype).reshape(batch * candidates, *d.shape[2:]),
+                              q_mask=None if q_mask is None else repeat(q_mask),
+                              d_mask=None if d_mask is None else d_mask.reshape(batch * candidates, -1))
+    return _finite(scores).reshape(batch, candidates)
+
+
+class ColBERTScores:
+    """PyLate's contrastive scorer: (Q_query, Qt, H) queries x (Q_doc, N, Dt, H) stacked document
+    groups -> (Q_query, Q_doc * N), query-major, in one call."""
+
+    def __call__(self, queries_embeddings, documents_embeddings, queries_mask=None, documents_mask=None,
+                 backend=None) -> torch.Tensor:
+        d = _tensor(documents_embeddings)
+        groups, slots = d.shape[:2]
+        mask = _mask(documents_mask)
+        return colbert_scores(queries_embeddings, d.reshape(groups * slots, *d.shape[2:]), queries_mask,
+                              None if mask is None else mask.reshape(groups * slots, -1))
+
+
+# ---- patching: every place PyLate 1.6 captured a scorer --------------------------------------
+
+#: (module, attribute) -> what replaces it. ``from ..scores import colbert_scores`` copies the
+#: function into each importing module, so each copy is replaced; the losses build
+#: ``ColBERTScores()`` by their own module's name.
+_TARGETS = {
+    ("pylate.scores.colbert", "colbert_scores"): colbert_scores,
+    ("pylate.scores.colbert", "colbert_scores_pairwise"): colbert_scores_pairwise,
+    ("pylate.scores.colbert", "colbert_kd_scores"): colbert_kd_scores,
+    ("pylate.scores.colbert", "ColBERTScores"): ColBERTScores,
+    ("pylate.scores", "colbert_scores"): colbert_scores,
+    ("pylate.scores", "colbert_scores_pairwise"): colbert_scores_pairwise,
+    ("pylate.scores", "colbert_kd_scores"): colbert_kd_scores,
+    ("pylate.scores", "ColBERTScores"): ColBERTScores,
+    ("pylate.scores.similarity_functions", "colbert_scores"): colbert_scores,
+    ("pylate.scores.similarity_functions", "colbert_scores_pairwise"): colbert_scores_pairwise,
+    ("pylate.rank.rank", "colbert_scores"): colbert_scores,
+    ("pylate.losses.contrastive", "ColBERTScores"): ColBERTScores,
+    ("pylate.losses.cached_contrastive", "ColBERTScores"): ColBERTScores,
+    ("pylate.losses.distillation", "colbert_kd_scores"): colbert_kd_scores,
+    ("pylate.evaluation.colbert_triplet", "colbert_scores_pairwise"): colbert_scores_pairwise,
+    ("pylate.evaluation.colbert_distillation", "colbert_kd_scores"): colbert_kd_scores,
+}
+_saved: dict = {}
+
+
+def patch() -> list[str]:
+    """Route PyLate's scoring through cupy_maxsim everywhere it captured a scorer (scores,
+    losses, rank.rerank, similarity functions, evaluators), including ``Distillation``'s
+    default ``score_metric``; returns the names replaced. ``unpatch()`` undoes it."""
+    replaced = []
+    for (module_name, attribute), replacement in _TARGETS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a PyLate without that module: nothing captured there
+            continue
+        if not hasattr(module, attribute):
+            continue
+        _saved.setdefault((module_name, attribute), getattr(module, attribute))
+        setattr(module, attribute, replacement)
+        replaced.append(f"{module_name}.{attribute}")
+    distillation = _distillation_init()
+    if distillation is not None:
+        _saved.setdefault(("Distillation.__init__", "__defaults__"), distillation.__defaults__)
+        defaults = list(distillation.__defaults__)
+        defaults[0] = colbert_kd_scores  # score_metric=colbert_kd_scores, bound when PyLate defined it
+        distillation.__defaults__ = tuple(defaults)
+        replaced.append("pylate.losses.distillation.Distillation.__init__ (score_metric default)")
+    return replaced
+
+
+def unpatch() -> None:
+    """Put back everything :func:`patch` replaced."""
+    for (module_name, attribute), original in list(_saved.items()):
+        if module_name == "Distillation.__init__":
+            _distillation_init().__defaults__ = original
+        else:
+            setattr(importlib.import_module(module_name), attribute, original)
+        del _saved[(module_name, attribute)]
+
+
+def _distillation_init():
+    try:
+        from pylate.losses.distillation import Distillation
+    except ImportError:
+        return None
+    return Distillation.__init__
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+
+def _tensor(x) -> torch.Tensor:
+    """PyLate's inputs (tensors, NumPy arrays, lists of either) as one tensor."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
+        return torch.stack([_tensor(item) for item in x])
+    return torch.as_tensor(x)
+
+
+def _mask(mask):
+    if mask is None:
+        return None
+    mask = _tensor(mask)
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _padded(x):
+    """A (B, L, H) tensor and no mask, or a list of (L_b, H) padded to the longest and masked."""
+    if isinstance(x, torch.Tensor) or (isinstance(x, np.ndarray) and x.ndim == 3):
+        return _tensor(x), None
+    items = [_tensor(item) for item in x]
+    longest = max((item.shape[0] for item in items), default=0)
+    out = items[0].new_zeros((len(items), longest, items[0].shape[-1]))
+    mask = torch.zeros((len(items), longest), dtype=torch.bool, device=items[0].device)
+    for b, item in enumerate(items):
+        out[b, :item.shape[0]], mask[b, :item.shape[0]] = item, True
+    return out, mask
+
+
+def _finite(scores: torch.Tensor) -> torch.Tensor:
+    return scores.masked_fill(scores == float("-inf"), EMPTY_DOCUMENT_SCORE)

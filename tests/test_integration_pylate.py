@@ -1,0 +1,176 @@
+"""cupy_maxsim.integrations.pylate against PyLate itself (issue 26, item 2): its scorers'
+results and gradients against PyLate's torch scorers, and its own losses (Contrastive,
+CachedContrastive, Distillation) on a real, tiny ColBERT built offline, with skiplist masks that
+have holes, through score_metric= and through patch(). float32 on the CPU, within 1e-5."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pylate = pytest.importorskip("pylate")
+
+from pylate import losses, models  # noqa: E402
+from pylate import scores as pylate_scores  # noqa: E402
+
+from cupy_maxsim.integrations import pylate as ours  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(40)]
+BIAS = 0.0
+
+
+def _embeddings(rng, shape):
+    """Unit rows around one shared direction: every similarity is positive, so PyLate's torch
+    path (a masked token scores 0 and may win) and ours (a masked token never wins) agree."""
+    x = rng.standard_normal(shape) * 0.3 + 1.0
+    return torch.tensor(x / np.linalg.norm(x, axis=-1, keepdims=True), dtype=torch.float32)
+
+
+def _holes(rng, shape, keep=0.7):
+    mask = torch.tensor(rng.random(shape) < keep)
+    mask[..., 0] = True  # at least one real token in each document
+    return mask
+
+
+def _assert_close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_colbert_scores_and_gradients_match_pylate_torch():
+    rng = np.random.default_rng(0)
+    q, d = _embeddings(rng, (4, 8, 16)), _embeddings(rng, (6, 12, 16))
+    q_mask, d_mask = _holes(rng, (4, 8)), _holes(rng, (6, 12))
+    for masks in ((None, None), (q_mask, d_mask), (q_mask.float(), d_mask.float())):
+        results = []
+        for scorer in (ours.colbert_scores, lambda *a: pylate_scores.colbert_scores(*a, backend="torch")):
+            qq, dd = q.clone().requires_grad_(), d.clone().requires_grad_()
+            scores = scorer(qq, dd, *masks)
+            (scores.square().sum() + scores.logsumexp(-1).sum()).backward()
+            results.append((scores.detach(), qq.grad, dd.grad))
+        for got, want in zip(*results):
+            _assert_close(got, want)
+
+
+def test_colbert_scores_class_and_kd_and_pairwise_match():
+    rng = np.random.default_rng(1)
+    q = _embeddings(rng, (3, 8, 16))
+    groups = _embeddings(rng, (3, 4, 10, 16))
+    masks = _holes(rng, (3, 4, 10))
+    _assert_close(ours.ColBERTScores()(q, groups, documents_mask=masks),
+                  pylate_scores.ColBERTScores()(q, groups, documents_mask=masks, backend="torch"))
+    _assert_close(ours.colbert_kd_scores(q, groups, documents_mask=masks),
+                  pylate_scores.colbert_kd_scores(q, groups, documents_mask=masks, backend="torch"))
+    d = _embeddings(rng, (3, 10, 16))
+    _assert_close(ours.colbert_scores_pairwise(q, d), pylate_scores.colbert_scores_pairwise(q, d, backend="torch"))
+    ragged_q = [_embeddings(rng, (n, 16)) for n in (3, 8, 5)]
+    ragged_d = [_embeddings(rng, (n, 16)) for n in (9, 2, 12)]
+    _assert_close(ours.colbert_scores_pairwise(ragged_q, ragged_d),
+                  pylate_scores.colbert_scores_pairwise(ragged_q, ragged_d, backend="torch"))
+
+
+def test_an_empty_document_scores_zero_as_in_pylate():
+    rng = np.random.default_rng(2)
+    q, d = _embeddings(rng, (2, 5, 16)), _embeddings(rng, (3, 7, 16))
+    d_mask = _holes(rng, (3, 7))
+    d_mask[1] = False
+    got = ours.colbert_scores(q, d, documents_mask=d_mask)
+    _assert_close(got, pylate_scores.colbert_scores(q, d, documents_mask=d_mask, backend="torch"))
+    assert (got[:, 1] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def colbert(tmp_path_factory):
+    """A real PyLate ColBERT: a one-layer BERT of random weights and a word-level vocabulary,
+    saved and loaded from disk (no download). Its last LayerNorm's bias is large, so its token
+    embeddings share a direction (positive similarities: see _embeddings)."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + list(".,!?;:")
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    try:  # transformers 5 builds the word piece model from the dict (vocab_file= gives all [UNK] there)
+        tokenizer = transformers.BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)})
+    except TypeError:  # transformers 4
+        tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    assert tokenizer.tokenize("w1 w2,") == ["w1", "w2", ","], tokenizer.tokenize("w1 w2,")
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    bert = transformers.BertModel(config)
+    with torch.no_grad():  # words, not positions, make the embeddings (scores differ by document)
+        bert.embeddings.word_embeddings.weight.normal_(0.0, 1.0)
+        bert.encoder.layer[-1].output.LayerNorm.bias.fill_(BIAS)
+    bert.save_pretrained(folder)
+    return models.ColBERT(model_name_or_path=str(folder), embedding_size=16, device="cpu", query_length=8,
+                          document_length=16)
+
+
+def _texts(rng, count, words):
+    """Texts with punctuation inside (the skiplist's holes in the document masks)."""
+    return [" ".join(str(rng.choice(WORDS)) + ("," if rng.random() < 0.3 else "") for _ in range(words))
+            for _ in range(count)]
+
+
+def _loss_and_gradients(model, loss, features, labels=None):
+    model.zero_grad()
+    value = loss(features, labels)
+    value.backward()
+    return value.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _features(model, rng, batch, slots):
+    queries = model.tokenize(_texts(rng, batch, 5), is_query=True)
+    documents = [model.tokenize(_texts(rng, batch, 12), is_query=False) for _ in range(slots)]
+    return [queries] + documents
+
+
+@pytest.mark.parametrize("make", [
+    lambda model, metric: losses.Contrastive(model, score_metric=metric),
+    lambda model, metric: losses.CachedContrastive(model, score_metric=metric, mini_batch_size=2),
+], ids=["Contrastive", "CachedContrastive"])
+def test_contrastive_losses_match(colbert, make):
+    rng = np.random.default_rng(3)
+    features = _features(colbert, rng, batch=4, slots=2)  # a positive and a hard negative
+    theirs = _loss_and_gradients(colbert, make(colbert, pylate_scores.ColBERTScores()), features)
+    mine = _loss_and_gradients(colbert, make(colbert, ours.ColBERTScores()), features)
+    _assert_close(mine[0], theirs[0])
+    for got, want in zip(mine[1], theirs[1]):
+        _assert_close(got, want)
+
+
+def test_distillation_matches(colbert):
+    rng = np.random.default_rng(4)
+    batch, candidates = 3, 4
+    queries = colbert.tokenize(_texts(rng, batch, 5), is_query=True)
+    documents = colbert.tokenize(_texts(rng, batch * candidates, 12), is_query=False)
+    teacher = torch.tensor(rng.standard_normal((batch, candidates)), dtype=torch.float32)
+    theirs = _loss_and_gradients(colbert, losses.Distillation(colbert), [queries, documents], teacher)
+    mine = _loss_and_gradients(colbert, losses.Distillation(colbert, score_metric=ours.colbert_kd_scores),
+                               [queries, documents], teacher)
+    _assert_close(mine[0], theirs[0])
+    for got, want in zip(mine[1], theirs[1]):
+        _assert_close(got, want)
+
+
+def test_patch_reaches_every_captured_scorer_and_unpatch_restores(colbert):
+    import pylate.losses.contrastive
+    import pylate.rank.rank
+    import pylate.scores.colbert
+
+    original = pylate.scores.colbert.colbert_scores
+    replaced = ours.patch()
+    try:
+        assert pylate.scores.colbert.colbert_scores is ours.colbert_scores
+        assert pylate.rank.rank.colbert_scores is ours.colbert_scores
+        assert isinstance(losses.Contrastive(colbert).score_metric, ours.ColBERTScores)
+        assert losses.Distillation(colbert).score_metric is ours.colbert_kd_scores
+        assert any("Distillation" in name for name in replaced)
+        rng = np.random.default_rng(5)
+        features = _features(colbert, rng, batch=3, slots=2)
+        patched = _loss_and_gradients(colbert, losses.Contrastive(colbert), features)
+    finally:
+        ours.unpatch()
+    assert pylate.scores.colbert.colbert_scores is original
+    assert not isinstance(losses.Contrastive(colbert).score_metric, ours.ColBERTScores)
+    assert losses.Distillation(colbert).score_metric is pylate_scores.colbert_kd_scores
+    unpatched = _loss_and_gradients(colbert, losses.Contrastive(colbert), features)
+    _assert_close(patched[0], unpatched[0])
