@@ -18,12 +18,11 @@ CPU, as colpali-engine returns them.
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from .. import quantize
 from .. import torch as cmt
+from ._patching import Patches
 
 
 def maxsim_inbatch(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
@@ -75,7 +74,7 @@ _TARGETS = {
     ("colpali_engine.loss.late_interaction_losses", "maxsim_kd"): maxsim_kd,
     ("colpali_engine.utils.processing_utils", "maxsim_inbatch"): maxsim_inbatch,
 }
-_saved: dict = {}
+_patches = Patches()
 
 
 def patch() -> list[str]:
@@ -83,34 +82,15 @@ def patch() -> list[str]:
     ``score_multi_vector`` through cupy_maxsim; returns the names replaced. ``unpatch()`` undoes
     it. (The negative losses' positive pairs are an einsum inside their ``forward``: not
     patched; :func:`maxsim_pairs` is their equivalent.)"""
-    replaced = []
-    for (module_name, attribute), replacement in _TARGETS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if hasattr(module, attribute):
-            _saved.setdefault((module_name, attribute), getattr(module, attribute))
-            setattr(module, attribute, replacement)
-            replaced.append(f"{module_name}.{attribute}")
+    replaced = _patches.replace_in_modules(_TARGETS)
     try:
         from colpali_engine.utils.processing_utils import BaseVisualRetrieverProcessor
     except ImportError:
         return replaced
-    _saved.setdefault(("BaseVisualRetrieverProcessor", "score_multi_vector"),
-                      BaseVisualRetrieverProcessor.__dict__["score_multi_vector"])
-    BaseVisualRetrieverProcessor.score_multi_vector = staticmethod(score_multi_vector)
-    replaced.append("colpali_engine.utils.processing_utils.BaseVisualRetrieverProcessor.score_multi_vector")
-    return replaced
+    _patches.replace(BaseVisualRetrieverProcessor, "score_multi_vector", staticmethod(score_multi_vector))
+    return replaced + ["colpali_engine.utils.processing_utils.BaseVisualRetrieverProcessor.score_multi_vector"]
 
 
 def unpatch() -> None:
     """Put back everything :func:`patch` replaced."""
-    for (module_name, attribute), original in list(_saved.items()):
-        if module_name == "BaseVisualRetrieverProcessor":
-            from colpali_engine.utils.processing_utils import BaseVisualRetrieverProcessor
-
-            setattr(BaseVisualRetrieverProcessor, attribute, original)
-        else:
-            setattr(importlib.import_module(module_name), attribute, original)
-        del _saved[(module_name, attribute)]
+    _patches.restore()

@@ -23,12 +23,11 @@ ignored, so that PyLate's call sites need no change.
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import torch
 
 from .. import torch as cmt
+from ._patching import Patches
 
 #: What a document with no real token scores (PyLate's torch path: a sum of masked zeros).
 EMPTY_DOCUMENT_SCORE = 0.0
@@ -100,50 +99,28 @@ _TARGETS = {
     ("pylate.evaluation.colbert_triplet", "colbert_scores_pairwise"): colbert_scores_pairwise,
     ("pylate.evaluation.colbert_distillation", "colbert_kd_scores"): colbert_kd_scores,
 }
-_saved: dict = {}
+_patches = Patches()
 
 
 def patch() -> list[str]:
     """Route PyLate's scoring through cupy_maxsim everywhere it captured a scorer (scores,
     losses, rank.rerank, similarity functions, evaluators), including ``Distillation``'s
     default ``score_metric``; returns the names replaced. ``unpatch()`` undoes it."""
-    replaced = []
-    for (module_name, attribute), replacement in _TARGETS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:  # a PyLate without that module: nothing captured there
-            continue
-        if not hasattr(module, attribute):
-            continue
-        _saved.setdefault((module_name, attribute), getattr(module, attribute))
-        setattr(module, attribute, replacement)
-        replaced.append(f"{module_name}.{attribute}")
-    distillation = _distillation_init()
-    if distillation is not None:
-        _saved.setdefault(("Distillation.__init__", "__defaults__"), distillation.__defaults__)
-        defaults = list(distillation.__defaults__)
-        defaults[0] = colbert_kd_scores  # score_metric=colbert_kd_scores, bound when PyLate defined it
-        distillation.__defaults__ = tuple(defaults)
-        replaced.append("pylate.losses.distillation.Distillation.__init__ (score_metric default)")
-    return replaced
+    replaced = _patches.replace_in_modules(_TARGETS)
+    try:
+        from pylate.losses.distillation import Distillation
+    except ImportError:
+        return replaced
+    # score_metric=colbert_kd_scores was bound when PyLate defined Distillation.__init__.
+    defaults = list(Distillation.__init__.__defaults__)
+    defaults[0] = colbert_kd_scores
+    _patches.replace(Distillation.__init__, "__defaults__", tuple(defaults))
+    return replaced + ["pylate.losses.distillation.Distillation.__init__ (score_metric default)"]
 
 
 def unpatch() -> None:
     """Put back everything :func:`patch` replaced."""
-    for (module_name, attribute), original in list(_saved.items()):
-        if module_name == "Distillation.__init__":
-            _distillation_init().__defaults__ = original
-        else:
-            setattr(importlib.import_module(module_name), attribute, original)
-        del _saved[(module_name, attribute)]
-
-
-def _distillation_init():
-    try:
-        from pylate.losses.distillation import Distillation
-    except ImportError:
-        return None
-    return Distillation.__init__
+    _patches.restore()
 
 
 # ---- inputs ------------------------------------------------------------------------------------
