@@ -318,3 +318,25 @@ def module_of(operand: Operand):
         return cupy
     return np
 
+
+def _namespace(x):
+    """The array API namespace of a NumPy, CuPy or JAX array (torch tensors: None)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        return None
+    return x.__array_namespace__() if hasattr(x, "__array_namespace__") else np
+
+
+def reshaped(x, shape: tuple):
+    """``x`` reshaped in its own framework (a view where its layout allows)."""
+    namespace = _namespace(x)
+    return x.reshape(shape) if namespace is None else namespace.reshape(x, shape)
+
+
+def repeated_rows(x, times: int):
+    """(N, ...) -> (N * times, ...), each row ``times`` times in a row, in ``x``'s framework (a
+    copy)."""
+    namespace = _namespace(x)
+    if namespace is None:
+        return x.unsqueeze(1).expand(x.shape[0], times, *x.shape[1:]).reshape(x.shape[0] * times, *x.shape[1:])
+    expanded = namespace.broadcast_to(namespace.expand_dims(x, axis=1), (x.shape[0], times) + tuple(x.shape[1:]))
+    return namespace.reshape(expanded, (x.shape[0] * times,) + tuple(x.shape[1:]))

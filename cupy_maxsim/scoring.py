@@ -98,6 +98,45 @@ def score_pairs(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, r
     return _forward.run(problem, current())
 
 
+def score_candidates(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_argmax=False):
+    """MaxSim scores of each query against its own K candidate documents (distillation, hard
+    negatives: the layout of PyLate's ``colbert_kd_scores`` and colpali-engine's ``maxsim_kd``).
+
+    Parameters
+    ----------
+    q : array, shape (Nq, Lq, D)
+    d : array, shape (Nq, K, Ld, D)
+        Query n's candidates ``d[n]``; same dtype and device as ``q``.
+    q_mask : bool array, shape (Nq, Lq), optional
+    d_mask : bool array, shape (Nq, K, Ld), optional
+    q_scale, d_scale : float32 arrays, shapes (Nq, Lq) and (Nq, K, Ld), optional
+        int8 scales, as in :func:`score`.
+    return_argmax : bool, optional
+        Also return the winners, shape (Nq, K, Lq).
+
+    Returns
+    -------
+    scores : array, shape (Nq, K)
+        Same rules as :func:`score`. (Scored as aligned pairs with the queries repeated K
+        times, a copy of Nq * K * Lq * D elements; a kernel layout of its own is issue 26.)
+    """
+    for value, name, ndim in ((q, "q", 3), (d, "d", 4)):
+        shape = getattr(value, "shape", None)
+        if shape is None or len(shape) != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions ({'(Nq, Lq, D)' if ndim == 3 else '(Nq, K, Ld, D)'}), "
+                             f"got shape {shape}")
+    if d.shape[0] != q.shape[0]:
+        raise ValueError(f"d must hold candidates for each of the {q.shape[0]} queries, got {d.shape[0]} groups")
+    num_queries, candidates = d.shape[:2]
+    flat = lambda x: None if x is None else _arrays.reshaped(x, (num_queries * candidates,) + tuple(x.shape[2:]))  # noqa: E731
+    repeat = lambda x: None if x is None else _arrays.repeated_rows(x, candidates)  # noqa: E731
+    result = score_pairs(repeat(q), flat(d), q_mask=repeat(q_mask), d_mask=flat(d_mask), q_scale=repeat(q_scale),
+                         d_scale=flat(d_scale), return_argmax=return_argmax)
+    if not return_argmax:
+        return _arrays.reshaped(result, (num_queries, candidates))
+    return _arrays.reshaped(result[0], (num_queries, candidates)), _arrays.reshaped(result[1], (num_queries, candidates, -1))
+
+
 def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None, return_argmax=False):
     """MaxSim scores against packed variable-length documents (no padding read or computed).
 

@@ -20,7 +20,7 @@ import torch
 
 from . import _torch_ops, scoring, training
 
-__all__ = ["maxsim", "maxsim_pairs", "maxsim_packed"]
+__all__ = ["maxsim", "maxsim_pairs", "maxsim_packed", "maxsim_candidates"]
 
 
 class _MaxSim(torch.autograd.Function):
@@ -106,3 +106,15 @@ def maxsim_packed(q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, 
     if _compiling():
         return _torch_ops.compiled_scores(q, tokens, q_mask, None, offsets, "packed")
     return _MaxSim.apply(q, tokens, ("packed", offsets, q_mask, None))
+
+
+def maxsim_candidates(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
+    """Differentiable :func:`cupy_maxsim.score_candidates`: (Nq, Lq, D) x (Nq, K, Ld, D) -> (Nq, K),
+    the queries' gradient summed over their K candidates."""
+    num_queries, candidates = d.shape[:2]
+    repeat = lambda x: x.unsqueeze(1).expand(num_queries, candidates, *x.shape[1:]).reshape(  # noqa: E731
+        num_queries * candidates, *x.shape[1:])
+    scores = maxsim_pairs(repeat(q), d.reshape(num_queries * candidates, *d.shape[2:]),
+                          q_mask=None if q_mask is None else repeat(q_mask),
+                          d_mask=None if d_mask is None else d_mask.reshape(num_queries * candidates, -1))
+    return scores.reshape(num_queries, candidates)

@@ -31,13 +31,8 @@ def maxsim_inbatch(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
 
 
 def maxsim_kd(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
-    """(B, L_q, d) x (B, N, L_d, d) -> (B, N): each query against its own N documents. (The
-    queries are repeated N times for now: cupy_maxsim's own candidates layout is issue 26's
-    first item.)"""
-    batch, candidates = doc.shape[:2]
-    repeated = query.unsqueeze(1).expand(batch, candidates, *query.shape[1:]).reshape(batch * candidates, *query.shape[1:])
-    return cmt.maxsim_pairs(repeated, doc.to(query.dtype).reshape(batch * candidates, *doc.shape[2:])).reshape(
-        batch, candidates)
+    """(B, L_q, d) x (B, N, L_d, d) -> (B, N): each query against its own N documents."""
+    return cmt.maxsim_candidates(query, doc.to(query.dtype))
 
 
 def maxsim_pairs(query: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:

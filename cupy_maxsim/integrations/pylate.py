@@ -50,17 +50,9 @@ def colbert_scores_pairwise(queries_embeddings, documents_embeddings, backend=No
 
 def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=None, documents_mask=None,
                       backend=None) -> torch.Tensor:
-    """Each query against its own K candidates: (B, Lq, H) x (B, K, Ld, H) -> (B, K). (The
-    queries are repeated K times for now: cupy_maxsim's own candidates layout is issue 26's
-    first item.)"""
+    """Each query against its own K candidates: (B, Lq, H) x (B, K, Ld, H) -> (B, K)."""
     q, d = _tensor(queries_embeddings), _tensor(documents_embeddings)
-    batch, candidates = d.shape[:2]
-    repeat = lambda x: x.unsqueeze(1).expand(batch, candidates, *x.shape[1:]).reshape(batch * candidates, *x.shape[1:])  # noqa: E731
-    q_mask, d_mask = _mask(queries_mask), _mask(documents_mask)
-    scores = cmt.maxsim_pairs(repeat(q), d.to(q.dtype).reshape(batch * candidates, *d.shape[2:]),
-                              q_mask=None if q_mask is None else repeat(q_mask),
-                              d_mask=None if d_mask is None else d_mask.reshape(batch * candidates, -1))
-    return _finite(scores).reshape(batch, candidates)
+    return _finite(cmt.maxsim_candidates(q, d.to(q.dtype), q_mask=_mask(queries_mask), d_mask=_mask(documents_mask)))
 
 
 class ColBERTScores:
