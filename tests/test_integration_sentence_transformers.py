@@ -1,0 +1,98 @@
+"""cupy_maxsim.integrations.sentence_transformers against sentence-transformers 6 itself (issue 26,
+item 3): maxsim, maxsim_pairwise and their mean forms, and the multi-vector losses' scorers,
+results and gradients against its own, with masks that have holes, float masks, ragged lists,
+empty documents; patch() / unpatch(). float32 on the CPU, within 1e-5."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sentence_transformers.multi_vector_encoder")  # sentence-transformers 6
+
+from sentence_transformers.multi_vector_encoder import scoring as st_scoring  # noqa: E402
+from sentence_transformers.util import similarity as st_similarity  # noqa: E402
+
+from cupy_maxsim.integrations import sentence_transformers as ours  # noqa: E402
+
+
+def _rows(rng, shape):
+    x = rng.standard_normal(shape)
+    return torch.tensor(x / np.linalg.norm(x, axis=-1, keepdims=True), dtype=torch.float32)
+
+
+def _holes(rng, shape, keep=0.7):
+    return torch.tensor(rng.random(shape) < keep)
+
+
+def _both(fn_ours, fn_theirs, *tensors, **kwargs):
+    """Each function's result and gradients with respect to the embeddings (the first two of
+    ``tensors``; the rest are masks)."""
+    out = []
+    for fn in (fn_ours, fn_theirs):
+        inputs = [t.clone().requires_grad_() if i < 2 else t for i, t in enumerate(tensors)]
+        result = fn(*inputs, **kwargs)
+        (result.square().sum() + result.sum()).backward()
+        out.append((result.detach(), [t.grad for t in inputs if t.requires_grad]))
+    return out
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def _check(pair):
+    (mine, my_grads), (theirs, their_grads) = pair
+    _close(mine, theirs)
+    for got, want in zip(my_grads, their_grads):
+        _close(got, want)
+
+
+@pytest.mark.parametrize("length_normalize", [False, True])
+def test_maxsim_and_pairwise_match(length_normalize):
+    rng = np.random.default_rng(0)
+    q, d = _rows(rng, (3, 7, 16)), _rows(rng, (5, 11, 16))
+    q_mask, d_mask = _holes(rng, (3, 7)), _holes(rng, (5, 11))
+    d_mask[2] = False  # an empty document: -1e9
+    kwargs = dict(length_normalize=length_normalize)
+    _check(_both(ours.maxsim, st_similarity.maxsim, q, d, q_mask, d_mask, **kwargs))
+    _check(_both(ours.maxsim, st_similarity.maxsim, q, d, q_mask.float(), d_mask.float(), **kwargs))
+    _check(_both(ours.maxsim, st_similarity.maxsim, q, d, **kwargs))
+    assert (ours.maxsim(q, d, q_mask, d_mask)[:, 2] == -1e9).all()
+    d3 = _rows(rng, (3, 11, 16))
+    _check(_both(ours.maxsim_pairwise, st_similarity.maxsim_pairwise, q, d3, q_mask, d_mask[:3], **kwargs))
+    _close(ours.mean_maxsim(q, d, q_mask, d_mask), st_similarity.mean_maxsim(q, d, q_mask, d_mask))
+
+
+def test_ragged_lists_and_one_item():
+    rng = np.random.default_rng(1)
+    queries = [_rows(rng, (n, 16)) for n in (3, 8, 5)]
+    documents = [_rows(rng, (n, 16)) for n in (9, 1, 14, 4)]
+    _close(ours.maxsim(queries, documents), st_similarity.maxsim(queries, documents))
+    _close(ours.maxsim(queries[0], documents), st_similarity.maxsim(queries[0], documents))
+    _close(ours.maxsim_pairwise(queries, documents[:3]), st_similarity.maxsim_pairwise(queries, documents[:3]))
+    _close(ours.maxsim(queries, documents, length_normalize=True),
+           st_similarity.maxsim(queries, documents, length_normalize=True))
+
+
+def test_loss_scorers_match():
+    rng = np.random.default_rng(2)
+    q, q_mask = _rows(rng, (4, 6, 16)), _holes(rng, (4, 6))
+    stacked, stacked_mask = _rows(rng, (4, 3, 10, 16)), _holes(rng, (4, 3, 10))
+    for name in ("colbert_scores", "colbert_kd_scores", "mean_colbert_scores", "mean_colbert_kd_scores"):
+        _check(_both(getattr(ours, name), getattr(st_scoring, name), q, stacked, q_mask, stacked_mask))
+    d, d_mask = _rows(rng, (4, 10, 16)), _holes(rng, (4, 10))
+    for name in ("colbert_scores_pairwise", "mean_colbert_scores_pairwise"):
+        _check(_both(getattr(ours, name), getattr(st_scoring, name), q, d, q_mask, d_mask))
+
+
+def test_patch_and_unpatch():
+    import sentence_transformers.multi_vector_encoder.scoring.colbert as st_colbert
+
+    original = st_similarity.maxsim
+    replaced = ours.patch()
+    try:
+        assert st_similarity.maxsim is ours.maxsim and st_colbert.maxsim is ours.maxsim
+        assert "sentence_transformers.multi_vector_encoder.scoring.colbert.colbert_scores" in replaced
+    finally:
+        ours.unpatch()
+    assert st_similarity.maxsim is original and st_colbert.maxsim is original
