@@ -174,3 +174,47 @@ def test_patch_reaches_every_captured_scorer_and_unpatch_restores(colbert):
     assert losses.Distillation(colbert).score_metric is pylate_scores.colbert_kd_scores
     unpatched = _loss_and_gradients(colbert, losses.Contrastive(colbert), features)
     _assert_close(patched[0], unpatched[0])
+
+
+def test_exact_index_behind_pylate_retrieve():
+    """pylate.retrieve.ColBERT over the end-to-end ExactIndex returns exhaustive fp16 MaxSim's
+    top-k (ids in order), with subsets and after removes."""
+    import cupy_maxsim as cm
+    from pylate import retrieve
+
+    from cupy_maxsim.integrations.pylate_index import ExactIndex
+
+    rng = np.random.default_rng(6)
+    documents = [rng.standard_normal((int(n), 16)).astype(np.float32) for n in rng.integers(1, 20, 60)]
+    names = [f"doc-{n}" for n in range(60)]
+    queries = [rng.standard_normal((int(n), 16)).astype(np.float32) for n in (5, 8, 3)]
+    index = ExactIndex(dim=16, dtype="float16").add_documents(names, documents, batch_size=25)
+    retriever = retrieve.ColBERT(index=index)
+
+    def exhaustive(keep, k):
+        tokens, offsets = cm.pack([documents[n].astype(np.float16) for n in keep])
+        out = []
+        for q in queries:
+            scores, rows = cm.search_packed(q.astype(np.float16), tokens, offsets, k)
+            out.append([(names[keep[r]], float(s)) for s, r in zip(scores, rows) if r >= 0])
+        return out
+
+    def as_pairs(results):
+        return [[(hit["id"], hit["score"]) for hit in row] for row in results]
+
+    for got_rows, want_rows in zip(as_pairs(retriever.retrieve(queries, k=7)), exhaustive(list(range(60)), 7)):
+        assert [g[0] for g in got_rows] == [w[0] for w in want_rows]
+        np.testing.assert_allclose([g[1] for g in got_rows], [w[1] for w in want_rows], rtol=1e-6)
+    subset = [names[n] for n in range(0, 60, 3)]
+    got = as_pairs(retriever.retrieve(queries, k=4, subset=subset))
+    assert [[g[0] for g in row] for row in got] == [[w[0] for w in row] for row in exhaustive(list(range(0, 60, 3)), 4)]
+    per_query = retriever.retrieve(queries, k=3, subset=[names[:5], names[5:9], ["doc-1"]])
+    assert all(hit["id"] in allowed for row, allowed in zip(per_query, [names[:5], names[5:9], ["doc-1"]]) for hit in row)
+    assert len(per_query[2]) == 1
+    index.remove_documents(names[:30])
+    got = as_pairs(retriever.retrieve(queries, k=5))
+    assert [[g[0] for g in row] for row in got] == [[w[0] for w in row] for row in exhaustive(list(range(30, 60)), 5)]
+    (embedding,), = index.get_documents_embeddings([["doc-40"]])
+    np.testing.assert_array_equal(embedding, documents[40].astype(np.float16))
+    with pytest.raises(ValueError, match="new and unique"):
+        index.add_documents(["doc-40"], [documents[0]])
