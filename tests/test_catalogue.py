@@ -27,8 +27,77 @@ def _replace(array, index, value):
     return out
 
 
+def _index(**kwargs):
+    """A fresh float32 Index of the catalogue's three documents (ids 0, 1, 2)."""
+    index = cm.Index(8, dtype="float32", **kwargs)
+    index.add(D)
+    return index
+
+
+def index_new(*args, **kwargs):
+    return cm.Index(*args, **kwargs)
+
+
+def index_add(docs, **kwargs):
+    return _index().add(docs, **kwargs)
+
+
+def index_remove(ids):
+    return _index().remove(ids)
+
+
+def index_search(q, k, **kwargs):
+    return _index().search(q, k, **kwargs)
+
+
+def index_load(path):
+    return cm.Index.load(path)
+
+
 C = pytest.param
 CATALOGUE = [
+    # search, search_packed (the scorers' own checks come first: one case each here)
+    C(cm.search, (Q, D, 0), {}, ValueError, "k must be at least 1", id="search-k-0"),
+    C(cm.search, (Q, D, 2.5), {}, TypeError, "k must be an int", id="search-k-float"),
+    C(cm.search, (Q, D, True), {}, TypeError, "k must be an int", id="search-k-bool"),
+    C(cm.search, (Q, D, "3"), {}, TypeError, "k must be an int", id="search-k-str"),
+    C(cm.search, (Q, D, 3), dict(workspace_bytes=0), ValueError, "workspace_bytes", id="search-workspace"),
+    C(cm.search, (Q, D[0], 3), {}, ValueError, "d must have shape", id="search-d-2d"),
+    C(cm.search, (Q, D, 3), dict(d_mask=np.ones((3, 4), bool)), ValueError, "d_mask must have shape",
+      id="search-d-mask"),
+    C(cm.search_packed, (Q, T, OFFSETS, -1), {}, ValueError, "k must be at least 1", id="search-packed-k"),
+    C(cm.search_packed, (Q, T, np.array([0, 9, 5, 15]), 2), {}, ValueError, "offsets", id="search-packed-offsets"),
+    # score_candidates
+    C(cm.score_candidates, (Q, D), {}, ValueError, "d must have 4 dimensions", id="candidates-d-3d"),
+    C(cm.score_candidates, (Q[0], D[None]), {}, ValueError, "q must have 3 dimensions", id="candidates-q-2d"),
+    C(cm.score_candidates, (Q, np.stack([D] * 3)), {}, ValueError, "candidates for each of the 2 queries",
+      id="candidates-groups"),
+    C(cm.score_candidates, (Q, np.stack([D] * 2)), dict(d_mask=np.ones((2, 3, 4), bool)), ValueError, "d_mask",
+      id="candidates-d-mask"),
+    C(cm.score_candidates, (Q, np.stack([D] * 2).astype(np.float64)), {}, TypeError, "same dtype",
+      id="candidates-dtype"),
+    # Index
+    C(index_new, (0,), {}, ValueError, "dim must be a positive int", id="index-dim-0"),
+    C(index_new, (8.0,), {}, ValueError, "dim must be a positive int", id="index-dim-float"),
+    C(index_new, (8,), dict(dtype="float64"), ValueError, "dtype must be one of", id="index-dtype"),
+    C(index_new, (8,), dict(device="gpu"), ValueError, "device must be", id="index-device"),
+    C(index_new, (8,), dict(rescore="int8"), ValueError, "rescore must be", id="index-rescore"),
+    C(index_add, (D[..., :4],), {}, ValueError, "width 8", id="index-add-width"),
+    C(index_add, (D.astype(np.int32),), {}, TypeError, "docs must have dtype", id="index-add-int"),
+    C(index_add, (D,), dict(ids=[0, 7, 8]), ValueError, "already in the index", id="index-add-taken-id"),
+    C(index_add, (D,), dict(ids=[7, 7, 8]), ValueError, "unique", id="index-add-repeated-ids"),
+    C(index_add, (D,), dict(ids=[7, 8]), ValueError, "one id per document", id="index-add-id-count"),
+    C(index_add, (D,), dict(ids=np.array([7.0, 8.0, 9.0])), TypeError, "ids must be a 1-D array of integer",
+      id="index-add-float-ids"),
+    C(index_remove, ([5],), {}, ValueError, "not in the index", id="index-remove-unknown"),
+    C(index_remove, (np.array([[0]]),), {}, TypeError, "ids must be a 1-D array", id="index-remove-2d"),
+    C(index_search, (Q, 0), {}, ValueError, "k must be at least 1", id="index-search-k"),
+    C(index_search, (Q, 2), dict(filter=np.ones(2, bool)), ValueError, "filter as a boolean array",
+      id="index-search-filter-shape"),
+    C(index_search, (Q, 2), dict(filter=np.array([0.5])), TypeError, "filter must be a 1-D array of integer",
+      id="index-search-filter-float"),
+    C(index_search, (Q[..., :4], 2), {}, ValueError, "embedding dim", id="index-search-q-dim"),
+    C(index_load, ("/nonexistent/cupy-maxsim-index",), {}, FileNotFoundError, "manifest", id="index-load-missing"),
     # score: types and dtypes
     C(cm.score, ([[1.0]], D), {}, TypeError, "q must be an array", id="score-q-list"),
     C(cm.score, (None, D), {}, TypeError, "q must be an array", id="score-q-none"),
@@ -195,4 +264,6 @@ def test_bad_input_is_refused_and_nothing_changes(function, args, kwargs, error,
 def test_the_catalogue_is_large_enough():
     assert len(CATALOGUE) >= 80
     assert {case.values[0] for case in CATALOGUE} == {cm.score, cm.score_pairs, cm.score_packed, cm.score_backward,
-                                                       cm.pack, cm.quantize_int8}
+                                                       cm.pack, cm.quantize_int8, cm.search, cm.search_packed,
+                                                       cm.score_candidates, index_new, index_add, index_remove,
+                                                       index_search, index_load}
