@@ -1,4 +1,5 @@
-"""JAX differentiation for MaxSim: ``maxsim`` and ``maxsim_packed`` with ``jax.custom_vjp``.
+"""JAX differentiation for MaxSim: ``maxsim``, ``maxsim_pairs``, ``maxsim_packed`` and
+``maxsim_candidates`` with ``jax.custom_vjp``.
 
 Both run under ``jax.jit`` and ``jax.grad``. The kernels are called through
 ``jax.experimental.buffer_callback``: XLA hands the callback its device buffers and its
@@ -14,6 +15,8 @@ documents, whose longest length is not known when tracing).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +29,7 @@ except ImportError as error:  # a JAX without buffer_callback
 from . import scoring, training
 from ._arrays import device_buffer_operand
 
-__all__ = ["maxsim", "maxsim_packed"]
+__all__ = ["maxsim", "maxsim_pairs", "maxsim_packed", "maxsim_candidates"]
 
 
 def _on_gpu(buffer) -> bool:
@@ -82,11 +85,11 @@ def _score_dtype(q):
     return jnp.float64 if q.dtype == jnp.float64 else jnp.float32
 
 
-def _forward(q, d, offsets, q_mask, d_mask):
+def _forward(q, d, offsets, q_mask, d_mask, pairs=False):
     """(scores, argmax) through a buffer callback."""
     single = q.ndim == 2
     num_docs = d.shape[0] if offsets is None else offsets.shape[0] - 1
-    shape = (num_docs,) if single else (q.shape[0], num_docs)
+    shape = (num_docs,) if single or pairs else (q.shape[0], num_docs)
     argmax_dtype = jnp.int32 if offsets is not None or d.shape[1] >= 32768 else jnp.int16
     result_types = (jax.ShapeDtypeStruct(shape, _score_dtype(q)),
                     jax.ShapeDtypeStruct(shape + (q.shape[-2],), argmax_dtype))
@@ -98,6 +101,8 @@ def _forward(q, d, offsets, q_mask, d_mask):
             q_op, d_op, o_op, qm_op, dm_op = _operands(buffers, dtypes, ("q", "d", "offsets", "q_mask", "d_mask"))
             if o_op is not None:  # int16 or int32 by the longest document; stored as int32
                 scores, argmax = scoring.score_packed(q_op, d_op, o_op, q_mask=qm_op, return_argmax=True)
+            elif pairs:
+                scores, argmax = scoring.score_pairs(q_op, d_op, q_mask=qm_op, d_mask=dm_op, return_argmax=True)
             else:
                 scores, argmax = scoring.score(q_op, d_op, q_mask=qm_op, d_mask=dm_op, return_argmax=True)
             _store(out[0], scores)
@@ -106,33 +111,33 @@ def _forward(q, d, offsets, q_mask, d_mask):
     return buffer_callback(callback, result_types)(q, d, offsets, q_mask, d_mask)
 
 
-def _backward(grad, q, d, offsets, argmax):
+def _backward(grad, q, d, offsets, argmax, pairs=False):
     result_types = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype))
     dtypes = (grad.dtype, q.dtype, d.dtype, None if offsets is None else offsets.dtype, argmax.dtype)
 
     def callback(ctx, out, *buffers):
         with _on_stream(ctx, buffers[1]):
             g_op, q_op, d_op, o_op, a_op = _operands(buffers, dtypes, ("grad_scores", "q", "d", "offsets", "argmax"))
-            grad_q, grad_d = training.score_backward(g_op, q_op, d_op, a_op, offsets=o_op)
+            grad_q, grad_d = training.score_backward(g_op, q_op, d_op, a_op, offsets=o_op, pairs=pairs)
             _store(out[0], grad_q)
             _store(out[1], grad_d)
 
     return buffer_callback(callback, result_types)(grad, q, d, offsets, argmax)
 
 
-@jax.custom_vjp
-def _maxsim(q, d, offsets, q_mask, d_mask):
-    return _forward(q, d, offsets, q_mask, d_mask)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _maxsim(q, d, offsets, q_mask, d_mask, pairs=False):
+    return _forward(q, d, offsets, q_mask, d_mask, pairs)[0]
 
 
-def _maxsim_fwd(q, d, offsets, q_mask, d_mask):
-    scores, argmax = _forward(q, d, offsets, q_mask, d_mask)
+def _maxsim_fwd(q, d, offsets, q_mask, d_mask, pairs=False):
+    scores, argmax = _forward(q, d, offsets, q_mask, d_mask, pairs)
     return scores, (q, d, offsets, argmax)
 
 
-def _maxsim_bwd(residuals, grad):
+def _maxsim_bwd(pairs, residuals, grad):
     q, d, offsets, argmax = residuals
-    grad_q, grad_d = _backward(grad, q, d, offsets, argmax)
+    grad_q, grad_d = _backward(grad, q, d, offsets, argmax, pairs)
     return grad_q, grad_d, None, None, None
 
 
@@ -142,9 +147,25 @@ _maxsim.defvjp(_maxsim_fwd, _maxsim_bwd)
 def maxsim(q, d, q_mask=None, d_mask=None):
     """Differentiable :func:`cupy_maxsim.score` for JAX arrays: q (Lq, D) or (Nq, Lq, D),
     d (Nd, Ld, D), boolean masks (True = real token) -> scores (Nd,) or (Nq, Nd)."""
-    return _maxsim(q, d, None, q_mask, d_mask)
+    return _maxsim(q, d, None, q_mask, d_mask, False)
+
+
+def maxsim_pairs(q, d, q_mask=None, d_mask=None):
+    """Differentiable :func:`cupy_maxsim.score_pairs`: (B, Lq, D) x (B, Ld, D) -> (B,)."""
+    return _maxsim(q, d, None, q_mask, d_mask, True)
 
 
 def maxsim_packed(q, tokens, offsets, q_mask=None):
     """Differentiable :func:`cupy_maxsim.score_packed`: tokens (T, D), offsets (Nd + 1,)."""
-    return _maxsim(q, tokens, offsets, q_mask, None)
+    return _maxsim(q, tokens, offsets, q_mask, None, False)
+
+
+def maxsim_candidates(q, d, q_mask=None, d_mask=None):
+    """Differentiable :func:`cupy_maxsim.score_candidates`: (Nq, Lq, D) x (Nq, K, Ld, D) -> (Nq, K),
+    the queries' gradient summed over their K candidates."""
+    num_queries, candidates = d.shape[:2]
+    repeat = lambda x: jnp.repeat(x, candidates, axis=0)  # noqa: E731
+    scores = maxsim_pairs(repeat(q), d.reshape((num_queries * candidates,) + d.shape[2:]),
+                          None if q_mask is None else repeat(q_mask),
+                          None if d_mask is None else d_mask.reshape(num_queries * candidates, -1))
+    return scores.reshape(num_queries, candidates)

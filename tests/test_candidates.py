@@ -72,3 +72,24 @@ def test_validation():
         cm.score_candidates(q, d[:2])
     with pytest.raises(ValueError, match="d_mask"):
         cm.score_candidates(q, d, d_mask=np.ones((4, 3, 2), bool))
+
+
+def test_jax_pairs_and_candidates_gradients():
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax.experimental.buffer_callback")
+    import jax.numpy as jnp
+    from jax.test_util import check_grads
+
+    import cupy_maxsim.jax as cmj
+
+    q, d, q_mask, d_mask = _case(np.random.default_rng(5), nq=2, k=3, lq=3, ld=4, dim=5)
+    d_mask[..., 0] = True  # no empty candidate
+    np.testing.assert_allclose(np.asarray(cmj.maxsim_candidates(jnp.asarray(q, jnp.float32), jnp.asarray(d, jnp.float32),
+                                                                jnp.asarray(q_mask), jnp.asarray(d_mask))),
+                               _expected(q, d, q_mask, d_mask), rtol=1e-5)
+    with jax.enable_x64(True):
+        masks = jnp.asarray(q_mask), jnp.asarray(d_mask)
+        check_grads(lambda a, b: cmj.maxsim_candidates(a, b, *masks), (jnp.asarray(q), jnp.asarray(d)), order=1,
+                    modes=["rev"])
+        pairs = jnp.asarray(d[:, 0])
+        check_grads(lambda a, b: jax.jit(cmj.maxsim_pairs)(a, b), (jnp.asarray(q), pairs), order=1, modes=["rev"])
