@@ -97,24 +97,36 @@ class Index:
 
     # ---- building -------------------------------------------------------------------------
 
-    def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
+    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192) -> np.ndarray:
         """Add documents: a list of (Ld_i, dim) arrays, a padded (Nd, Ld, dim) array with an
         optional (Nd, Ld) mask, or a (tokens (T, dim), offsets (Nd + 1,)) pair. ``ids``: one
         int64 per document, none already in the index; default the next free ones. Returns the
-        ids added."""
-        tokens, offsets = self._packed(docs, mask)
-        count = int(offsets.shape[0]) - 1
+        ids added. The documents are converted ``batch_docs`` at a time (the conversion's
+        temporaries stay that size), with a progress bar where ``progress`` (tqdm, if installed);
+        the index changes only once every batch is converted."""
+        count = _document_count(docs)
         new_ids = self._new_ids(ids, count)
+        if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
+            docs = (docs[0], _to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+        parts, base = [], 0
+        for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
+            tokens, offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None else
+                                           mask[start:start + batch_docs])
+            with self._on_device():
+                parts.append(self._stored(tokens) + (offsets[1:] + base,))
+            base += int(offsets[-1])
+        if not parts:
+            return new_ids
+        values, scales, exact, offsets = zip(*parts)
         with self._on_device():
-            values, scales, exact = self._stored(tokens)
             xp = self._xp
-            base = self._offsets[-1]
-            self._tokens = xp.concatenate([self._tokens, values])
-            if scales is not None:
-                self._scales = xp.concatenate([self._scales, scales])
-            self._offsets = xp.concatenate([self._offsets, xp.asarray(offsets[1:], dtype=np.int64) + base])
-        if exact is not None:
-            self._exact = np.concatenate([self._exact, exact])
+            top = self._offsets[-1]
+            self._tokens = xp.concatenate([self._tokens, *values])
+            if self._scales is not None:
+                self._scales = xp.concatenate([self._scales, *scales])
+            self._offsets = xp.concatenate([self._offsets, xp.asarray(np.concatenate(offsets), dtype=np.int64) + top])
+        if self._exact is not None:
+            self._exact = np.concatenate([self._exact, *exact])
         self._ids = np.concatenate([self._ids, new_ids])
         self._alive = np.concatenate([self._alive, np.ones(count, bool)])
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
@@ -247,9 +259,10 @@ class Index:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def save(self, path) -> Path:
+    def save(self, path, *, progress: bool = False) -> Path:
         """Write the index to directory ``path`` (created; removed documents compacted away
-        first): tokens.npy, offsets.npy, ids.npy (and scales.npy for int8), manifest.json."""
+        first): tokens.npy, offsets.npy, ids.npy (and scales.npy for int8, exact.npy when it
+        rescores), manifest.json last (a folder without it is no index)."""
         self.compact()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
@@ -258,8 +271,8 @@ class Index:
             arrays["scales"] = self._scales
         if self._exact is not None:
             arrays["exact"] = self._exact
-        for name, array in arrays.items():
-            np.save(folder / f"{name}.npy", _to_host(array), allow_pickle=False)
+        for name in _progress(list(arrays), len(arrays), "saving", progress):
+            np.save(folder / f"{name}.npy", _to_host(arrays[name]), allow_pickle=False)
         manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype, "rescore": self.rescore,
                     "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
                     "files": sorted(f"{name}.npy" for name in arrays)}
@@ -267,7 +280,7 @@ class Index:
         return folder
 
     @classmethod
-    def load(cls, path, *, device: str = "cpu", mmap: bool = True) -> "Index":
+    def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False) -> "Index":
         """An index saved by :meth:`save`. On the CPU with ``mmap`` the arrays are memory-mapped
         (read-only, nothing copied in Python); on a GPU they are copied to it once."""
         folder = Path(path)
@@ -278,7 +291,12 @@ class Index:
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
         index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"))
-        load = lambda name: np.load(folder / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)  # noqa: E731
+        bar = iter(_progress(range(len(manifest.get("files", ()))), len(manifest.get("files", ())), "loading", progress))
+
+        def load(name):
+            next(bar, None)
+            return np.load(folder / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+
         with index._on_device():
             xp = index._xp
             index._tokens = load("tokens") if xp is np else xp.asarray(load("tokens"))
@@ -404,6 +422,34 @@ def _cast(x, dtype: str):
 
         return x.to(getattr(torch, dtype))
     return x.astype(dtype)
+
+
+def _progress(iterable, total: int, what: str, enabled: bool):
+    """``iterable`` behind a tqdm bar where asked for and tqdm is installed."""
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=f"cupy_maxsim.Index: {what}")
+
+
+def _document_count(docs) -> int:
+    if isinstance(docs, tuple) and len(docs) == 2:
+        return int(_arrays.as_operand(docs[1], "offsets").shape[0]) - 1
+    if isinstance(docs, list):
+        return len(docs)
+    return int(_arrays.as_operand(docs, "docs").shape[0])
+
+
+def _document_slice(docs, start: int, stop: int):
+    """Documents start..stop of what add() takes, in the same form."""
+    if isinstance(docs, tuple) and len(docs) == 2:  # (tokens, host int64 offsets)
+        offsets = docs[1]
+        stop = min(stop, offsets.shape[0] - 1)
+        return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
+    return docs[start:stop]
 
 
 def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:

@@ -167,6 +167,31 @@ def test_rescoring_ranks_as_the_exact_copy(store, tmp_path):
         index.search(q, 10, shortlist=5)
 
 
+def test_adding_in_batches_with_progress_is_adding_at_once():
+    rng = np.random.default_rng(10)
+    docs = _documents(rng, 23)
+    padded = np.zeros((23, 12, DIM), np.float32)
+    mask = np.zeros((23, 12), bool)
+    for n, x in enumerate(docs):
+        padded[n, :len(x)], mask[n, :len(x)] = x, True
+    q = unit_rows(rng, (2, 5, DIM), np.float32)
+    whole = cm.Index(DIM, dtype="int8")
+    whole.add(docs)
+    want = whole.search(q, 9)
+    for layout in (dict(docs=docs), dict(docs=padded, mask=mask), dict(docs=cm.pack(docs))):
+        index = cm.Index(DIM, dtype="int8")
+        docs_in = layout.pop("docs")
+        index.add(docs_in, batch_docs=4, progress=True, **layout)
+        got = index.search(q, 9)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+        assert len(index) == 23
+    index = cm.Index(DIM, dtype="float32")
+    with pytest.raises(ValueError, match="width"):  # the fifth batch is wrong: nothing is added
+        index.add(docs[:16] + [np.zeros((2, DIM + 1), np.float32)], batch_docs=4)
+    assert len(index) == 0 and index._tokens.shape[0] == 0
+
+
 def test_torch_queries_answer_in_torch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)
