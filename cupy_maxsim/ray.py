@@ -1,0 +1,142 @@
+"""An index sharded over Ray actors (``pip install "cupy-maxsim[ray]"``): one actor per shard,
+each owning a :class:`~cupy_maxsim.Index` on its GPU (or the NumPy backend on CPU actors),
+searched in parallel and merged exactly on the driver (every shard's full k, ties to the lower
+id): the results one index of every document gives.
+
+    import ray, cupy_maxsim.ray as cmr
+    ray.init()
+    index = cmr.RayIndex(128, actors=4, num_gpus=1)      # 4 actors of one GPU each
+    index.add(documents)
+    scores, ids = index.search(queries, k=10)
+
+An actor that dies or raises is reported (``RuntimeError`` naming the shard, within ``timeout``
+seconds), never waited on forever.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import ray
+
+from .index import Index, _id_array
+from .search import _check_k
+from .shards import _host_filter, _host_query, assign_ids, merge_top_k, split_documents
+
+
+class _Shard:
+    """One actor's shard: an Index on the actor's GPU (Ray sets its visible devices) or CPU."""
+
+    def __init__(self, dim, dtype, on_gpu, rescore):
+        self.index = Index(dim, dtype=dtype, device="cuda" if on_gpu else "cpu", rescore=rescore)
+
+    def add(self, docs, ids, mask):
+        if ids.size:
+            self.index.add(docs, ids=ids, mask=mask)
+        return len(self.index)
+
+    def remove(self, ids):
+        return self.index.remove(ids) if ids.size else 0
+
+    def ids(self):
+        return self.index.ids
+
+    def nbytes(self):
+        return self.index.nbytes
+
+    def search(self, q, k, q_mask, filter, return_argmax):
+        if self.index.device != "cpu":
+            q, q_mask = _to_gpu(q), None if q_mask is None else _to_gpu(q_mask)
+        results = self.index.search(q, k, q_mask=q_mask, filter=filter, return_argmax=return_argmax)
+        return tuple(x.get() if hasattr(x, "get") else np.asarray(x) for x in results)
+
+
+def _to_gpu(x):
+    import cupy
+
+    return cupy.asarray(x)
+
+
+class RayIndex:
+    """:class:`~cupy_maxsim.ShardedIndex`'s interface over ``actors`` Ray actors of ``num_gpus``
+    GPUs each (0: CPU actors on the NumPy backend). ``ray.init()`` first (or Ray starts a local
+    cluster on first use)."""
+
+    def __init__(self, dim: int, *, dtype: str = "float16", actors: int = 2, num_gpus: float = 0,
+                 rescore: str | None = None, timeout: float | None = 600.0):
+        if isinstance(actors, bool) or not isinstance(actors, (int, np.integer)) or actors < 1:
+            raise ValueError(f"actors must be a positive int, got {actors!r}")
+        remote = ray.remote(num_gpus=num_gpus)(_Shard)
+        self.dim, self.dtype, self.timeout = int(dim), dtype, timeout
+        self.actors = [remote.remote(dim, dtype, num_gpus > 0, rescore) for _ in range(actors)]
+        self._next_id = 0
+        self._held = [np.zeros(0, np.int64) for _ in range(actors)]  # each actor's ids (driver's copy)
+
+    def __len__(self) -> int:
+        return int(sum(ids.shape[0] for ids in self._held))
+
+    @property
+    def ids(self) -> np.ndarray:
+        return np.concatenate(self._held)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(self._gather([actor.nbytes.remote() for actor in self.actors])))
+
+    def __repr__(self) -> str:
+        return f"RayIndex(dim={self.dim}, dtype={self.dtype}, actors={len(self.actors)}, documents={len(self):,})"
+
+    def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
+        new_ids = assign_ids(docs, ids, self._next_id, self.ids)
+        parts = list(split_documents(docs, mask, new_ids, len(self.actors)))
+        self._gather([actor.add.remote(_host_docs(part), part_ids, None if part_mask is None else np.asarray(part_mask))
+                      for actor, (part, part_mask, part_ids) in zip(self.actors, parts)])
+        self._held = [np.concatenate([held, part_ids]) for held, (_, _, part_ids) in zip(self._held, parts)]
+        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
+        return new_ids
+
+    def remove(self, ids) -> int:
+        wanted = _id_array(ids, "ids")
+        mine = [np.isin(wanted, held) for held in self._held]
+        missing = ~np.logical_or.reduce(mine)
+        if missing.any():
+            raise ValueError(f"ids not in the index: {wanted[missing][:5].tolist()}")
+        removed = self._gather([actor.remove.remote(wanted[m]) for actor, m in zip(self.actors, mine)])
+        self._held = [held[~np.isin(held, wanted)] for held in self._held]
+        return int(sum(removed))
+
+    def search(self, q, k: int, *, q_mask=None, filter=None, return_argmax=False):
+        """As :meth:`Index.search`; the query travels to every actor as a NumPy array, the
+        results come back as NumPy arrays."""
+        k = _check_k(k)
+        host_q = _host_query(q)
+        host_mask = None if q_mask is None else np.asarray(q_mask)
+        allow = None if filter is None else _host_filter(filter, self)
+        results = self._gather([actor.search.remote(host_q, k, host_mask, allow, return_argmax)
+                                for actor in self.actors])
+        return merge_top_k(results, k)
+
+    def _gather(self, futures):
+        """ray.get of one future per actor, each failure reported with its shard."""
+        out = []
+        for shard, future in enumerate(futures):
+            try:
+                out.append(ray.get(future, timeout=self.timeout))
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(f"shard {shard}'s Ray actor did not answer within {self.timeout} s") from None
+            except ray.exceptions.RayActorError as error:
+                raise RuntimeError(f"shard {shard}'s Ray actor died: {error}") from error
+            except ray.exceptions.RayTaskError as error:
+                raise error.as_instanceof_cause() from None  # the shard's own error (e.g. a ValueError)
+        return out
+
+
+def _host_docs(docs):
+    """What add() was given, as host arrays (Ray ships them to the actor)."""
+    from .index import _to_host
+    from . import _arrays
+
+    if isinstance(docs, tuple) and len(docs) == 2:
+        return (_to_host(_arrays.as_operand(docs[0], "docs")), np.asarray(docs[1]))
+    if isinstance(docs, list):
+        return [_host_query(x) for x in docs]
+    return _host_query(docs)

@@ -1,0 +1,194 @@
+"""An index split into shards: over several devices in one process (:class:`ShardedIndex`),
+or over Ray actors (``cupy_maxsim.ray``). Each shard is an :class:`~cupy_maxsim.Index` that
+searches its own documents; their top-k lists are merged exactly (every shard's full k, ties to
+the lower id), so the results are the ones one index of every document gives.
+
+    index = cupy_maxsim.ShardedIndex(128, devices=["cuda:0", "cuda:1"])   # or shards=4 on one GPU
+    index.add(documents)
+    scores, ids = index.search(queries, k=10)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _arrays
+from .index import Index, _document_count, _document_slice, _id_array, _to_host
+from .search import _check_k
+
+
+class ShardedIndex:
+    """Documents spread over ``shards`` indexes on ``devices`` (shard i on devices[i %
+    len(devices)]; default one shard per visible GPU, else one on the CPU). Added documents are
+    split into contiguous runs, one per shard; ids are the index's, as one Index would give them."""
+
+    def __init__(self, dim: int, *, dtype: str = "float16", devices=None, shards: int | None = None,
+                 rescore: str | None = None):
+        devices = _default_devices() if devices is None else [_device_name(d) for d in devices]
+        if not devices:
+            raise ValueError("devices must name at least one device")
+        count = len(devices) if shards is None else shards
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise ValueError(f"shards must be a positive int, got {shards!r}")
+        self.dim, self.dtype = int(dim), dtype
+        self.shards = [Index(dim, dtype=dtype, device=devices[i % len(devices)], rescore=rescore) for i in range(count)]
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return sum(len(shard) for shard in self.shards)
+
+    @property
+    def ids(self) -> np.ndarray:
+        return np.concatenate([shard.ids for shard in self.shards])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(shard.nbytes for shard in self.shards)
+
+    def __repr__(self) -> str:
+        places = ", ".join(sorted({shard.device for shard in self.shards}))
+        return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}, "
+                f"documents={len(self):,}, {self.nbytes / 1e6:,.1f} MB)")
+
+    def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
+        """As :meth:`Index.add`; the documents go to the shards in contiguous runs."""
+        new_ids = assign_ids(docs, ids, self._next_id, np.concatenate([s._ids for s in self.shards]))
+        for shard, (part, part_mask, part_ids) in zip(self.shards, split_documents(docs, mask, new_ids,
+                                                                                   len(self.shards))):
+            if part_ids.size:
+                shard.add(part, ids=part_ids, mask=part_mask)
+        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
+        return new_ids
+
+    def remove(self, ids) -> int:
+        """As :meth:`Index.remove`: every id must be in one of the shards."""
+        wanted = _id_array(ids, "ids")
+        held = [np.isin(wanted, shard.ids) for shard in self.shards]
+        missing = ~np.logical_or.reduce(held) if held else np.ones(wanted.shape, bool)
+        if missing.any():
+            raise ValueError(f"ids not in the index: {wanted[missing][:5].tolist()}")
+        return sum(shard.remove(wanted[mine]) for shard, mine in zip(self.shards, held) if mine.any())
+
+    def search(self, q, k: int, *, q_mask=None, filter=None, return_argmax=False):
+        """As :meth:`Index.search`, over every shard; results in the framework of ``q``, on its
+        device (each shard searches on its own device; the merge runs on the host)."""
+        k = _check_k(k)
+        like = _arrays.as_operand(q, "q")
+        host_q, host_mask = _host_query(q), None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask"))
+        filter = None if filter is None else _host_filter(filter, self)
+        results = []
+        for shard in self.shards:
+            shard_q = _to_device(host_q, shard.device)
+            shard_mask = None if host_mask is None else _to_device(host_mask, shard.device)
+            found = shard.search(shard_q, k, q_mask=shard_mask, filter=filter, return_argmax=return_argmax)
+            results.append(tuple(_host(x) for x in found))
+        return _answer(merge_top_k(results, k), like)
+
+
+def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:
+    """The ids of documents being added: given (one each, unique, none taken) or the next free."""
+    count = _document_count(docs)
+    if ids is None:
+        return np.arange(next_id, next_id + count, dtype=np.int64)
+    new = _id_array(ids, "ids")
+    if new.shape[0] != count:
+        raise ValueError(f"ids must give one id per document: {count} documents, {new.shape[0]} ids")
+    if np.unique(new).shape[0] != count:
+        raise ValueError("ids must be unique")
+    if np.isin(new, taken).any():
+        raise ValueError(f"ids already in the index: {new[np.isin(new, taken)][:5].tolist()}")
+    return new
+
+
+def split_documents(docs, mask, ids: np.ndarray, parts: int):
+    """``parts`` contiguous runs of the documents: (docs, mask, ids) each, in add()'s forms."""
+    count = ids.shape[0]
+    if isinstance(docs, tuple) and len(docs) == 2:
+        docs = (docs[0], _to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+    bounds = np.linspace(0, count, parts + 1).round().astype(int)
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        yield (_document_slice(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
+               ids[start:stop])
+
+
+def merge_top_k(results, k: int):
+    """Every shard's (scores, ids[, winners]) (host arrays, (Nq, k) or (k,)) as one top-k: by
+    descending score, ties to the lower id, -inf then NaN last, missing (-1) after all."""
+    single = results[0][0].ndim == 1
+    scores = np.concatenate([np.atleast_2d(r[0]) for r in results], axis=1)
+    ids = np.concatenate([np.atleast_2d(r[1]) for r in results], axis=1)
+    winners = None if len(results[0]) < 3 else np.concatenate(
+        [r[2][None] if single else r[2] for r in results], axis=1)
+    order = np.argsort(np.where(ids < 0, np.iinfo(np.int64).max, ids), axis=1, kind="stable")  # ids ascending
+    order = np.take_along_axis(order, np.argsort(-np.take_along_axis(scores, order, 1), axis=1, kind="stable"), 1)
+    missing = np.take_along_axis(ids, order, 1) < 0
+    order = np.take_along_axis(order, np.argsort(missing, axis=1, kind="stable"), 1)[:, :k]
+    out = [np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)]
+    if winners is not None:
+        out.append(np.take_along_axis(winners, order[..., None], 1))
+    return tuple(x[0] for x in out) if single else tuple(out)
+
+
+def _answer(host_results, like):
+    """Host results on the device and in the framework of the query operand ``like``."""
+    out = list(host_results)
+    if like.on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(like.device):
+            out = [cupy.asarray(x) for x in out]
+    output = _arrays.Output(like)
+    return tuple(output.wrap(x) for x in out)
+
+
+def _host(x) -> np.ndarray:
+    return _to_host(_arrays.as_operand(x, "result"))
+
+
+def _host_query(q):
+    operand = _arrays.as_operand(q, "q")
+    x = _to_host(operand)
+    if operand.dtype == "bfloat16":  # bits: widen exactly
+        x = (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(x)
+
+
+def _host_filter(filter, index):
+    """A filter as an allow-list of ids (a boolean filter is over index.ids, which the shards
+    split)."""
+    if isinstance(filter, (list, tuple, range)):
+        return np.asarray(filter, dtype=np.int64)
+    operand = _arrays.as_operand(filter, "filter")
+    values = _to_host(operand)
+    if operand.dtype == "bool":
+        if values.shape != (len(index),):
+            raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(index)},), got {values.shape}")
+        return index.ids[values]
+    return _id_array(values, "filter")
+
+
+def _to_device(x: np.ndarray, device: str):
+    if device == "cpu":
+        return x
+    import cupy
+
+    with cupy.cuda.Device(int(device.partition(":")[2] or 0)):
+        return cupy.asarray(x)
+
+
+def _device_name(device) -> str:
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        return f"cuda:{int(device)}"
+    if device in ("cpu", "cuda") or (isinstance(device, str) and device.startswith("cuda:")):
+        return "cuda:0" if device == "cuda" else device
+    raise ValueError(f"devices must be 'cpu', 'cuda:N' or GPU numbers, got {device!r}")
+
+
+def _default_devices() -> list[str]:
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no CuPy or no driver: the CPU
+        count = 0
+    return [f"cuda:{n}" for n in range(count)] or ["cpu"]

@@ -1,0 +1,116 @@
+"""ShardedIndex (shards in one process) and cupy_maxsim.ray.RayIndex (shards on Ray actors)
+against one Index of every document (issue 28, items 2 and 3): the same top-k, scores, winners,
+filters and removes; Ray's failures reported. CPU here: several shards on the CPU, a local Ray
+cluster of CPU actors on the NumPy backend."""
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from support import holey_mask, unit_rows
+
+DIM = 16
+
+
+def _corpus(rng, count=41):
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 14, count)]
+    for twin in (9, 30):  # ties across shards: the lower id first
+        if twin < count:
+            docs[twin] = docs[2]
+    return docs
+
+
+def _same(got, want):
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _compare(sharded, single, rng):
+    q = unit_rows(rng, (3, 5, DIM), np.float32)
+    q_mask = holey_mask(rng, (3, 5), 0.8)
+    for k in (1, 7, 45, 80):
+        _same(sharded.search(q, k, q_mask=q_mask), single.search(q, k, q_mask=q_mask))
+    _same(sharded.search(q[0], 6), single.search(q[0], 6))
+    _same(sharded.search(q, 5, return_argmax=True), single.search(q, 5, return_argmax=True))
+    allow = [2, 9, 30, 31, 40, 999]
+    _same(sharded.search(q, 8, filter=allow), single.search(q, 8, filter=np.array(allow)))
+    boolean = np.isin(single.ids, allow)
+    order = np.argsort(single.ids)  # a boolean filter is over each index's own ids order
+    _same(sharded.search(q, 8, filter=np.isin(sharded.ids, allow)), single.search(q, 8, filter=boolean[order][
+        np.argsort(order)]))
+
+
+@pytest.mark.parametrize("layout", ["list", "padded", "packed"])
+def test_sharded_index_is_one_index(layout):
+    rng = np.random.default_rng(0)
+    docs = _corpus(rng)
+    single, sharded = cm.Index(DIM, dtype="float32"), cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=3)
+    if layout == "list":
+        args = (docs,), {}
+    elif layout == "padded":
+        padded = np.zeros((len(docs), 14, DIM), np.float32)
+        mask = np.zeros((len(docs), 14), bool)
+        for n, x in enumerate(docs):
+            padded[n, :len(x)], mask[n, :len(x)] = x, True
+        args = (padded,), dict(mask=mask)
+    else:
+        args = (cm.pack(docs),), {}
+    single.add(*args[0], **args[1])
+    sharded.add(*args[0], **args[1])
+    assert len(sharded) == len(single) == 41 and sorted(sharded.ids) == list(range(41))
+    assert [len(s) for s in sharded.shards] == [14, 13, 14]
+    _compare(sharded, single, rng)
+    for index in (single, sharded):
+        index.remove([2, 5, 33])
+        index.add(docs[:4])
+    _compare(sharded, single, rng)
+    assert "shards=3" in repr(sharded)
+    with pytest.raises(ValueError, match="not in the index"):
+        sharded.remove([2])
+    with pytest.raises(ValueError, match="already in the index"):
+        sharded.add(docs[:1], ids=[40])
+
+
+def test_sharded_index_validation():
+    with pytest.raises(ValueError, match="shards must be"):
+        cm.ShardedIndex(DIM, devices=["cpu"], shards=0)
+    with pytest.raises(ValueError, match="devices must"):
+        cm.ShardedIndex(DIM, devices=["tpu"])
+    with pytest.raises(ValueError, match="at least one device"):
+        cm.ShardedIndex(DIM, devices=[])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_index_is_one_index(ray_cluster):
+    import cupy_maxsim.ray as cmr
+
+    rng = np.random.default_rng(1)
+    docs = _corpus(rng)
+    single, remote = cm.Index(DIM, dtype="float32"), cmr.RayIndex(DIM, dtype="float32", actors=2)
+    single.add(docs)
+    remote.add(docs)
+    assert len(remote) == 41 and remote.nbytes > 0
+    _compare(remote, single, rng)
+    for index in (single, remote):
+        index.remove([2, 5])
+    _compare(remote, single, rng)
+    with pytest.raises(ValueError, match="width"):  # a shard's own error comes back as itself
+        remote.add([np.zeros((3, DIM + 1), np.float32)] * 2)
+
+
+def test_a_dead_actor_is_reported(ray_cluster):
+    import cupy_maxsim.ray as cmr
+
+    rng = np.random.default_rng(2)
+    remote = cmr.RayIndex(DIM, dtype="float32", actors=2, timeout=60)
+    remote.add(_corpus(rng, 10))
+    ray_cluster.kill(remote.actors[1])
+    with pytest.raises(RuntimeError, match="shard 1's Ray actor died"):
+        remote.search(unit_rows(rng, (1, 3, DIM), np.float32), 3)
