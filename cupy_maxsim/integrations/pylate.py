@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import torch as cmt
+from ._inputs import as_tensor as _tensor, bool_mask as _mask
 from ._patching import Patches
 
 #: What a document with no real token scores (PyLate's torch path: a sum of masked zeros).
@@ -116,24 +117,6 @@ def unpatch() -> None:
 
 
 # ---- inputs ------------------------------------------------------------------------------------
-
-
-def _tensor(x) -> torch.Tensor:
-    """PyLate's inputs (tensors, NumPy arrays, lists of either) as one tensor."""
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, np.ndarray):
-        return torch.from_numpy(x)
-    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (int, float)):
-        return torch.stack([_tensor(item) for item in x])
-    return torch.as_tensor(x)
-
-
-def _mask(mask):
-    if mask is None:
-        return None
-    mask = _tensor(mask)
-    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def _padded(x):

@@ -19,10 +19,10 @@ similarity tensor.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .. import torch as cmt
+from ._inputs import as_tensor as _tensor, bool_mask
 from ._patching import Patches
 
 #: sentence-transformers' score for a document without a real token ("unlike the float32
@@ -77,7 +77,7 @@ def colbert_kd_scores(queries_embeddings, documents_embeddings, queries_mask=Non
     """Distillation's scorer: (B, q, dim) x (B, n_ways, d, dim) -> (B, n_ways)."""
     q, q_mask = _batch(queries_embeddings, queries_mask)
     d = _tensor(documents_embeddings)
-    d_mask = None if documents_mask is None else _bool(_tensor(documents_mask))
+    d_mask = None if documents_mask is None else bool_mask(documents_mask)
     scores = cmt.maxsim_candidates(q, d.to(q.dtype), q_mask=q_mask, d_mask=d_mask)
     return _finish(scores, q, q_mask, length_normalize, d.device)
 
@@ -140,18 +140,6 @@ def unpatch() -> None:
 # ---- inputs ------------------------------------------------------------------------------------
 
 
-def _tensor(x) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, np.ndarray):
-        return torch.from_numpy(x)
-    return torch.as_tensor(x)
-
-
-def _bool(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask != 0
-
-
 def _batch(x, mask):
     """(N, L, dim) tensor and a bool mask (or None): a padded tensor (its mask as given), one
     (L, dim) item, or a list of (L_i, dim) items (padded here, the padding masked; a list of
@@ -164,10 +152,10 @@ def _batch(x, mask):
         real = torch.zeros((len(items), longest), dtype=torch.bool, device=out.device)
         for n, item in enumerate(items):
             out[n, :item.shape[0]] = item
-            real[n, :item.shape[0]] = True if mask is None else _bool(_tensor(mask[n])).to(out.device)
+            real[n, :item.shape[0]] = True if mask is None else bool_mask(mask[n]).to(out.device)
         return out, real
     x = _tensor(x)
-    mask = None if mask is None else _bool(_tensor(mask))
+    mask = None if mask is None else bool_mask(mask)
     if x.dim() == 2:
         return x[None], None if mask is None else mask.reshape(1, -1)
     return x, mask
