@@ -211,3 +211,10 @@ def test_no_device_function_over_200_lines():
                for name, line, length in device_functions(path)}
     assert len(lengths) > 50  # the scanner sees the functions
     assert {where: n for where, n in lengths.items() if n > 200} == {}
+
+
+def test_no_python_module_over_500_lines():
+    """One job a module (issue 23): a module past 500 lines is doing two."""
+    package = ROOT / "cupy_maxsim"
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in package.rglob("*.py")}
+    assert {path: n for path, n in lengths.items() if n > 500} == {}
