@@ -302,6 +302,13 @@ class Output:
         return array
 
 
+def widened_bfloat16(bits):
+    """bfloat16 values held as their bits (uint16, NumPy or CuPy; any other 16-bit view is
+    reinterpreted) as float32, exactly."""
+    bits = bits if bits.dtype == np.uint16 else bits.view(np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def bfloat16_bits(array: np.ndarray) -> np.ndarray:
     """float32 (or float64) values as bfloat16 bits (uint16), rounded to nearest even; NaN stays
     NaN. Exact for values that came from bfloat16 (host bfloat16 inputs are widened to float32)."""

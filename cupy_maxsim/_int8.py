@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ._arrays import Operand, module_of
+from ._arrays import Operand, module_of, widened_bfloat16
 from ._gpu.device import on_stream
 
 
@@ -34,7 +34,7 @@ def _quantize_array(xp, x, dtype: str, mask):
     for start in range(0, rows.shape[0], step):
         block = rows[start:start + step]
         if dtype == "bfloat16" and block.dtype == np.uint16:  # raw bfloat16 bits (CuPy without ml_dtypes)
-            block = (block.astype(np.uint32) << 16).view(np.float32)
+            block = widened_bfloat16(block)
         block = block.astype(np.float32)
         scale = (xp.abs(block).max(axis=-1) / 127).astype(np.float32) if dim else \
             xp.zeros(block.shape[0], np.float32)

@@ -22,9 +22,8 @@ import typing
 import torch
 
 from . import scoring, training
+from ._problem import argmax_dtype
 
-#: Where the winners fit int16 (_problem.argmax_dtype: every document shorter than this).
-_INT16_DOCS = 32768
 MODES = ("padded", "pairs", "packed")
 AVAILABLE = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
 
@@ -37,7 +36,7 @@ def _scores_shape(q, d, offsets, mode) -> tuple:
 
 
 def _winners_dtype(d, mode):
-    return torch.int16 if mode != "packed" and d.shape[1] < _INT16_DOCS else torch.int32
+    return torch.int32 if mode == "packed" else getattr(torch, argmax_dtype(d.shape[1]))
 
 
 def _check_mode(mode: str) -> None:

@@ -130,7 +130,6 @@ class Index:
         self._ids = np.concatenate([self._ids, new_ids])
         self._alive = np.concatenate([self._alive, np.ones(count, bool)])
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
-        self._id_rows = None
         return new_ids
 
     def remove(self, ids) -> int:
@@ -162,7 +161,6 @@ class Index:
         if self._exact is not None:
             self._exact = self._exact[token_rows]
         self._ids, self._alive = self._ids[keep], np.ones(keep.shape[0], bool)
-        self._id_rows = None
 
     # ---- searching ------------------------------------------------------------------------
 
@@ -226,7 +224,7 @@ class Index:
         """Each query's shortlist (storage rows, -1: none) scored exactly from the host copy
         (the NumPy backend), its k best kept; results on the device of ``like``."""
         single = like.ndim == 2
-        q_host = self._exact_values(_arrays.as_operand(q, "q"))
+        q_host = host_values(q).astype(self.rescore)
         q_host = q_host[None] if single else q_host
         mask = None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask")).reshape(q_host.shape[:2])
         rows = rows.reshape(q_host.shape[0], -1)
@@ -249,13 +247,7 @@ class Index:
                 winners[i, :order.size] = result[1][order]
         ids = np.where(found >= 0, self._ids[np.maximum(found, 0)], -1)
         out = [scores, ids] + ([winners] if return_argmax else [])
-        if like.on_gpu:
-            import cupy
-
-            with cupy.cuda.Device(like.device):
-                out = [cupy.asarray(x) for x in out]
-        output = _arrays.Output(like)
-        return tuple(output.wrap(x[0] if single else x) for x in out)
+        return answer([x[0] if single else x for x in out], like)
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -314,8 +306,6 @@ class Index:
 
     # ---- internals --------------------------------------------------------------------------
 
-    _id_rows = None  # id -> storage row, built when first needed
-
     @property
     def _xp(self):
         if self._gpu is None:
@@ -356,9 +346,8 @@ class Index:
             raise ValueError(f"docs must be on {where} (the index's device), got "
                              f"{'the host' if not operand.on_gpu else f'GPU {operand.device}'}")
         x = operand.host if not operand.on_gpu else operand.cupy()
-        if operand.dtype == "bfloat16":  # widen the bits exactly to float32
-            bits = x if x.dtype == np.uint16 else x.view(np.uint16)
-            x = (bits.astype(xp.uint32) << 16).view(xp.float32)
+        if operand.dtype == "bfloat16":
+            x = _arrays.widened_bfloat16(x)
         elif operand.dtype not in ("float16", "float32", "float64"):
             raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
         exact = None if self._exact is None else (x.get() if xp is not np else np.asarray(x)).astype(self.rescore)
@@ -367,12 +356,6 @@ class Index:
             return xp.asarray(values), xp.asarray(scales), exact
         return x.astype(self.dtype, copy=True), None, exact
 
-    def _exact_values(self, operand) -> np.ndarray:
-        """Queries on the host in the rescoring format (bfloat16 widened exactly)."""
-        x = _to_host(operand)
-        if operand.dtype == "bfloat16":
-            x = (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        return np.asarray(x).astype(self.rescore)
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
         if ids is None:
@@ -422,6 +405,25 @@ def _cast(x, dtype: str):
 
         return x.to(getattr(torch, dtype))
     return x.astype(dtype)
+
+
+def answer(host_results, like) -> tuple:
+    """Host (NumPy) results on the device and in the framework of the query operand ``like``."""
+    out = list(host_results)
+    if like.on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(like.device):
+            out = [cupy.asarray(x) for x in out]
+    output = _arrays.Output(like)
+    return tuple(output.wrap(x) for x in out)
+
+
+def host_values(x) -> np.ndarray:
+    """Any array's values as a NumPy array (bfloat16 widened exactly to float32)."""
+    operand = _arrays.as_operand(x, "q")
+    values = _to_host(operand)
+    return np.asarray(_arrays.widened_bfloat16(values) if operand.dtype == "bfloat16" else values)
 
 
 def _progress(iterable, total: int, what: str, enabled: bool):

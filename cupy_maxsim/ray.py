@@ -20,7 +20,8 @@ import ray
 
 from .index import Index, _id_array
 from .search import _check_k
-from .shards import _host_filter, _host_query, assign_ids, merge_top_k, split_documents
+from .index import host_values
+from .shards import _host_filter, assign_ids, merge_top_k, split_documents
 
 
 class _Shard:
@@ -108,7 +109,7 @@ class RayIndex:
         """As :meth:`Index.search`; the query travels to every actor as a NumPy array, the
         results come back as NumPy arrays."""
         k = _check_k(k)
-        host_q = _host_query(q)
+        host_q = host_values(q)
         host_mask = None if q_mask is None else np.asarray(q_mask)
         allow = None if filter is None else _host_filter(filter, self)
         results = self._gather([actor.search.remote(host_q, k, host_mask, allow, return_argmax)
@@ -138,5 +139,5 @@ def _host_docs(docs):
     if isinstance(docs, tuple) and len(docs) == 2:
         return (_to_host(_arrays.as_operand(docs[0], "docs")), np.asarray(docs[1]))
     if isinstance(docs, list):
-        return [_host_query(x) for x in docs]
-    return _host_query(docs)
+        return [host_values(x) for x in docs]
+    return host_values(docs)

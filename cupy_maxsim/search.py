@@ -104,8 +104,8 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None):
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
             if allowed is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
                 ids = xp.where(allowed[start:stop], ids, -1)
-            candidate = _best_of(xp, scores, ids, argmax, k)
-            best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k)
+            candidate = _best_of(xp, scores, ids, argmax, k, allowed is not None)
+            best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k, allowed is not None)
         out = _padded(xp, best, k, num_queries, query_length, problem, winners)
     output = _arrays.Output(like)
     results = [output.wrap(x[0] if problem.single else x) for x in out if x is not None]
@@ -132,14 +132,16 @@ def _as_xp(array, single: bool):
     return x[None] if single else x
 
 
-def _best_of(xp, scores, ids, argmax, k):
+def _best_of(xp, scores, ids, argmax, k, excluding=False):
     """The k best candidates of each row, in order: descending score, ties to the lower id (the
     candidates come in ascending id order within each row), ``-inf`` then NaN last, excluded
     candidates (id -1) after all. A stable sort of -score does all but the last: -(-inf) sorts
     after finite keys, NaN after everything; a stable sort on exclusion then keeps that order."""
     order = _stable_argsort(xp, -scores)
-    excluded = xp.take_along_axis(ids, order, axis=-1) < 0
-    order = xp.take_along_axis(order, _stable_argsort(xp, excluded.astype(xp.int8)), axis=-1)[:, :k]
+    if excluding:  # (a third sort only where an Index excludes documents)
+        excluded = xp.take_along_axis(ids, order, axis=-1) < 0
+        order = xp.take_along_axis(order, _stable_argsort(xp, excluded.astype(xp.int8)), axis=-1)
+    order = order[:, :k]
     take = lambda x: xp.take_along_axis(x, order, axis=-1)  # noqa: E731
     chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
     return take(scores), take(ids), chosen_argmax

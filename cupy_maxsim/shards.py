@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays
-from .index import Index, _document_count, _document_slice, _id_array, _to_host
+from .index import Index, _document_count, _document_slice, _id_array, _parse_device, _to_host, answer, host_values
 from .search import _check_k
 
 
@@ -74,7 +74,7 @@ class ShardedIndex:
         device (each shard searches on its own device; the merge runs on the host)."""
         k = _check_k(k)
         like = _arrays.as_operand(q, "q")
-        host_q, host_mask = _host_query(q), None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask"))
+        host_q, host_mask = host_values(q), None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask"))
         filter = None if filter is None else _host_filter(filter, self)
         results = []
         for shard in self.shards:
@@ -82,7 +82,7 @@ class ShardedIndex:
             shard_mask = None if host_mask is None else _to_device(host_mask, shard.device)
             found = shard.search(shard_q, k, q_mask=shard_mask, filter=filter, return_argmax=return_argmax)
             results.append(tuple(_host(x) for x in found))
-        return _answer(merge_top_k(results, k), like)
+        return answer(merge_top_k(results, k), like)
 
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:
@@ -129,28 +129,8 @@ def merge_top_k(results, k: int):
     return tuple(x[0] for x in out) if single else tuple(out)
 
 
-def _answer(host_results, like):
-    """Host results on the device and in the framework of the query operand ``like``."""
-    out = list(host_results)
-    if like.on_gpu:
-        import cupy
-
-        with cupy.cuda.Device(like.device):
-            out = [cupy.asarray(x) for x in out]
-    output = _arrays.Output(like)
-    return tuple(output.wrap(x) for x in out)
-
-
 def _host(x) -> np.ndarray:
     return _to_host(_arrays.as_operand(x, "result"))
-
-
-def _host_query(q):
-    operand = _arrays.as_operand(q, "q")
-    x = _to_host(operand)
-    if operand.dtype == "bfloat16":  # bits: widen exactly
-        x = (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return np.asarray(x)
 
 
 def _host_filter(filter, index):
@@ -177,11 +157,14 @@ def _to_device(x: np.ndarray, device: str):
 
 
 def _device_name(device) -> str:
+    """A device as the shards' Index takes it: "cpu" or "cuda:N" (GPU numbers too)."""
     if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
         return f"cuda:{int(device)}"
-    if device in ("cpu", "cuda") or (isinstance(device, str) and device.startswith("cuda:")):
-        return "cuda:0" if device == "cuda" else device
-    raise ValueError(f"devices must be 'cpu', 'cuda:N' or GPU numbers, got {device!r}")
+    try:
+        number = _parse_device(device)
+    except ValueError:
+        raise ValueError(f"devices must be 'cpu', 'cuda:N' or GPU numbers, got {device!r}") from None
+    return "cpu" if number is None else f"cuda:{number}"
 
 
 def _default_devices() -> list[str]:
