@@ -10,7 +10,7 @@ the least), int8 for int8). Writes cliffs-<date>-<commit>.json and a heatmap PNG
 floor and of speed-up over the best peer per cell.
 
     python bench/cliffs.py [--dtypes float16,float32] [--dims 64,128,2560] [--queries 1,32]
-                           [--corpus-gb 4] [--doc-length 300] [--out DIR]
+                           [--corpus-gb 4] [--doc-length 300] [--shift ELEMENTS] [--out DIR]
     python -m cupy_maxsim bench --cliffs [same options]
 """
 
@@ -59,7 +59,18 @@ def unit(torch, shape, seed, dtype):
     return out
 
 
-def cell_providers(torch, dtype):
+def shifted(torch, x, elements):
+    """``x``'s values in a tensor whose data starts ``elements`` elements past an allocation's
+    start: every row start off its alignment (0: ``x`` itself)."""
+    if not elements:
+        return x
+    buffer = torch.empty(x.numel() + elements, dtype=x.dtype, device=x.device)
+    view = buffer[elements:].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+def cell_providers(torch, dtype, shift=0):
     """name -> call(q, d) for one cell's inputs (int8: fp16 q and d, quantised once, untimed,
     for each provider that takes int8). A call returns None where the provider has no path."""
     import cupy_maxsim as cm
@@ -74,6 +85,7 @@ def cell_providers(torch, dtype):
     if dtype == "int8":
         def ours(q, d):
             qv, qs, dv, ds = once("ours", lambda: (*cm.quantize_int8(q), *cm.quantize_int8(d)))
+            qv, dv = once("ours shifted", lambda: (shifted(torch, qv, shift), shifted(torch, dv, shift)))
             return cm.score(qv, dv, q_scale=qs, d_scale=ds)
     else:
         def ours(q, d):
@@ -120,6 +132,8 @@ def measure_cell(torch, dtype, dim, nq, options, ceilings):
     nd = max(1, int(options.corpus_gb * 1e9 // (ld * dim * itemsize)))
     q = unit(torch, (nq, QUERY_LENGTH, dim), 1, dtype)
     d = unit(torch, (nd, ld, dim), 2, dtype)
+    if dtype != "int8":  # (int8: its quantised rows are shifted, cell_providers)
+        q, d = shifted(torch, q, options.shift), shifted(torch, d, options.shift)
     # int8: twice the measured bf16 rate (Hopper's int8 tensor rate; torch._int_mm reaches far
     # less, which would make an int8 floor meaningless: bench_forward.py says the same).
     rate = {"float32": ceilings["tf32_tflops"], "int8": 2 * ceilings["bf16_tflops"]}.get(dtype, ceilings["bf16_tflops"])
@@ -129,7 +143,7 @@ def measure_cell(torch, dtype, dim, nq, options, ceilings):
     row = {"dtype": dtype, "dim": dim, "nq": nq, "lq": QUERY_LENGTH, "nd": nd, "ld": ld,
            "bytes_floor_ms": bytes_ms, "flops_floor_ms": flops_ms, "floor_ms": max(bytes_ms, flops_ms),
            "bound": "bytes" if bytes_ms >= flops_ms else "flops", "providers": {}}
-    found, notes = cell_providers(torch, dtype)
+    found, notes = cell_providers(torch, dtype, options.shift)
     if options.ours_only:
         found = {"cupy_maxsim": found["cupy_maxsim"]}
     reference = None
@@ -221,6 +235,8 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus-gb", type=float, default=4.0, help="corpus bytes per cell, in GB (1e9)")
     parser.add_argument("--doc-length", type=int, default=300)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--shift", type=int, default=0,
+                        help="start q's and d's rows this many elements past an allocation's start (misaligned rows)")
     parser.add_argument("--ours-only", action="store_true", help="cupy_maxsim alone (A/B of tunables)")
     parser.add_argument("--tunables", default="", help="tuning.override for cupy_maxsim, e.g. stream_ksteps=8,use_wgmma=0")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -245,6 +261,7 @@ def _sweep(torch, options) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = provenance()
     tag = "-" + options.tunables.replace("=", "").replace(",", "-") if options.tunables else ""
+    tag += f"-shift{options.shift}" if options.shift else ""
     stem = out / f"cliffs-{datetime.date.today().isoformat()}-{meta.get('commit', 'unknown')}{tag}"
     for dtype in options.dtypes.split(","):
         for dim in map(int, options.dims.split(",")):

@@ -50,6 +50,36 @@ for overrides, shapes in (({}, [(1, 31, 4, 70, 320), (9, 32, 3, 40, 2560), (2, 1
             qv, qs = cm.quantize_int8(rows((nq, lq, dim), cupy.float32))
             dv, ds = cm.quantize_int8(rows((nd, ld, dim), cupy.float32))
             cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=mask)
+# Any dim and alignment (issue 24, item 3): odd dims (rows 2, 4 or 8 bytes off 16: plain loads,
+# 4- and 8-byte cp.async; a part-zero last chunk), rows shifted off an allocation's start (the
+# view ends where its allocation does: a read past a row's end is out of bounds), streaming k
+# with a tail, winners, masks, packed.
+
+
+def shifted(shape, dtype, elements):
+    buffer = cupy.zeros(int(np.prod(shape)) + elements, dtype=dtype)
+    view = buffer[elements:].reshape(shape)
+    view[...] = rows(shape, dtype) if dtype != cupy.int8 else cupy.asarray(rng.integers(-127, 128, shape), cupy.int8)
+    return view
+
+
+for dtype in (cupy.float16, cupy.float32):
+    for nq, lq, nd, ld, dim in [(3, 32, 5, 40, 3), (2, 31, 6, 33, 100), (4, 16, 3, 20, 101), (1, 32, 3, 30, 2500)]:
+        q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+        cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7), return_argmax=True)
+        cm.score(q[0], d)
+        cm.score_packed(q, rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32))
+for dtype, shifts in ((cupy.float16, (1, 2, 4)), (cupy.float32, (1, 2)), (cupy.int8, (1, 2, 4, 8))):
+    for shift in shifts:
+        q, d = shifted((4, 32, 128), dtype, shift), shifted((6, 45, 128), dtype, shift)
+        extra = {}
+        if dtype == cupy.int8:
+            extra = dict(q_scale=cupy.ones((4, 32), cupy.float32), d_scale=cupy.ones((6, 45), cupy.float32))
+        cm.score(q, d, return_argmax=True, **extra)
+for dim in (100, 101, 3):
+    qv, qs = cm.quantize_int8(rows((3, 32, dim), cupy.float32))
+    dv, ds = cm.quantize_int8(rows((5, 40, dim), cupy.float32))
+    cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(rng.random((5, 40)) < 0.7), return_argmax=True)
 try:
     import torch
 

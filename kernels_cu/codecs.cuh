@@ -69,8 +69,23 @@ __device__ __forceinline__ void load4(const T* p, int valid, bool vector, A (&ou
     for (int e = 0; e < 4; ++e) out[e] = e < valid ? convert<A, T>(p[e]) : (A)0;
 }
 
+// The alignment of every row start of q and d, in bytes (a power of two, 1 to 16: the
+// planner's forward.load_alignment): rows are copied to shared memory in pieces of this size
+// (common.cuh's copy_chunk). The Hopper kernel's TMA needs 16.
+#ifndef MAXSIM_LOAD_BYTES
+#define MAXSIM_LOAD_BYTES 16
+#endif
+constexpr int LOAD_BYTES = MAXSIM_LOAD_BYTES;
+
+// Bytes of a row's 16-byte chunk that starts at element `element` that hold the row's
+// elements (the rest, past dim, are zero-filled): 16, 0, or the tail of a dim that is not a
+// multiple of a chunk.
+template <typename T> __device__ __forceinline__ int chunk_bytes(int dim, int element) {
+    return min(16, max(0, (dim - element) * (Codec<T>::BITS / 8)));
+}
+
 // Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
-// zero-filled when the token is not real (outside the block's group, masked, or past dim), and
+// zero-filled when the token is not real (outside the block's group, masked) and past dim, and
 // returns whether it is real. Both forward kernels stage their query block this way.
 template <typename T>
 __device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
@@ -79,9 +94,9 @@ __device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void*
     bool real = in_group;
     if (real && args.q_mask != nullptr)
         real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
-    const int bytes = (real && chunk * ELEMS < args.dim) ? 16 : 0;
+    const int bytes = real ? chunk_bytes<T>(args.dim, chunk * ELEMS) : 0;
     const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
-    cp_async_16(dst, bytes ? (const void*)src : args.q, bytes);
+    copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)src : args.q, bytes);
     return real;
 }
 // int8: the per-token query scale.

@@ -213,6 +213,41 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem)),
                  "l"(gmem), "r"(src_bytes));
 }
+// 8-byte variant (rows aligned to 8 bytes), same zero-fill rule.
+__device__ __forceinline__ void cp_async_8(void* smem, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem)),
+                 "l"(gmem), "r"(src_bytes));
+}
+
+// A 16-byte chunk of a row into shared memory: its first `bytes` (0 to 16) from `gmem`, zeros
+// after, for rows whose starts are aligned to ALIGN bytes (a dim that is not a multiple of a
+// chunk, or rows of an odd dim packed back to back): one cp.async at 16, pieces of 8 or 4 bytes,
+// and below 4 (cp.async's smallest) plain loads of ALIGN bytes and one store, synchronous; the
+// planner then makes `bytes` a multiple of ALIGN. `gmem` must be a valid address even when
+// `bytes` is 0 (nothing is read then): pieces past `bytes` pass the chunk's start.
+template <int ALIGN> __device__ __forceinline__ void copy_chunk(void* smem, const void* gmem, int bytes) {
+    static_assert(ALIGN == 1 || ALIGN == 2 || ALIGN == 4 || ALIGN == 8 || ALIGN == 16, "a power of two to 16");
+    if constexpr (ALIGN == 16) {
+        cp_async_16(smem, gmem, bytes);
+    } else if constexpr (ALIGN >= 4) {
+#pragma unroll
+        for (int p = 0; p < 16 / ALIGN; ++p) {
+            const int piece = min(max(bytes - p * ALIGN, 0), ALIGN);
+            const void* src = piece ? (const void*)((const unsigned char*)gmem + p * ALIGN) : gmem;
+            void* dst = (unsigned char*)smem + p * ALIGN;
+            if constexpr (ALIGN == 8) cp_async_8(dst, src, piece);
+            else cp_async_4(dst, src, piece);
+        }
+    } else {
+        union { uint4 chunk; u16 halves[8]; unsigned char bytes[16]; } v;
+#pragma unroll
+        for (int e = 0; e < 16 / ALIGN; ++e) {
+            if constexpr (ALIGN == 2) v.halves[e] = 2 * e < bytes ? ((const u16*)gmem)[e] : (u16)0;
+            else v.bytes[e] = e < bytes ? ((const unsigned char*)gmem)[e] : (unsigned char)0;
+        }
+        *(uint4*)smem = v.chunk;
+    }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));

@@ -46,9 +46,12 @@
 // query block's columns are set up once (sColSrc: where each column's row starts, -1 for a
 // column that is zero-filled), its non-finite tokens found by one pass over global memory.
 //
-// Preconditions (checked in Python): dim a multiple of 16 bytes' worth of elements and at most
-// KSTEPS k-steps (any dim streaming k); int8 scales non-negative (quantize_int8 makes them so); every row start
-// 16-byte aligned (base pointers, doc and row strides in multiples of 16 bytes); query
+// Any dim and alignment: a row's chunks past dim are zero-filled (a tail chunk partly), and
+// rows are copied in pieces of LOAD_BYTES, the alignment of every row start (codecs.cuh).
+//
+// Preconditions (checked in Python): dim at most KSTEPS k-steps (any dim streaming k); int8
+// scales non-negative (quantize_int8 makes them so); every row start LOAD_BYTES-aligned (base
+// pointers, doc and row strides); below 4, dim's bytes a multiple of LOAD_BYTES too; query
 // length <= BN; pairs mode uses docs_per_block == 1.
 
 #ifndef MAXSIM_WARPS_M
@@ -189,7 +192,7 @@ template <typename T> struct TileLoader {
         set_chunk_bytes(args);
     }
     __device__ __forceinline__ void set_chunk_bytes(const ForwardArgs& args) {
-        my_chunk_bytes = (kc * CHUNKS + my_chunk) * Codec<T>::CHUNK_ELEMS < args.dim ? 16 : 0;
+        my_chunk_bytes = chunk_bytes<T>(args.dim, (kc * CHUNKS + my_chunk) * Codec<T>::CHUNK_ELEMS);
     }
     __device__ __forceinline__ void advance(const ForwardArgs& args) {
         if constexpr (STREAM_K) {
@@ -222,7 +225,7 @@ template <typename T> struct TileLoader {
             for (int col = my_row; col < BN; col += ROW_STEP, q_dst += ROW_STEP * LDS) {
                 const i64 start = S.sColSrc[col];
                 const int bytes = start >= 0 ? my_chunk_bytes : 0;
-                cp_async_16(q_dst, bytes ? (const void*)(q + start + element) : (const void*)q, bytes);
+                copy_chunk<LOAD_BYTES>(q_dst, bytes ? (const void*)(q + start + element) : (const void*)q, bytes);
             }
         }
         u16* dst = S.sD + stage * BM * LDS + my_row * LDS + my_chunk * 8;
@@ -238,7 +241,7 @@ template <typename T> struct TileLoader {
             if (real && args.d_mask != nullptr)
                 real = args.d_mask[doc * args.d_mask_doc_stride + row * args.d_mask_row_stride] != 0;
             const int bytes = real ? my_chunk_bytes : 0;
-            cp_async_16(dst, bytes ? (const void*)src : (const void*)d, bytes);
+            copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)src : (const void*)d, bytes);
             if (my_chunk == 0) {
                 S.sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
                 // Asynchronous like the tile itself: a plain load here would stall the producer
@@ -258,9 +261,9 @@ template <typename T> struct TileLoader {
 };
 
 // Streaming k: each column's query, scale and row in q, and whether the token holds NaN or
-// inf, by one warp per column reading the row from global memory (16-byte chunks; a bad token
-// is zero-filled from then on, so that it stays a witness for non-finite documents). Ends with
-// a barrier: the loader reads sColSrc.
+// inf, by one warp per column reading the row from global memory (an element a lane, any
+// alignment; a bad token is zero-filled from then on, so that it stays a witness for non-finite
+// documents). Ends with a barrier: the loader reads sColSrc.
 template <typename T>
 __device__ __forceinline__ void stream_query_columns(const ForwardArgs& args, const Shared& S, i64 first_query,
                                                      int group_size, int tid) {
@@ -280,13 +283,13 @@ __device__ __forceinline__ void stream_query_columns(const ForwardArgs& args, co
         const i64 start = S.sColSrc[col];
         bool bad = false;
         if constexpr (!Codec<T>::SCALED) {
-            const u32 low = (u32)Codec<T>::EXPONENT, high = Codec<T>::BITS == 16 ? low << 16 : low;
+            static_assert(Codec<T>::BITS == 16 || Codec<T>::BITS == 32, "16-bit or fp32 query tokens");
+            const u32 exponent = (u32)Codec<T>::EXPONENT;
             if (start >= 0)
-                for (int c = lane; c * Codec<T>::CHUNK_ELEMS < args.dim; c += 32) {
-                    const uint4 v = *(const uint4*)((const T*)args.q + start + c * Codec<T>::CHUNK_ELEMS);
-                    const u32 words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
+                for (int e = lane; e < args.dim; e += 32) {
+                    const u32 bits = Codec<T>::BITS == 16 ? (u32)((const u16*)args.q)[start + e]
+                                                          : ((const u32*)args.q)[start + e];
+                    bad |= (bits & exponent) == exponent;
                 }
         }
         bad = __any_sync(0xffffffffu, bad);

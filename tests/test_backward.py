@@ -301,7 +301,7 @@ def _assert_valid_winners(argmax, q64, d64, q_mask, d_mask, dtype):
     pytest.param(3, 32, 10, 300, 128, id="colbert"),
     pytest.param(2, 33, 5, 1023, 128, id="Lq33-Ld1023"),
     pytest.param(9, 31, 7, 7, 96, id="stacked-Ld7-dim96"),
-    pytest.param(2, 5, 3, 20, 100, id="dim100-simt"),
+    pytest.param(2, 5, 3, 20, 100, id="dim100"),
     pytest.param(40, 32, 3, 50, 64, id="many-queries"),
     pytest.param(4, 8, 300, 20, 64, id="many-documents"),  # dQ in document chunks, summed in the dD launch
     pytest.param(3, 32, 4, 70, 320, id="dim320"),  # fat dims: the forward streams k (issue 24)

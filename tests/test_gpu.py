@@ -75,7 +75,7 @@ SHAPES = [
     pytest.param(6, 32, 5, 90, 96, id="stacked-6x32-dim96"),   # ... 2 warpgroups
     pytest.param(2, 100, 7, 50, 64, id="Lq100-dim64"),
     pytest.param(1, 300, 3, 40, 32, id="Lq300-simt"),
-    pytest.param(2, 8, 5, 20, 100, id="dim100-simt"),
+    pytest.param(2, 8, 5, 20, 100, id="dim100"),
 ]
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 

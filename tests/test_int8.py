@@ -120,7 +120,7 @@ def poison(monkeypatch):
     pytest.param(3, 33, 6, 1023, 128, id="Lq33-Ld1023-dim128"),
     pytest.param(9, 32, 20, 64, 128, id="stacked-9x32"),
     pytest.param(9, 32, 20, 64, 256, id="stacked-9x32-dim256"),  # Hopper: documents on M, two warpgroups
-    pytest.param(2, 8, 5, 20, 100, id="dim100-simt"),
+    pytest.param(2, 8, 5, 20, 100, id="dim100"),
 ])
 def test_score_int8_gpu(poison, nq, lq, nd, ld, dim):
     import cupy

@@ -143,3 +143,96 @@ def test_non_finite_policy_streamed(dtype):
     finite = np.isfinite(expected)
     assert np.isfinite(got[finite]).all()
     assert_scores_match(got[finite], expected[finite], atol=5e-2)
+
+
+# ---- Any dim and alignment (item 3): rows copied in pieces of their alignment -----------------
+
+
+@pytest.fixture
+def no_simt(monkeypatch):
+    """Fails the test if a forward takes the CUDA-core kernel (its kernel is fetched per call)."""
+    from cupy_maxsim._gpu import compile as gpu_compile
+
+    fetch = gpu_compile.get_kernel
+
+    def spy(device, family, name, *args, **kwargs):
+        assert family != "maxsim_fwd_simt", f"{name}: the CUDA-core kernel"
+        return fetch(device, family, name, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_compile, "get_kernel", spy)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("dim", [3, 100, 101, 130, 2500])
+def test_odd_dims_on_tensor_cores(dtype, dim, no_simt):
+    """Dims that are no multiple of a 16-byte chunk: contiguous rows then start 2, 4 or 8 bytes
+    apart from 16 (plain loads, 4- and 8-byte cp.async), and the last chunk is part zeros."""
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, 3, 32, 7, 70, dim, seed=dim)
+
+
+def _shifted(x, elements):
+    """``x``'s values in a CuPy array whose data starts ``elements`` elements past an
+    allocation's start (C-contiguous: every row start moves with it)."""
+    import cupy
+
+    buffer = cupy.zeros(x.size + elements, dtype=x.dtype)
+    view = buffer[elements:].reshape(x.shape)
+    view[...] = cupy.asarray(x)
+    return view
+
+
+@pytest.mark.parametrize("dtype,shift", [("float16", 1), ("float16", 2), ("float16", 4), ("float32", 1),
+                                         ("float32", 2), ("int8", 1), ("int8", 2), ("int8", 4), ("int8", 8)])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_misaligned_rows_match_aligned_bitwise(dtype, shift, dim, no_simt):
+    """Rows off 16-byte alignment score bitwise as aligned ones on the same kernel (the
+    mma.sync one: tuning use_wgmma off), and match float64."""
+    rng = np.random.default_rng(dim + shift)
+    q = unit_rows(rng, (5, 32, dim), np.float32)
+    d = unit_rows(rng, (20, 45, dim), np.float32)
+    d_mask = holey_mask(rng, (20, 45), 0.7)
+    import cupy
+
+    if dtype == "int8":
+        (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+        expected = reference.maxsim_reference(q8 * qs[..., None].astype(np.float64),
+                                              d8 * ds[..., None].astype(np.float64), None, d_mask)
+        inputs = lambda s: (_shifted(q8, s), _shifted(d8, s), dict(q_scale=cupy.asarray(qs),  # noqa: E731
+                                                                   d_scale=cupy.asarray(ds)))
+    else:
+        q, d = q.astype(dtype), d.astype(dtype)
+        expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), None, d_mask)
+        inputs = lambda s: (_shifted(q, s), _shifted(d, s), {})  # noqa: E731
+    with tuning.override(use_wgmma=False):
+        results = []
+        for s in (0, shift):
+            qs_, ds_, extra = inputs(s)
+            got, winners = cm.score(qs_, ds_, d_mask=cupy.asarray(d_mask), return_argmax=True, **extra)
+            results.append((to_numpy(got), to_numpy(winners)))
+    np.testing.assert_array_equal(results[1][0], results[0][0])
+    np.testing.assert_array_equal(results[1][1], results[0][1])
+    assert_scores_match(results[1][0], expected, atol=1e-3 if dtype == "int8" else NOISE[dtype] * 32, rtol=1e-5)
+
+
+def test_views_of_wider_rows_and_strided_dims():
+    """A dim cut from wider rows (16-byte row starts, a part-zero last chunk) scores bitwise as
+    its contiguous copy on the same kernel; a strided dim (no unit stride) takes the CUDA
+    cores and still matches float64."""
+    import cupy
+
+    rng = np.random.default_rng(31)
+    q = cupy.asarray(unit_rows(rng, (4, 32, 128), np.float32).astype(np.float16))
+    d = cupy.asarray(unit_rows(rng, (30, 50, 128), np.float32).astype(np.float16))
+    q_cut, d_cut = q[..., :100], d[..., :100]
+    expected = reference.maxsim_reference(to_numpy(q_cut).astype(np.float64), to_numpy(d_cut).astype(np.float64))
+    with tuning.override(use_wgmma=False):
+        cut = to_numpy(cm.score(q_cut, d_cut))
+        copied = to_numpy(cm.score(cupy.ascontiguousarray(q_cut), cupy.ascontiguousarray(d_cut)))
+    np.testing.assert_array_equal(cut, copied)
+    assert_scores_match(cut, expected, atol=NOISE["float16"] * 32)
+    q_strided, d_strided = q[..., ::2], d[..., ::2]
+    expected = reference.maxsim_reference(to_numpy(q_strided).astype(np.float64),
+                                          to_numpy(d_strided).astype(np.float64))
+    assert_scores_match(cm.score(q_strided, d_strided), expected, atol=NOISE["float16"] * 32)

@@ -145,7 +145,7 @@ def _problems():
     problems["fp16-dim64-16q"] = score(16, 32, 2_000, 180, dim=64)
     problems["fp16-dim96-1q"] = score(0, 32, 2_000, 180, dim=96)
     problems["fp16-dim256-1q"] = score(0, 32, 1_000, 300, dim=256)
-    problems["fp16-dim100-simt"] = score(2, 32, 1_000, 300, dim=100)
+    problems["fp16-dim100-simt"] = score(2, 32, 1_000, 300, dim=100)  # (the name from before item 3)
     problems["fp16-long-doc-argmax32"] = score(1, 32, 4, 40_000, argmax=True)
     problems["fp16-long-doc-argmax32-many"] = score(16, 32, 4, 40_000, argmax=True)
     problems["int8-corpus-1q-10k-300"] = score(0, 32, 10_000, 300, dtype="int8")
@@ -182,6 +182,16 @@ def _problems():
     problems["fp32-dim1024-32q-argmax"] = score(32, 32, 500, 300, dim=1024, dtype="float32", argmax=True)
     problems["int8-dim4096-8q-masks"] = score(8, 32, 200, 100, dim=4096, dtype="int8", masks=True)
     problems["bwd-dim2560"] = backward(32, 32, 128, 768, dim=2560)
+    # Any dim and alignment on the mma.sync kernel (issue 24, item 3): rows copied in pieces of
+    # their start's alignment, 8 down to 1 byte; strided dims and float64 stay on the CUDA cores.
+    problems["bf16-dim100-32q"] = score(32, 32, 2_000, 300, dim=100, dtype="bfloat16")
+    problems["int8-dim100-1q"] = score(0, 32, 2_000, 300, dim=100, dtype="int8")
+    problems["int8-dim101-1q-argmax"] = score(1, 32, 2_000, 300, dim=101, dtype="int8", argmax=True)
+    problems["fp16-dim3-8q"] = score(8, 32, 500, 50, dim=3)
+    problems["fp16-dim2500-1q"] = score(0, 32, 500, 768, dim=2500)
+    problems["fp32-dim100-1q"] = score(0, 32, 2_000, 300, dim=100, dtype="float32")
+    problems["packed-fp16-dim100"] = packed(4, 32, ragged, dim=100)
+    problems["bwd-dim100"] = backward(64, 32, 64, 180, dim=100)
     return problems
 
 

@@ -1,6 +1,6 @@
 """1,200 seeded random problems on the GPU against the float64 reference (issue 27, item 5): every
 dtype (fp16, bf16, fp32, int8), one query and many, padded, pairs and packed, masks with holes,
-empty documents, dims from 8 to 2560 (odd ones on the CUDA cores), winners on and off. Each
+empty documents, dims from 8 to 2560 (odd ones too), winners on and off. Each
 problem is drawn from its own seed, so a failure names the one to replay:
 ``pytest tests/test_random_problems.py -k 'seed-417'``."""
 

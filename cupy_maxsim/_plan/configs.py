@@ -39,6 +39,9 @@ class MmaConfig:
     #: Stream k: ksteps k-steps of query and document tiles a ring slot, any dim (fat embeddings).
     stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
     min_blocks: int = dataclasses.field(default=1, metadata=OPTIONAL)  # __launch_bounds__' blocks per SM
+    #: The alignment of every row start in bytes (forward.load_alignment): rows are copied in
+    #: pieces of this size, below 4 by plain loads (maxsim_fwd.cu, "Any dim and alignment").
+    load_bytes: int = dataclasses.field(default=16, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -248,6 +251,10 @@ MMA_CONFIGS = {
     128: dict(warps_m=2, warps_n=4, mt=2, nt=4, stages=3, max_ksteps=16),
     256: dict(warps_m=2, warps_n=4, mt=2, nt=8, stages=2, max_ksteps=8),
 }
+
+
+#: Row-start alignments in bytes the mma.sync kernel copies rows at (MmaConfig.load_bytes).
+LOAD_ALIGNMENTS = (1, 2, 4, 8, 16)
 
 
 #: Streaming k (dims past a width's max_ksteps): tiles by stacked width, STREAM_KSTEPS k-steps

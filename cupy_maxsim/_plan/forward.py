@@ -7,6 +7,7 @@ compiled kernel, how many of its blocks an SM holds, is passed in (``resident``)
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 from .._gpu.registry import SUFFIX_FORMAT
@@ -35,6 +36,7 @@ class ForwardShape(typing.NamedTuple):
     argmax_bits: int  # 16 or 32: the winners saved; 0: none
     mean_doc_length: float  # tokens of an average document (packed: total / documents)
     packed: bool
+    load_bytes: int = 16  # every row start's alignment (load_alignment)
 
 
 class KernelChoice(typing.NamedTuple):
@@ -60,19 +62,24 @@ class ForwardGeometry(typing.NamedTuple):
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
 
 
-def tensor_core_eligible(suffix: str, dim: int, query_length: int, strides: tuple, pointers: tuple,
-                         capability: int) -> bool:
-    """Whether the tensor-core kernels take these operands: whole 16-byte chunks per row (any
-    number: past 16 k-steps of 32 bytes they stream k), rows aligned to 16 bytes, a query no
-    wider than a tile. ``strides``: q's and d's strides in elements (the dim's last);
-    ``pointers``: q's and d's."""
+def load_alignment(suffix: str, dim: int, query_length: int, strides: tuple, pointers: tuple,
+                   capability: int) -> int:
+    """The alignment in bytes (1 to 16, a power of two) of every row start of q and d, at which
+    the tensor-core kernels copy rows, or 0 where they cannot take the operands (float64, a
+    strided embedding dim, a query wider than a tile, before sm_80). Below 4 bytes (plain loads,
+    not cp.async) the dim's bytes count too, so that no load reaches past a row. ``strides``: q's
+    and d's strides in elements (the dim's last); ``pointers``: q's and d's."""
     item = ITEMSIZE[suffix]
-    if suffix not in TENSOR_CORE_SUFFIXES or (dim * item) % 16 or query_length > MAX_QUERY_ROWS:
-        return False
     q_strides, d_strides = strides
-    if q_strides[-1] != 1 or d_strides[-1] != 1 or (pointers[0] | pointers[1]) % 16:
-        return False
-    return capability >= 80 and all(s * item % 16 == 0 for s in q_strides[:-1] + d_strides[:-1])
+    if suffix not in TENSOR_CORE_SUFFIXES or query_length > MAX_QUERY_ROWS or capability < 80 or dim < 1:
+        return 0
+    if q_strides[-1] != 1 or d_strides[-1] != 1:
+        return 0
+    starts = pointers[0] | pointers[1] | 16
+    for stride in q_strides[:-1] + d_strides[:-1]:
+        starts |= stride * item
+    alignment = starts & -starts
+    return alignment if alignment >= 4 else min(alignment, (dim * item) & -(dim * item))
 
 
 def choose_mma_config(num_queries: int, query_length: int, ksteps: int, pairs: bool, smem_limit: int,
@@ -98,11 +105,14 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     """The tensor-core kernel and tile configuration of ``shape`` on a device of
     ``properties`` (gpu.device.device_properties), or None (the CUDA-core kernel)."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = properties
-    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed = shape
+    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed, load_bytes = shape
     ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
     corpus_elements = num_docs * mean_doc_length * dim
     scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
-    if tunables.use_wgmma and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs and query_length <= 64:
+    # The Hopper kernel's TMA tiles want 16-byte row starts and whole chunks a row.
+    hopper = load_bytes == 16 and dim * ITEMSIZE[suffix] % 16 == 0
+    if (tunables.use_wgmma and hopper and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs
+            and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
         # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles; its winners are 16-bit).
@@ -121,6 +131,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
                                stream, tunables.stream_ksteps)
     if config is None:
         return None
+    if load_bytes != 16:
+        config = dataclasses.replace(config, load_bytes=load_bytes)
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)
 
 

@@ -9,10 +9,12 @@ source to it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
 from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
-from .configs import (MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
+from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
                       int8_long_tiles, mma_config, wgmma_config)
 
 
@@ -42,7 +44,8 @@ def _checked(config) -> tuple[str, ...]:
 
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
-    and streaming k (fatter dims), with and without the argmax; the tensor-core forwards' with
+    streaming k (fatter dims) and rows at each alignment below 16 bytes, with and without the
+    argmax; the tensor-core forwards' with
     their shared memory checked."""
     variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ())]
     for width in MMA_CONFIGS:
@@ -55,6 +58,10 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for stream_ksteps in STREAM_KSTEPS_CHOICES:
                 config = choose_stages(mma_config(width, 0, argmax, stream=True, stream_ksteps=stream_ksteps))
                 variants.append(("maxsim_fwd", _checked(config)))
+    for load_bytes in LOAD_ALIGNMENTS[:-1]:  # rows not 16-byte aligned (odd dims), dim 100-ish
+        for argmax in (False, True):
+            variants.append(("maxsim_fwd", _checked(replace(mma_config(32, 7, argmax), load_bytes=load_bytes))))
+        variants.append(("maxsim_fwd", _checked(replace(mma_config(256, 7), load_bytes=load_bytes))))
     for ksteps in (4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split
