@@ -26,7 +26,8 @@ from cliffs import unit  # noqa: E402
 def providers(torch, k):
     import cupy_maxsim as cm
 
-    found = {"cupy_maxsim.search": lambda q, d: cm.search(q, d, k),
+    found = {"cupy_maxsim score alone (no top-k: the baseline)": lambda q, d: cm.score(q, d),
+             "cupy_maxsim.search": lambda q, d: cm.search(q, d, k),
              "cupy_maxsim score + topk": lambda q, d: torch.topk(cm.score(q, d), min(k, d.shape[0]), dim=-1)}
     try:
         import flash_maxsim as fm
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
                               f"{entry['extra_mb']:.0f} |", flush=True)
                     except Exception as error:  # noqa: BLE001 - a failure is a result
                         entry["error"] = f"{type(error).__name__}: {str(error)[:200]}"
+                        print(f"| {num_docs} | {num_queries} | {k} | {name} | {entry['error'][:80]} | | |", flush=True)
                         torch.cuda.synchronize()
                     rows.append(entry)
                     stem.with_suffix(".json").write_text(json.dumps(
