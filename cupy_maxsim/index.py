@@ -32,6 +32,10 @@ FORMAT_NAME = "cupy-maxsim-index"
 VERSION = 1
 
 
+#: Query dtypes any index takes (cast to the stored format); an int8 index takes int8 ones too.
+_FLOAT_QUERIES = ("float16", "bfloat16", "float32", "float64")
+
+
 class Index:
     """An exact MaxSim index of documents of ``dim``-wide token embeddings.
 
@@ -192,6 +196,10 @@ class Index:
             allowed &= self._filter_rows(filter)
         scales = {} if q_scale is None else {"q_scale": q_scale}
         q_dtype = _arrays.as_operand(q, "q").dtype
+        if q_dtype not in _FLOAT_QUERIES and not (q_dtype == "int8" and self._scales is not None):
+            raise TypeError(f"q must have dtype {', '.join(_FLOAT_QUERIES)}"
+                            f"{' or int8' if self._scales is not None else ''} (the index stores {self.dtype}), "
+                            f"got {q_dtype}")
         if self._scales is None and q_dtype != self.dtype:  # queries (small) cast to the stored format
             q = _cast(q, self.dtype)
         if self._scales is not None:  # float queries quantised once, not once per block
@@ -278,7 +286,7 @@ class Index:
         folder = Path(path)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a file's path: NotADirectoryError)
             raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index") from None
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
