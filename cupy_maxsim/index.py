@@ -211,7 +211,7 @@ class Index:
                                     scales.get("d_scale"), return_argmax)
         with self._on_device():
             allowed_device = self._xp.asarray(allowed)
-            store_ids = self._xp.asarray(self._ids)
+            store_ids = self._xp.asarray(self._ids if self._ids.size else np.full(1, -1, np.int64))  # (empty: no row)
 
         def block(start, stop):
             return scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,

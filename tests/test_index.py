@@ -261,3 +261,16 @@ def test_index_on_gpu(framework, tmp_path):
     index.save(tmp_path / "gpu")
     again = cm.Index.load(tmp_path / "gpu", device="cuda").search(device(q), 20)
     np.testing.assert_array_equal(to_numpy(again[1]), want[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_an_empty_index_answers_nothing_found(dtype):
+    """A valid corner: no documents yet (or all removed), id -1 and -inf for every place."""
+    index = cm.Index(DIM, dtype=dtype)
+    q = np.ones((2, 3, DIM), np.float32)
+    scores, ids = index.search(q, 4)
+    assert ids.shape == (2, 4) and (ids == -1).all() and np.isneginf(scores).all()
+    index.add([np.ones((2, DIM), np.float32)])
+    index.remove([0])
+    scores, ids = index.search(q[0], 2)
+    assert ids.tolist() == [-1, -1] and np.isneginf(scores).all()
