@@ -312,3 +312,15 @@ def check_winners(argmax: np.ndarray, offsets: np.ndarray | None, doc_length: in
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"argmax must hold -1 or a token index within its document (from return_argmax=True "
                          f"for these very q and d), got {int(argmax[where])} at {where}")
+
+
+def check_candidates(q, d) -> None:
+    """score_candidates' layout, by shapes alone (any array, tensor or tracer): q (Nq, Lq, D),
+    d (Nq, K, Ld, D)."""
+    for value, name, ndim in ((q, "q", 3), (d, "d", 4)):
+        shape = getattr(value, "shape", None)
+        if shape is None or len(shape) != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions ({'(Nq, Lq, D)' if ndim == 3 else '(Nq, K, Ld, D)'}), "
+                             f"got shape {None if shape is None else tuple(shape)}")
+    if d.shape[0] != q.shape[0]:
+        raise ValueError(f"d must hold candidates for each of the {q.shape[0]} queries, got {d.shape[0]} groups")

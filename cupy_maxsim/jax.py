@@ -26,7 +26,7 @@ except ImportError as error:  # a JAX without buffer_callback
     raise ImportError(f"cupy_maxsim.jax needs jax.experimental.buffer_callback (tested with JAX 0.10 and 0.11); "
                       f"this JAX is {jax.__version__}") from error
 
-from . import scoring, training
+from . import _problem, scoring, training
 from ._arrays import device_buffer_operand
 
 __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed", "maxsim_candidates"]
@@ -144,25 +144,51 @@ def _maxsim_bwd(pairs, residuals, grad):
 _maxsim.defvjp(_maxsim_fwd, _maxsim_bwd)
 
 
+def _stand_in(x):
+    """A NumPy array of ``x``'s shape and dtype that holds no memory (zero strides), for the
+    core's validation at trace time; concrete offsets keep their values (their checks read them)."""
+    if x is None:
+        return None
+    if np.dtype(x.dtype).kind in "iu":  # offsets: their values where they are on the host
+        try:  # (on a GPU the call checks them, as it would anyway: no extra copy here)
+            if all(device.platform == "cpu" for device in x.devices()):
+                return np.asarray(x)
+        except Exception:  # noqa: BLE001 - a tracer (jit): no values at trace time
+            pass
+    return np.broadcast_to(np.zeros((), np.dtype(x.dtype)), tuple(x.shape))
+
+
+def _validated(builder, q, d, *rest):
+    """The core's checks of a call (``builder``: a _problem builder), before any tracing of the
+    kernels: bad inputs raise its TypeError or ValueError naming the argument, not an error
+    from inside XLA. Offsets' values are checked here where they are concrete, else in the call."""
+    builder(*(_stand_in(x) for x in (q, d) + rest))
+
+
 def maxsim(q, d, q_mask=None, d_mask=None):
     """Differentiable :func:`cupy_maxsim.score` for JAX arrays: q (Lq, D) or (Nq, Lq, D),
     d (Nd, Ld, D), boolean masks (True = real token) -> scores (Nd,) or (Nq, Nd)."""
+    _validated(lambda *a: _problem.padded_problem(*a, None, None, True), q, d, q_mask, d_mask)
     return _maxsim(q, d, None, q_mask, d_mask, False)
 
 
 def maxsim_pairs(q, d, q_mask=None, d_mask=None):
     """Differentiable :func:`cupy_maxsim.score_pairs`: (B, Lq, D) x (B, Ld, D) -> (B,)."""
+    _validated(lambda *a: _problem.pairs_problem(*a, None, None, True), q, d, q_mask, d_mask)
     return _maxsim(q, d, None, q_mask, d_mask, True)
 
 
 def maxsim_packed(q, tokens, offsets, q_mask=None):
     """Differentiable :func:`cupy_maxsim.score_packed`: tokens (T, D), offsets (Nd + 1,)."""
+    _validated(lambda q_, t_, o_, m_: _problem.packed_problem(q_, t_, o_, m_, None, None, True), q, tokens, offsets,
+               q_mask)
     return _maxsim(q, tokens, offsets, q_mask, None, False)
 
 
 def maxsim_candidates(q, d, q_mask=None, d_mask=None):
     """Differentiable :func:`cupy_maxsim.score_candidates`: (Nq, Lq, D) x (Nq, K, Ld, D) -> (Nq, K),
     the queries' gradient summed over their K candidates."""
+    _problem.check_candidates(q, d)
     num_queries, candidates = d.shape[:2]
     repeat = lambda x: jnp.repeat(x, candidates, axis=0)  # noqa: E731
     scores = maxsim_pairs(repeat(q), d.reshape((num_queries * candidates,) + d.shape[2:]),

@@ -9,7 +9,7 @@ of torch CUDA tensors or CuPy arrays is replayed after its first call of the sam
 from __future__ import annotations
 
 from . import _arrays, _cpu, _forward, _replay
-from ._problem import ScoreProblem, packed_problem, pairs_problem, padded_problem
+from ._problem import ScoreProblem, check_candidates, packed_problem, pairs_problem, padded_problem
 from .tuning import current
 
 
@@ -120,13 +120,7 @@ def score_candidates(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=No
         Same rules as :func:`score`. (Scored as aligned pairs with the queries repeated K
         times, a copy of Nq * K * Lq * D elements; a kernel layout of its own is issue 26.)
     """
-    for value, name, ndim in ((q, "q", 3), (d, "d", 4)):
-        shape = getattr(value, "shape", None)
-        if shape is None or len(shape) != ndim:
-            raise ValueError(f"{name} must have {ndim} dimensions ({'(Nq, Lq, D)' if ndim == 3 else '(Nq, K, Ld, D)'}), "
-                             f"got shape {shape}")
-    if d.shape[0] != q.shape[0]:
-        raise ValueError(f"d must hold candidates for each of the {q.shape[0]} queries, got {d.shape[0]} groups")
+    check_candidates(q, d)
     num_queries, candidates = d.shape[:2]
     flat = lambda x: None if x is None else _arrays.reshaped(x, (num_queries * candidates,) + tuple(x.shape[2:]))  # noqa: E731
     repeat = lambda x: None if x is None else _arrays.repeated_rows(x, candidates)  # noqa: E731

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import _torch_ops, scoring, training
+from ._problem import check_candidates
 
 __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed", "maxsim_candidates"]
 
@@ -111,6 +112,7 @@ def maxsim_packed(q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, 
 def maxsim_candidates(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score_candidates`: (Nq, Lq, D) x (Nq, K, Ld, D) -> (Nq, K),
     the queries' gradient summed over their K candidates."""
+    check_candidates(q, d)
     num_queries, candidates = d.shape[:2]
     repeat = lambda x: x.unsqueeze(1).expand(num_queries, candidates, *x.shape[1:]).reshape(  # noqa: E731
         num_queries * candidates, *x.shape[1:])
