@@ -252,8 +252,13 @@ def _arrays(value):
             yield from _arrays(item)
 
 
-@pytest.mark.parametrize("function,args,kwargs,error,message", CATALOGUE)
-def test_bad_input_is_refused_and_nothing_changes(function, args, kwargs, error, message):
+#: Every public function a catalogue must reach.
+FUNCTIONS = {cm.score, cm.score_pairs, cm.score_packed, cm.score_backward, cm.pack, cm.quantize_int8, cm.search,
+             cm.search_packed, cm.score_candidates, index_new, index_add, index_remove, index_search, index_load}
+
+
+def assert_refused(function, args, kwargs, error, message):
+    """``function(*args, **kwargs)`` raises ``error`` matching ``message`` and changes no input."""
     before = [(a, a.copy()) for a in _arrays((args, kwargs))]
     with pytest.raises(error, match=message):
         function(*args, **kwargs)
@@ -261,9 +266,11 @@ def test_bad_input_is_refused_and_nothing_changes(function, args, kwargs, error,
         np.testing.assert_array_equal(array, copy)
 
 
+@pytest.mark.parametrize("function,args,kwargs,error,message", CATALOGUE)
+def test_bad_input_is_refused_and_nothing_changes(function, args, kwargs, error, message):
+    assert_refused(function, args, kwargs, error, message)
+
+
 def test_the_catalogue_is_large_enough():
     assert len(CATALOGUE) >= 80
-    assert {case.values[0] for case in CATALOGUE} == {cm.score, cm.score_pairs, cm.score_packed, cm.score_backward,
-                                                       cm.pack, cm.quantize_int8, cm.search, cm.search_packed,
-                                                       cm.score_candidates, index_new, index_add, index_remove,
-                                                       index_search, index_load}
+    assert {case.values[0] for case in CATALOGUE} == FUNCTIONS
