@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on
 # every kernel variant, a few timings.
-# Usage (device machine, repo root): bash bench/gpu_suite.sh [pytest -k expr]
+# Usage (device machine, repo root): [SEEDS=0:200] [SKIP_SANITIZER=1] [SKIP_TIMING=1] bash bench/gpu_suite.sh [pytest -k expr]
 set -o pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { date -u; echo "commit ${CUPY_MAXSIM_COMMIT:-unknown (the device copy has no .git; pass CUPY_MAXSIM_COMMIT)}"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
   python3 -c "import cupy, numpy, torch, jax; print('cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__, 'jax', jax.__version__)"; } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_no_cliffs.py tests/test_search.py tests/test_index.py \
-  -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -m gpu tests/test_gpu.py tests/test_int8.py tests/test_backward.py tests/test_no_cliffs.py \
+  tests/test_search.py tests/test_index.py tests/test_torch_compile.py -q -x ${1:+-k "$1"} 2>&1 | tee "$OUT/gpu_tests.log"
+# A slice of the 1,200 random problems (about 0.5 s each, most of it the float64 reference and
+# first compiles): SEEDS=start:stop, default the first 200.
+CUPY_MAXSIM_SEEDS=${SEEDS:-0:200} python3 -m pytest -m gpu tests/test_random_problems.py -q 2>&1 | tail -3 \
+  | tee "$OUT/random_problems.log"
 if [ -z "$SKIP_SANITIZER" ]; then
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --leak-check no python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/memcheck.log"
   compute-sanitizer --tool racecheck python3 bench/sanitize_forward.py 2>&1 | tail -5 | tee "$OUT/racecheck.log"

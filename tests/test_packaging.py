@@ -218,3 +218,13 @@ def test_no_python_module_over_500_lines():
     package = ROOT / "cupy_maxsim"
     lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in package.rglob("*.py")}
     assert {path: n for path, n in lengths.items() if n > 500} == {}
+
+
+def test_every_extra_the_readme_installs_exists():
+    """Each `.[a,b]` the README's commands and install lines name is an extra of pyproject.toml."""
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = {name for group in re.findall(r'"\.\[([\w,-]+)\]"', (ROOT / "README.md").read_text())
+             for name in group.split(",")}
+    assert named and named <= extras, sorted(named - extras)

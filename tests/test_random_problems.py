@@ -2,7 +2,10 @@
 dtype (fp16, bf16, fp32, int8), one query and many, padded, pairs and packed, masks with holes,
 empty documents, dims from 8 to 2560 (odd ones too), winners on and off. Each
 problem is drawn from its own seed, so a failure names the one to replay:
-``pytest tests/test_random_problems.py -k 'seed-417'``."""
+``pytest tests/test_random_problems.py -k 'seed-417'``. A device call too short for all of them
+takes a slice: ``CUPY_MAXSIM_SEEDS=500:900 pytest -m gpu tests/test_random_problems.py``."""
+
+import os
 
 import numpy as np
 import pytest
@@ -62,7 +65,11 @@ def _rounded(x, dtype):
     return x.astype(np.float32).astype(np.float64)
 
 
-@pytest.mark.parametrize("seed", range(PROBLEMS), ids=lambda s: f"seed-{s}")
+#: The seeds this run draws (CUPY_MAXSIM_SEEDS=start:stop, a slice of them; default all).
+SEEDS = range(*map(int, os.environ.get("CUPY_MAXSIM_SEEDS", f"0:{PROBLEMS}").split(":")))
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed-{s}")
 def test_random_problem(seed):
     rng, dtype, mode, dim, nq, lq, nd, ld, winners = _draw(seed)
     q64 = _rounded(unit_rows(rng, (nq, lq, dim), np.float64), dtype)
