@@ -218,3 +218,25 @@ def test_exact_index_behind_pylate_retrieve():
     np.testing.assert_array_equal(embedding, documents[40].astype(np.float16))
     with pytest.raises(ValueError, match="new and unique"):
         index.add_documents(["doc-40"], [documents[0]])
+
+
+def test_packed_rerank_matches_pylates_rerank():
+    """Ragged candidates per query (lists of arrays of any lengths): the same order and scores
+    as pylate.rank.rerank where every similarity is positive (its zero padding then never wins)."""
+    from pylate import rank
+
+    rng = np.random.default_rng(7)
+    queries = _embeddings(rng, (3, 8, 16))
+    candidates = [[_embeddings(rng, (int(n), 16)) for n in rng.integers(1, 20, count)] for count in (5, 1, 9)]
+    ids = [[f"d{i}-{j}" for j in range(len(c))] for i, c in enumerate(candidates)]
+    got = ours.rerank(ids, queries, candidates)
+    want = rank.rerank(documents_ids=ids, queries_embeddings=queries, documents_embeddings=candidates)
+    for g, w in zip(got, want):
+        assert [r["id"] for r in g] == [r["id"] for r in w]
+        np.testing.assert_allclose([r["score"] for r in g], [r["score"] for r in w], rtol=1e-5, atol=1e-5)
+    numpy_inputs = ours.rerank(ids, queries.numpy(), [[x.numpy() for x in c] for c in candidates])
+    assert [[r["id"] for r in g] for g in numpy_inputs] == [[r["id"] for r in g] for g in got]
+    assert ours.rerank([[]], queries[:1], [[]]) == [[]]
+    as_list = ours.rerank(ids, list(queries), candidates)  # queries as a list, one query alone
+    assert [[r["id"] for r in g] for g in as_list] == [[r["id"] for r in g] for g in got]
+    assert [r["id"] for r in ours.rerank(ids[:1], queries[0], candidates[:1])[0]] == [r["id"] for r in got[0]]

@@ -4,6 +4,7 @@
     loss = pylate.losses.Contrastive(model, score_metric=cm_pylate.ColBERTScores())
     loss = pylate.losses.Distillation(model, score_metric=cm_pylate.colbert_kd_scores)
     cm_pylate.patch()      # or: every place PyLate captured its scorers, until unpatch()
+    cm_pylate.rerank(documents_ids, queries_embeddings, documents_embeddings)  # packed
 
 Semantics kept from PyLate (``../shared/research/ecosystem.md`` 1.6):
 
@@ -67,6 +68,34 @@ class ColBERTScores:
         mask = _mask(documents_mask)
         return colbert_scores(queries_embeddings, d.reshape(groups * slots, *d.shape[2:]), queries_mask,
                               None if mask is None else mask.reshape(groups * slots, -1))
+
+
+def rerank(documents_ids, queries_embeddings, documents_embeddings, device=None) -> list[list[dict]]:
+    """``pylate.rank.rerank``'s signature and results (per query, its candidates as
+    ``{"id", "score"}`` by descending score), each query's candidates scored packed: their real
+    tokens only, one call a query, no padded copy. Ties keep the candidates' order. One
+    difference, on purpose: PyLate pads candidates with zero rows and scores them unmasked, so a
+    candidate whose every similarity is negative scores 0 there; here it scores its own best."""
+    import cupy_maxsim as cm
+
+    results = []
+    queries = queries_embeddings  # a list of (Lq, H), or one (Nq, Lq, H) / (Lq, H) array
+    if not isinstance(queries, (list, tuple)):
+        queries = [queries] if _tensor(queries).ndim == 2 else list(_tensor(queries))
+    for query, ids, candidates in zip(queries, documents_ids, documents_embeddings):
+        q = _tensor(query)
+        if device is not None:
+            q = q.to(device)
+        docs = [_tensor(x).to(q.device, q.dtype) for x in candidates]
+        if not docs:
+            results.append([])
+            continue
+        lengths = torch.tensor([0] + [x.shape[0] for x in docs], device=q.device)
+        scores = cm.score_packed(q, torch.cat(docs), torch.cumsum(lengths, 0))
+        order = torch.sort(scores, descending=True, stable=True)
+        results.append([{"id": ids[i], "score": float(v)} for v, i in zip(order.values.tolist(),
+                                                                         order.indices.tolist())])
+    return results
 
 
 # ---- patching: every place PyLate 1.6 captured a scorer --------------------------------------
