@@ -347,3 +347,17 @@ def repeated_rows(x, times: int):
         return x.unsqueeze(1).expand(x.shape[0], times, *x.shape[1:]).reshape(x.shape[0] * times, *x.shape[1:])
     expanded = namespace.broadcast_to(namespace.expand_dims(x, axis=1), (x.shape[0], times) + tuple(x.shape[1:]))
     return namespace.reshape(expanded, (x.shape[0] * times,) + tuple(x.shape[1:]))
+
+
+def to_host(x) -> np.ndarray:
+    """A NumPy copy (or view) of an Operand or a NumPy / CuPy array."""
+    if isinstance(x, Operand):
+        return x.host if not x.on_gpu else x.cupy().get()
+    return x if isinstance(x, np.ndarray) else x.get()
+
+
+def host_values(x) -> np.ndarray:
+    """Any array's values as a NumPy array (bfloat16 widened exactly to float32)."""
+    operand = as_operand(x, "q")
+    values = to_host(operand)
+    return np.asarray(widened_bfloat16(values) if operand.dtype == "bfloat16" else values)

@@ -69,6 +69,7 @@ class Index:
             self._scales = xp.zeros((0,), dtype=np.float32) if dtype == "int8" else None
             self._offsets = xp.zeros((1,), dtype=np.int64)
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
+        self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
         self._alive = np.zeros((0,), dtype=bool)
         self._next_id = 0
 
@@ -111,7 +112,7 @@ class Index:
         count = _document_count(docs)
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
-            docs = (docs[0], _to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+            docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
         parts, base = [], 0
         for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
             tokens, offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None else
@@ -142,7 +143,7 @@ class Index:
         wanted = _id_array(ids, "ids")
         rows = self._rows_of(wanted, "ids")
         self._alive[rows] = False
-        lengths = np.diff(_to_host(self._offsets))
+        lengths = np.diff(_arrays.to_host(self._offsets))
         if lengths[~self._alive].sum() > lengths[self._alive].sum():
             self.compact()
         return int(rows.shape[0])
@@ -151,7 +152,7 @@ class Index:
         """Drop removed documents from the store (ids stay as they were)."""
         if self._alive.all():
             return
-        offsets = _to_host(self._offsets)
+        offsets = _arrays.to_host(self._offsets)
         keep = np.flatnonzero(self._alive)
         lengths = np.diff(offsets)[keep]
         token_rows = _token_rows(offsets, keep)
@@ -196,10 +197,9 @@ class Index:
             allowed &= self._filter_rows(filter)
         scales = {} if q_scale is None else {"q_scale": q_scale}
         q_dtype = _arrays.as_operand(q, "q").dtype
-        if q_dtype not in _FLOAT_QUERIES and not (q_dtype == "int8" and self._scales is not None):
-            raise TypeError(f"q must have dtype {', '.join(_FLOAT_QUERIES)}"
-                            f"{' or int8' if self._scales is not None else ''} (the index stores {self.dtype}), "
-                            f"got {q_dtype}")
+        if q_dtype not in _FLOAT_QUERIES + (("int8",) if self._scales is not None else ()):
+            raise TypeError(f"q must have dtype {', '.join(_FLOAT_QUERIES)}{' or int8' * (self._scales is not None)} "
+                            f"(the index stores {self.dtype}), got {q_dtype}")
         if self._scales is None and q_dtype != self.dtype:  # queries (small) cast to the stored format
             q = _cast(q, self.dtype)
         if self._scales is not None:  # float queries quantised once, not once per block
@@ -211,7 +211,6 @@ class Index:
                                     scales.get("d_scale"), return_argmax)
         with self._on_device():
             allowed_device = self._xp.asarray(allowed)
-            store_ids = self._xp.asarray(self._ids if self._ids.size else np.full(1, -1, np.int64))  # (empty: no row)
 
         def block(start, stop):
             return scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,
@@ -219,8 +218,9 @@ class Index:
 
         results = _search._top_k(problem, block, k, workspace_bytes, allowed_device)
         if rows:
-            return problem.like, results[0], _to_host(_arrays.as_operand(results[1], "rows"))
+            return problem.like, results[0], _arrays.to_host(_arrays.as_operand(results[1], "rows"))
         # Storage rows -> the index's ids, on the device of the results.
+        store_ids = self._ids_on_device()
         operand = _arrays.as_operand(results[1], "ids")
         with _search._gpu_stream(problem.like):
             local = operand.host if not operand.on_gpu else operand.cupy()
@@ -228,15 +228,23 @@ class Index:
             mapped = xp.where(local >= 0, store_ids[xp.maximum(local, 0)], -1)
         return (results[0], _arrays.Output(problem.like).wrap(mapped)) + tuple(results[2:])
 
+    def _ids_on_device(self):
+        """The ids on the store's device, copied once per version (_ids is replaced, never
+        changed in place); an empty store gets one -1, so that the gather stays in bounds."""
+        if self._device_ids is None or self._device_ids[0] is not self._ids:
+            with self._on_device():
+                self._device_ids = (self._ids, self._xp.asarray(self._ids if self._ids.size else np.full(1, -1)))
+        return self._device_ids[1]
+
     def _rescored(self, q, q_mask, rows, k, return_argmax, like):
         """Each query's shortlist (storage rows, -1: none) scored exactly from the host copy
         (the NumPy backend), its k best kept; results on the device of ``like``."""
         single = like.ndim == 2
-        q_host = host_values(q).astype(self.rescore)
+        q_host = _arrays.host_values(q).astype(self.rescore)
         q_host = q_host[None] if single else q_host
-        mask = None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask")).reshape(q_host.shape[:2])
+        mask = None if q_mask is None else _arrays.to_host(_arrays.as_operand(q_mask, "q_mask")).reshape(q_host.shape[:2])
         rows = rows.reshape(q_host.shape[0], -1)
-        offsets = _to_host(self._offsets)
+        offsets = _arrays.to_host(self._offsets)
         scores = np.full((q_host.shape[0], k), -np.inf, np.float32)
         found = np.full((q_host.shape[0], k), -1, np.int64)
         winners = np.full((q_host.shape[0], k, q_host.shape[1]), -1, np.int32) if return_argmax else None
@@ -272,7 +280,7 @@ class Index:
         if self._exact is not None:
             arrays["exact"] = self._exact
         for name in _progress(list(arrays), len(arrays), "saving", progress):
-            np.save(folder / f"{name}.npy", _to_host(arrays[name]), allow_pickle=False)
+            np.save(folder / f"{name}.npy", _arrays.to_host(arrays[name]), allow_pickle=False)
         manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype, "rescore": self.rescore,
                     "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
                     "files": sorted(f"{name}.npy" for name in arrays)}
@@ -333,10 +341,10 @@ class Index:
         """(tokens operand's array, host int64 offsets) of what add() was given."""
         if isinstance(docs, tuple) and len(docs) == 2:
             tokens, offsets = docs
-            offsets = _to_host(_arrays.as_operand(offsets, "offsets"))
+            offsets = _arrays.to_host(_arrays.as_operand(offsets, "offsets"))
         else:
             tokens, offsets = quantize.pack(docs, mask=mask)
-            offsets = _to_host(_arrays.as_operand(offsets, "offsets"))
+            offsets = _arrays.to_host(_arrays.as_operand(offsets, "offsets"))
         operand = _arrays.as_operand(tokens, "docs")
         if operand.ndim != 2 or operand.shape[1] != self.dim:
             raise ValueError(f"docs must have tokens of width {self.dim} (the index's dim), got shape {operand.shape}")
@@ -394,7 +402,7 @@ class Index:
         if isinstance(filter, (list, tuple, range)):
             filter = np.asarray(filter, dtype=np.int64)
         operand = _arrays.as_operand(filter, "filter")
-        values = _to_host(operand)
+        values = _arrays.to_host(operand)
         if operand.dtype == "bool":
             if values.shape != (len(self),):
                 raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(self)},), "
@@ -425,13 +433,6 @@ def answer(host_results, like) -> tuple:
             out = [cupy.asarray(x) for x in out]
     output = _arrays.Output(like)
     return tuple(output.wrap(x) for x in out)
-
-
-def host_values(x) -> np.ndarray:
-    """Any array's values as a NumPy array (bfloat16 widened exactly to float32)."""
-    operand = _arrays.as_operand(x, "q")
-    values = _to_host(operand)
-    return np.asarray(_arrays.widened_bfloat16(values) if operand.dtype == "bfloat16" else values)
 
 
 def _progress(iterable, total: int, what: str, enabled: bool):
@@ -480,14 +481,7 @@ def _parse_device(device) -> int | None:
 
 
 def _id_array(ids, name: str) -> np.ndarray:
-    values = np.asarray(_to_host(_arrays.as_operand(ids, name)) if not isinstance(ids, (list, tuple, range)) else ids)
+    values = np.asarray(_arrays.to_host(_arrays.as_operand(ids, name)) if not isinstance(ids, (list, tuple, range)) else ids)
     if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
         raise TypeError(f"{name} must be a 1-D array of integer ids, got dtype {values.dtype} shape {values.shape}")
     return values.astype(np.int64)
-
-
-def _to_host(x) -> np.ndarray:
-    """A NumPy copy (or view) of an Operand or a NumPy / CuPy array."""
-    if isinstance(x, _arrays.Operand):
-        return x.host if not x.on_gpu else x.cupy().get()
-    return x if isinstance(x, np.ndarray) else x.get()

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import ray
 
+from . import _arrays
 from .index import Index, _id_array
 from .search import _check_k
-from .index import host_values
 from .shards import _host_filter, assign_ids, merge_top_k, split_documents
 
 
@@ -109,7 +109,7 @@ class RayIndex:
         """As :meth:`Index.search`; the query travels to every actor as a NumPy array, the
         results come back as NumPy arrays."""
         k = _check_k(k)
-        host_q = host_values(q)
+        host_q = _arrays.host_values(q)
         host_mask = None if q_mask is None else np.asarray(q_mask)
         allow = None if filter is None else _host_filter(filter, self)
         results = self._gather([actor.search.remote(host_q, k, host_mask, allow, return_argmax)
@@ -133,11 +133,9 @@ class RayIndex:
 
 def _host_docs(docs):
     """What add() was given, as host arrays (Ray ships them to the actor)."""
-    from .index import _to_host
-    from . import _arrays
 
     if isinstance(docs, tuple) and len(docs) == 2:
-        return (_to_host(_arrays.as_operand(docs[0], "docs")), np.asarray(docs[1]))
+        return (_arrays.to_host(_arrays.as_operand(docs[0], "docs")), np.asarray(docs[1]))
     if isinstance(docs, list):
-        return [host_values(x) for x in docs]
-    return host_values(docs)
+        return [_arrays.host_values(x) for x in docs]
+    return _arrays.host_values(docs)

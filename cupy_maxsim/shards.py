@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays
-from .index import Index, _document_count, _document_slice, _id_array, _parse_device, _to_host, answer, host_values
+from .index import Index, _document_count, _document_slice, _id_array, _parse_device, answer
 from .search import _check_k
 
 
@@ -74,7 +74,7 @@ class ShardedIndex:
         device (each shard searches on its own device; the merge runs on the host)."""
         k = _check_k(k)
         like = _arrays.as_operand(q, "q")
-        host_q, host_mask = host_values(q), None if q_mask is None else _to_host(_arrays.as_operand(q_mask, "q_mask"))
+        host_q, host_mask = _arrays.host_values(q), None if q_mask is None else _arrays.to_host(_arrays.as_operand(q_mask, "q_mask"))
         filter = None if filter is None else _host_filter(filter, self)
         results = []
         for shard in self.shards:
@@ -104,7 +104,7 @@ def split_documents(docs, mask, ids: np.ndarray, parts: int):
     """``parts`` contiguous runs of the documents: (docs, mask, ids) each, in add()'s forms."""
     count = ids.shape[0]
     if isinstance(docs, tuple) and len(docs) == 2:
-        docs = (docs[0], _to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+        docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
     bounds = np.linspace(0, count, parts + 1).round().astype(int)
     for start, stop in zip(bounds[:-1], bounds[1:]):
         yield (_document_slice(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
@@ -130,7 +130,7 @@ def merge_top_k(results, k: int):
 
 
 def _host(x) -> np.ndarray:
-    return _to_host(_arrays.as_operand(x, "result"))
+    return _arrays.to_host(_arrays.as_operand(x, "result"))
 
 
 def _host_filter(filter, index):
@@ -139,7 +139,7 @@ def _host_filter(filter, index):
     if isinstance(filter, (list, tuple, range)):
         return np.asarray(filter, dtype=np.int64)
     operand = _arrays.as_operand(filter, "filter")
-    values = _to_host(operand)
+    values = _arrays.to_host(operand)
     if operand.dtype == "bool":
         if values.shape != (len(index),):
             raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(index)},), got {values.shape}")
