@@ -14,7 +14,7 @@ import numpy as np
 
 from ._gpu import launch as gpu_launch
 from ._int8 import quantize_operand
-from ._arrays import Operand, as_operand
+from ._arrays import Operand, as_operand, repeated_rows, reshaped
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -324,3 +324,15 @@ def check_candidates(q, d) -> None:
                              f"got shape {None if shape is None else tuple(shape)}")
     if d.shape[0] != q.shape[0]:
         raise ValueError(f"d must hold candidates for each of the {q.shape[0]} queries, got {d.shape[0]} groups")
+
+
+def candidates_as_pairs(q, d, query_side=(), document_side=()):
+    """score_candidates' layout (checked) as aligned pairs, in the arrays' own framework: q's
+    rows and ``query_side``'s (masks, scales: (Nq, Lq) or None) repeated K times, d's and
+    ``document_side``'s (Nq, K, ...) flattened to (Nq * K, ...). The one place the core and
+    both adapters make it (a kernel layout of its own is issue 26)."""
+    check_candidates(q, d)
+    num_queries, candidates = d.shape[:2]
+    flat = lambda x: None if x is None else reshaped(x, (num_queries * candidates,) + tuple(x.shape[2:]))  # noqa: E731
+    repeat = lambda x: None if x is None else repeated_rows(x, candidates)  # noqa: E731
+    return repeat(q), flat(d), [repeat(x) for x in query_side], [flat(x) for x in document_side]

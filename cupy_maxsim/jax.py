@@ -188,10 +188,5 @@ def maxsim_packed(q, tokens, offsets, q_mask=None):
 def maxsim_candidates(q, d, q_mask=None, d_mask=None):
     """Differentiable :func:`cupy_maxsim.score_candidates`: (Nq, Lq, D) x (Nq, K, Ld, D) -> (Nq, K),
     the queries' gradient summed over their K candidates."""
-    _problem.check_candidates(q, d)
-    num_queries, candidates = d.shape[:2]
-    repeat = lambda x: jnp.repeat(x, candidates, axis=0)  # noqa: E731
-    scores = maxsim_pairs(repeat(q), d.reshape((num_queries * candidates,) + d.shape[2:]),
-                          None if q_mask is None else repeat(q_mask),
-                          None if d_mask is None else d_mask.reshape(num_queries * candidates, -1))
-    return scores.reshape(num_queries, candidates)
+    q_pairs, d_pairs, (q_mask,), (d_mask,) = _problem.candidates_as_pairs(q, d, (q_mask,), (d_mask,))
+    return maxsim_pairs(q_pairs, d_pairs, q_mask, d_mask).reshape(d.shape[:2])

@@ -9,7 +9,7 @@ of torch CUDA tensors or CuPy arrays is replayed after its first call of the sam
 from __future__ import annotations
 
 from . import _arrays, _cpu, _forward, _replay
-from ._problem import ScoreProblem, check_candidates, packed_problem, pairs_problem, padded_problem
+from ._problem import ScoreProblem, candidates_as_pairs, packed_problem, pairs_problem, padded_problem
 from .tuning import current
 
 
@@ -120,12 +120,11 @@ def score_candidates(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=No
         Same rules as :func:`score`. (Scored as aligned pairs with the queries repeated K
         times, a copy of Nq * K * Lq * D elements; a kernel layout of its own is issue 26.)
     """
-    check_candidates(q, d)
+    q_pairs, d_pairs, (q_mask, q_scale), (d_mask, d_scale) = candidates_as_pairs(q, d, (q_mask, q_scale),
+                                                                                (d_mask, d_scale))
+    result = score_pairs(q_pairs, d_pairs, q_mask=q_mask, d_mask=d_mask, q_scale=q_scale, d_scale=d_scale,
+                         return_argmax=return_argmax)
     num_queries, candidates = d.shape[:2]
-    flat = lambda x: None if x is None else _arrays.reshaped(x, (num_queries * candidates,) + tuple(x.shape[2:]))  # noqa: E731
-    repeat = lambda x: None if x is None else _arrays.repeated_rows(x, candidates)  # noqa: E731
-    result = score_pairs(repeat(q), flat(d), q_mask=repeat(q_mask), d_mask=flat(d_mask), q_scale=repeat(q_scale),
-                         d_scale=flat(d_scale), return_argmax=return_argmax)
     if not return_argmax:
         return _arrays.reshaped(result, (num_queries, candidates))
     return _arrays.reshaped(result[0], (num_queries, candidates)), _arrays.reshaped(result[1], (num_queries, candidates, -1))

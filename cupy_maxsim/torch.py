@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import _torch_ops, scoring, training
-from ._problem import check_candidates
+from ._problem import candidates_as_pairs
 
 __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed", "maxsim_candidates"]
 
@@ -112,11 +112,5 @@ def maxsim_packed(q: torch.Tensor, tokens: torch.Tensor, offsets: torch.Tensor, 
 def maxsim_candidates(q: torch.Tensor, d: torch.Tensor, q_mask=None, d_mask=None) -> torch.Tensor:
     """Differentiable :func:`cupy_maxsim.score_candidates`: (Nq, Lq, D) x (Nq, K, Ld, D) -> (Nq, K),
     the queries' gradient summed over their K candidates."""
-    check_candidates(q, d)
-    num_queries, candidates = d.shape[:2]
-    repeat = lambda x: x.unsqueeze(1).expand(num_queries, candidates, *x.shape[1:]).reshape(  # noqa: E731
-        num_queries * candidates, *x.shape[1:])
-    scores = maxsim_pairs(repeat(q), d.reshape(num_queries * candidates, *d.shape[2:]),
-                          q_mask=None if q_mask is None else repeat(q_mask),
-                          d_mask=None if d_mask is None else d_mask.reshape(num_queries * candidates, -1))
-    return scores.reshape(num_queries, candidates)
+    q_pairs, d_pairs, (q_mask,), (d_mask,) = candidates_as_pairs(q, d, (q_mask,), (d_mask,))
+    return maxsim_pairs(q_pairs, d_pairs, q_mask=q_mask, d_mask=d_mask).reshape(d.shape[:2])
