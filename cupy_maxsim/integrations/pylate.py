@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import torch as cmt
-from ._inputs import as_tensor as _tensor, bool_mask as _mask
+from ._inputs import as_tensor as _tensor, bool_mask as _mask, padded
 from ._patching import Patches
 
 #: What a document with no real token scores (PyLate's torch path: a sum of masked zeros).
@@ -152,13 +152,7 @@ def _padded(x):
     """A (B, L, H) tensor and no mask, or a list of (L_b, H) padded to the longest and masked."""
     if isinstance(x, torch.Tensor) or (isinstance(x, np.ndarray) and x.ndim == 3):
         return _tensor(x), None
-    items = [_tensor(item) for item in x]
-    longest = max((item.shape[0] for item in items), default=0)
-    out = items[0].new_zeros((len(items), longest, items[0].shape[-1]))
-    mask = torch.zeros((len(items), longest), dtype=torch.bool, device=items[0].device)
-    for b, item in enumerate(items):
-        out[b, :item.shape[0]], mask[b, :item.shape[0]] = item, True
-    return out, mask
+    return padded(x)
 
 
 def _finite(scores: torch.Tensor) -> torch.Tensor:

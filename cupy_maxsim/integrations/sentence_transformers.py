@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .. import torch as cmt
-from ._inputs import as_tensor as _tensor, bool_mask
+from ._inputs import as_tensor as _tensor, bool_mask, padded
 from ._patching import Patches
 
 #: sentence-transformers' score for a document without a real token ("unlike the float32
@@ -145,15 +145,7 @@ def _batch(x, mask):
     (L, dim) item, or a list of (L_i, dim) items (padded here, the padding masked; a list of
     1-D masks with it)."""
     if isinstance(x, (list, tuple)):
-        items = [_tensor(item) for item in x]
-        longest = max((item.shape[0] for item in items), default=0)
-        dim = items[0].shape[-1] if items else 0
-        out = items[0].new_zeros((len(items), longest, dim)) if items else torch.zeros((0, 0, 0))
-        real = torch.zeros((len(items), longest), dtype=torch.bool, device=out.device)
-        for n, item in enumerate(items):
-            out[n, :item.shape[0]] = item
-            real[n, :item.shape[0]] = True if mask is None else bool_mask(mask[n]).to(out.device)
-        return out, real
+        return padded(x, mask)
     x = _tensor(x)
     mask = None if mask is None else bool_mask(mask)
     if x.dim() == 2:
