@@ -193,7 +193,10 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma)
-        if record is not None and plan.groups <= 65535:
+        # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
+        # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
+        # not the plan of those calls, and is not recorded.
+        if record is not None and plan.groups <= 65535 and (q.ptr | d.ptr) % 16 == 0:
             record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:]))
         out_item = 8 if q.dtype == "float64" else 4
         out_query_stride = values["out_query_stride"]

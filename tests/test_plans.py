@@ -300,3 +300,20 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python tests/test_plans.py --write")
     _write()
+
+
+def test_rows_off_16_bytes_by_their_pointers_are_not_recorded_for_replay(monkeypatch):
+    """A call whose pointers (not strides) cut its rows to 8-byte pieces takes that plan, but
+    leaves no replay: replays run only on 16-byte pointers, whose plan is the 16-byte one."""
+    from cupy_maxsim import _replay
+
+    with monkeypatch.context() as patch, stubbed_gpu(patch, DEVICES["sm80-a100"]) as launches:
+        q = FakeDeviceArray((2, 32, 128), "float16", 0x10000008)
+        d = FakeDeviceArray((100, 50, 128), "float16", 0x20000008)
+        cm.score(q, d)
+        assert "-DMAXSIM_LOAD_BYTES=8" in launches[0]["defines"]
+        assert not _replay.replays
+        cm.score(FakeDeviceArray((2, 32, 128), "float16", 0x10000000), FakeDeviceArray((100, 50, 128), "float16",
+                                                                                     0x20000000))
+        assert not any("LOAD_BYTES" in define for define in launches[1]["defines"])
+        assert len(_replay.replays) == 1
