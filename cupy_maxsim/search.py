@@ -100,16 +100,35 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None):
             result = block(start, stop)
             scores, argmax = (result if winners else (result, None))
             scores = _as_xp(scores, problem.single)
-            ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
-            if allowed is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
-                ids = xp.where(allowed[start:stop], ids, -1)
+            live = None if allowed is None else allowed[start:stop]
+            local = _selected(xp, scores, k, live)  # (rows, k) indices into the block, or None: all
+            if local is None:
+                ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
+            else:
+                scores, ids = xp.take_along_axis(scores, local, axis=-1), local + start
+                argmax = None if argmax is None else xp.take_along_axis(argmax, local[..., None], axis=1)
+            if live is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
+                ids = xp.where(live if local is None else live[local], ids, -1)
             candidate = _best_of(xp, scores, ids, argmax, k, allowed is not None)
             best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k, allowed is not None)
         out = _padded(xp, best, k, num_queries, query_length, problem, winners)
     output = _arrays.Output(like)
     results = [output.wrap(x[0] if problem.single else x) for x in out if x is not None]
     return tuple(results)
+
+
+def _selected(xp, scores, k, live):
+    """On the GPU, the indices (rows, k, in increasing order) of each row's k best by the
+    selection kernel (maxsim_topk.cu: the same order as _best_of, excluded documents of
+    ``live`` last), so that _best_of sorts k candidates a row rather than the whole block;
+    None where the block is no longer than k, on the CPU, and for float64 scores."""
+    rows, n = scores.shape
+    if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31:
+        return None
+    from ._gpu.launch import top_k_indices
+
+    return top_k_indices(xp.ascontiguousarray(scores), k, live).astype(xp.int64)
 
 
 def _gpu_stream(like) -> contextlib.ExitStack:

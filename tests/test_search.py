@@ -160,3 +160,40 @@ def test_search_on_gpu(framework):
         want_scores, want_ids = expected_top_k(to_numpy(cm.score(device(q), device(d), d_mask=device(mask))), k)
         np.testing.assert_array_equal(to_numpy(ids), want_ids)
         np.testing.assert_array_equal(to_numpy(scores), want_scores)
+
+
+@pytest.mark.gpu
+def test_gpu_selection_ties_nan_inf_and_exclusions():
+    """The GPU's selection kernel (maxsim_topk.cu) against the order written out: a corpus of
+    40 documents repeated 75 times (every score tied 75 ways), NaN and empty (-inf) documents,
+    k from 1 past the corpus, one block and several; and an Index's removed documents."""
+    import cupy
+
+    rng = np.random.default_rng(12)
+    q, d, mask = _corpus(rng, nq=4, lq=6, nd=40, ld=9, dim=32)
+    d, mask = np.tile(d, (75, 1, 1)), np.tile(mask, (75, 1))
+    d[[5, 600, 2999], 0, 0] = np.nan  # NaN scores (a real token holding NaN)
+    mask[[17, 18, 1500]] = False  # empty documents: -inf
+    q, d = cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16))
+    mask = cupy.asarray(mask)
+    all_scores = to_numpy(cm.score(q, d, d_mask=mask))
+    for k in (1, 37, 1000, 2999, 3000, 3001):
+        for workspace in (2**26, 4 * 8 * 700):  # one block; blocks of 700 documents
+            scores, ids = cm.search(q, d, k, d_mask=mask, workspace_bytes=workspace)
+            want_scores, want_ids = expected_top_k(all_scores, k)
+            np.testing.assert_array_equal(to_numpy(ids), want_ids)
+            np.testing.assert_array_equal(to_numpy(scores), want_scores)
+    index = cm.Index(32, dtype="float16", device="cuda")
+    real = to_numpy(mask)
+    index.add([to_numpy(d)[n][real[n]] for n in range(3000)])
+    removed = list(range(0, 3000, 7))
+    index.remove(removed)
+    # Every live document, ranked by the sort (k past the corpus: no selection), against which
+    # the selection's k best must be the first k.
+    full_scores, full_ids = (to_numpy(x) for x in index.search(q, 3000))
+    assert (full_ids[:, :3000 - len(removed)] >= 0).all() and (full_ids[:, 3000 - len(removed):] == -1).all()
+    assert not np.isin(full_ids, removed).any()
+    for k in (5, 1000):
+        got_scores, got_ids = index.search(q, k)
+        np.testing.assert_array_equal(to_numpy(got_ids), full_ids[:, :k])
+        np.testing.assert_array_equal(to_numpy(got_scores), full_scores[:, :k])

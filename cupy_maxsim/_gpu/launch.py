@@ -107,3 +107,24 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
                 struct.pack("<i", int(is_64bit)), struct.pack("<Q", summary.data.ptr)), 0, stream_ptr)
         return tuple(int(v) for v in summary.get())
 
+
+#: Threads of a top-k selection block (TOPK_THREADS in maxsim_topk.cu).
+TOPK_THREADS = 1024
+
+
+def top_k_indices(scores, k: int, allowed=None):
+    """The indices of the ``k`` best of each row of ``scores`` (a C-contiguous CuPy float32
+    array (rows, n), k < n < 2^31), in increasing index order, as an int32 CuPy array (rows, k):
+    maxsim_topk.cu, one block a row on the current stream. ``allowed``: a bool CuPy array (n,),
+    False ranking below every score (NaN included)."""
+    import cupy
+
+    rows, n = scores.shape
+    chosen = cupy.empty((rows, k), cupy.int32)
+    if rows:
+        kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select")
+        launch(kernel, (rows,), (TOPK_THREADS,),
+               (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
+                struct.pack("<i", n), struct.pack("<i", k), struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
+                struct.pack("<Q", chosen.data.ptr)), 0, None)
+    return chosen

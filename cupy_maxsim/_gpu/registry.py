@@ -54,6 +54,7 @@ FAMILIES = {
               for stage in ("csr_dq", "dd", "fused")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
+    "maxsim_topk": ("maxsim_topk.cu", ("maxsim_topk_select",)),
 }
 
 
