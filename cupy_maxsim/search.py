@@ -124,7 +124,7 @@ def _selected(xp, scores, k, live):
     ``live`` last), so that _best_of sorts k candidates a row rather than the whole block;
     None where the block is no longer than k, on the CPU, and for float64 scores."""
     rows, n = scores.shape
-    if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31:
+    if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31 or rows > 65535:
         return None
     from ._gpu.launch import top_k_indices
 

@@ -177,15 +177,15 @@ def test_gpu_selection_ties_nan_inf_and_exclusions():
     q, d = cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16))
     mask = cupy.asarray(mask)
     all_scores = to_numpy(cm.score(q, d, d_mask=mask))
-    for k in (1, 37, 1000, 2999, 3000, 3001):
+    for k in (1, 37, 300, 1000, 2999, 3000, 3001):  # (300: segments of 1,200, then their candidates)
         for workspace in (2**26, 4 * 8 * 700):  # one block; blocks of 700 documents
             scores, ids = cm.search(q, d, k, d_mask=mask, workspace_bytes=workspace)
             want_scores, want_ids = expected_top_k(all_scores, k)
             np.testing.assert_array_equal(to_numpy(ids), want_ids)
             np.testing.assert_array_equal(to_numpy(scores), want_scores)
     index = cm.Index(32, dtype="float16", device="cuda")
-    real = to_numpy(mask)
-    index.add([to_numpy(d)[n][real[n]] for n in range(3000)])
+    real, host = mask.get(), d.get()
+    index.add([host[n][real[n]] for n in range(3000)])
     removed = list(range(0, 3000, 7))
     index.remove(removed)
     # Every live document, ranked by the sort (k past the corpus: no selection), against which

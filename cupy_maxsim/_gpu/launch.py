@@ -108,23 +108,51 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         return tuple(int(v) for v in summary.get())
 
 
-#: Threads of a top-k selection block (TOPK_THREADS in maxsim_topk.cu).
-TOPK_THREADS = 1024
+#: Threads of a top-k selection block (TOPK_THREADS in maxsim_topk.cu) and its element classes.
+TOPK_THREADS = 512
+TOPK_PADDING, TOPK_EXCLUDED, TOPK_LIVE = 0, 1, 2
 
 
 def top_k_indices(scores, k: int, allowed=None):
-    """The indices of the ``k`` best of each row of ``scores`` (a C-contiguous CuPy float32
-    array (rows, n), k < n < 2^31), in increasing index order, as an int32 CuPy array (rows, k):
-    maxsim_topk.cu, one block a row on the current stream. ``allowed``: a bool CuPy array (n,),
-    False ranking below every score (NaN included)."""
+    """The positions of the ``k`` best of each row of ``scores`` (a C-contiguous CuPy float32
+    array (rows, n), k < n < 2^31, rows <= 65535), in increasing order, as an int32 CuPy array
+    (rows, k), on the current stream: maxsim_topk.cu, one block per segment of a row, then once
+    more over the segments' candidates. ``allowed``: a bool CuPy array (n,), False ranking below
+    every score (NaN included)."""
     import cupy
 
     rows, n = scores.shape
-    chosen = cupy.empty((rows, k), cupy.int32)
-    if rows:
-        kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select")
-        launch(kernel, (rows,), (TOPK_THREADS,),
-               (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
-                struct.pack("<i", n), struct.pack("<i", k), struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
-                struct.pack("<Q", chosen.data.ptr)), 0, None)
+    if not rows:
+        return cupy.empty((0, k), cupy.int32)
+    device = scores.device.id
+    # Segments enough for two blocks an SM over all rows, each at least 4k long (its k best are
+    # then at most a quarter of it).
+    length = max(-(-n // max(1, 2 * device_properties(device)[0] // rows)), 4 * k)
+    classes = None if allowed is None else cupy.where(allowed, TOPK_LIVE, TOPK_EXCLUDED).astype(cupy.uint8)
+    chosen = _select(device, scores, k, length, classes, 0)
+    if chosen.shape[1] == 1:
+        return chosen[:, 0]
+    candidates = chosen.reshape(rows, -1)
+    real = candidates >= 0
+    at = cupy.maximum(candidates, 0)
+    live = cupy.full(at.shape, TOPK_LIVE, cupy.uint8) if classes is None else classes[at]
+    candidate_classes = cupy.where(real, live, TOPK_PADDING).astype(cupy.uint8)
+    candidate_scores = cupy.ascontiguousarray(cupy.take_along_axis(scores, at, axis=-1))
+    final = _select(device, candidate_scores, k, candidates.shape[1], candidate_classes, candidates.shape[1])
+    return cupy.take_along_axis(candidates, final[:, 0].astype(cupy.int64), axis=-1)
+
+
+def _select(device, scores, k, segment_length, classes, class_stride):
+    """One launch of maxsim_topk_select: (rows, segments, k) positions, -1 padded."""
+    import cupy
+
+    rows, n = scores.shape
+    segments = -(-n // segment_length)
+    chosen = cupy.empty((rows, segments, k), cupy.int32)
+    kernel = get_kernel(device, "maxsim_topk", "maxsim_topk_select")
+    launch(kernel, (segments, rows), (TOPK_THREADS,),
+           (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
+            struct.pack("<i", n), struct.pack("<i", k), struct.pack("<i", segment_length),
+            struct.pack("<Q", 0 if classes is None else classes.data.ptr), struct.pack("<q", class_stride),
+            struct.pack("<Q", chosen.data.ptr)), 0, None)
     return chosen
