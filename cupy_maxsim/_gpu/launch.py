@@ -116,30 +116,35 @@ TOPK_PADDING, TOPK_EXCLUDED, TOPK_LIVE = 0, 1, 2
 def top_k_indices(scores, k: int, allowed=None):
     """The positions of the ``k`` best of each row of ``scores`` (a C-contiguous CuPy float32
     array (rows, n), k < n < 2^31, rows <= 65535), in increasing order, as an int32 CuPy array
-    (rows, k), on the current stream: maxsim_topk.cu, one block per segment of a row, then once
-    more over the segments' candidates. ``allowed``: a bool CuPy array (n,), False ranking below
-    every score (NaN included)."""
+    (rows, k), on the current stream: maxsim_topk.cu, one block per segment of a row, then the
+    segments' candidates the same way until one segment holds them. ``allowed``: a bool CuPy
+    array (n,), False ranking below every score (NaN included)."""
     import cupy
 
     rows, n = scores.shape
     if not rows:
         return cupy.empty((0, k), cupy.int32)
     device = scores.device.id
-    # Segments enough for two blocks an SM over all rows, each at least 4k long (its k best are
-    # then at most a quarter of it).
-    length = max(-(-n // max(1, 2 * device_properties(device)[0] // rows)), 4 * k)
+    blocks_wanted = max(1, 2 * device_properties(device)[0] // rows)  # two an SM over all rows
     classes = None if allowed is None else cupy.where(allowed, TOPK_LIVE, TOPK_EXCLUDED).astype(cupy.uint8)
-    chosen = _select(device, scores, k, length, classes, 0)
-    if chosen.shape[1] == 1:
-        return chosen[:, 0]
-    candidates = chosen.reshape(rows, -1)
-    real = candidates >= 0
-    at = cupy.maximum(candidates, 0)
-    live = cupy.full(at.shape, TOPK_LIVE, cupy.uint8) if classes is None else classes[at]
-    candidate_classes = cupy.where(real, live, TOPK_PADDING).astype(cupy.uint8)
-    candidate_scores = cupy.ascontiguousarray(cupy.take_along_axis(scores, at, axis=-1))
-    final = _select(device, candidate_scores, k, candidates.shape[1], candidate_classes, candidates.shape[1])
-    return cupy.take_along_axis(candidates, final[:, 0].astype(cupy.int64), axis=-1)
+    values, positions = scores, None  # this round's elements; where each is in the row (None: itself)
+    while True:
+        width = values.shape[1]
+        # Segments of at least 4k: a round keeps at most a quarter of what it reads.
+        length = max(-(-width // blocks_wanted), 4 * k)
+        chosen = _select(device, values, k, length, classes, 0 if positions is None else width)
+        segments = chosen.shape[1]
+        chosen = chosen.reshape(rows, -1)
+        if positions is not None:  # back to positions in the row
+            chosen = cupy.where(chosen >= 0, cupy.take_along_axis(positions, cupy.maximum(chosen, 0), axis=-1), -1)
+        if segments == 1:
+            return chosen.astype(cupy.int32)
+        positions = chosen
+        at = cupy.maximum(positions, 0).astype(cupy.int64)
+        live = cupy.full(at.shape, TOPK_LIVE, cupy.uint8) if allowed is None else cupy.where(
+            allowed[at], TOPK_LIVE, TOPK_EXCLUDED).astype(cupy.uint8)
+        classes = cupy.ascontiguousarray(cupy.where(positions >= 0, live, TOPK_PADDING).astype(cupy.uint8))
+        values = cupy.ascontiguousarray(cupy.take_along_axis(scores, at, axis=-1))
 
 
 def _select(device, scores, k, segment_length, classes, class_stride):
