@@ -120,15 +120,18 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None):
 
 def _selected(xp, scores, k, live):
     """On the GPU, the indices (rows, k, in increasing order) of each row's k best by the
-    selection kernel (maxsim_topk.cu: the same order as _best_of, excluded documents of
-    ``live`` last), so that _best_of sorts k candidates a row rather than the whole block;
-    None where the block is no longer than k, on the CPU, and for float64 scores."""
+    selection kernel (_topk: the same order as _best_of, excluded documents of ``live`` last),
+    so that _best_of sorts k candidates a row rather than the whole block; None where the block
+    is no longer than k, on the CPU, and for float64 scores."""
     rows, n = scores.shape
     if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31 or rows > 65535:
         return None
-    from ._gpu.launch import top_k_indices
+    from . import _topk
+    from ._gpu.device import device_properties
+    from ._gpu.launch import top_k_select
 
-    return top_k_indices(xp.ascontiguousarray(scores), k, live).astype(xp.int64)
+    sms = device_properties(scores.device.id)[0]
+    return _topk.top_k_positions(xp, xp.ascontiguousarray(scores), k, live, top_k_select, 2 * sms)
 
 
 def _gpu_stream(like) -> contextlib.ExitStack:

@@ -28,8 +28,9 @@ __device__ __forceinline__ unsigned topk_key(float score, int klass) {
     if (klass != TOPK_LIVE) return (unsigned)klass;  // padding 0, excluded 1
     if (score != score) return 2u;                   // NaN
     // Sign flip for positives, all bits for negatives: unsigned order = float order (-inf
-    // becomes 0x007fffff, above NaN's 2).
-    const unsigned bits = __float_as_uint(score);
+    // becomes 0x007fffff, above NaN's 2). -0.0 is 0.0 first: equal scores, one key (their tie
+    // goes to the lower position, as in a sort of the floats).
+    const unsigned bits = score == 0.f ? 0u : __float_as_uint(score);
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 

@@ -108,56 +108,26 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         return tuple(int(v) for v in summary.get())
 
 
-#: Threads of a top-k selection block (TOPK_THREADS in maxsim_topk.cu) and its element classes.
+#: Threads of a top-k selection block (TOPK_THREADS in maxsim_topk.cu).
 TOPK_THREADS = 512
-TOPK_PADDING, TOPK_EXCLUDED, TOPK_LIVE = 0, 1, 2
 
 
-def top_k_indices(scores, k: int, allowed=None):
-    """The positions of the ``k`` best of each row of ``scores`` (a C-contiguous CuPy float32
-    array (rows, n), k < n < 2^31, rows <= 65535), in increasing order, as an int32 CuPy array
-    (rows, k), on the current stream: maxsim_topk.cu, one block per segment of a row, then the
-    segments' candidates the same way until one segment holds them. ``allowed``: a bool CuPy
-    array (n,), False ranking below every score (NaN included)."""
-    import cupy
-
-    rows, n = scores.shape
-    if not rows:
-        return cupy.empty((0, k), cupy.int32)
-    device = scores.device.id
-    blocks_wanted = max(1, 2 * device_properties(device)[0] // rows)  # two an SM over all rows
-    classes = None if allowed is None else cupy.where(allowed, TOPK_LIVE, TOPK_EXCLUDED).astype(cupy.uint8)
-    values, positions = scores, None  # this round's elements; where each is in the row (None: itself)
-    while True:
-        width = values.shape[1]
-        # Segments of at least 4k: a round keeps at most a quarter of what it reads.
-        length = max(-(-width // blocks_wanted), 4 * k)
-        chosen = _select(device, values, k, length, classes, 0 if positions is None else width)
-        segments = chosen.shape[1]
-        chosen = chosen.reshape(rows, -1)
-        if positions is not None:  # back to positions in the row
-            chosen = cupy.where(chosen >= 0, cupy.take_along_axis(positions, cupy.maximum(chosen, 0), axis=-1), -1)
-        if segments == 1:
-            return chosen.astype(cupy.int32)
-        positions = chosen
-        at = cupy.maximum(positions, 0).astype(cupy.int64)
-        live = cupy.full(at.shape, TOPK_LIVE, cupy.uint8) if allowed is None else cupy.where(
-            allowed[at], TOPK_LIVE, TOPK_EXCLUDED).astype(cupy.uint8)
-        classes = cupy.ascontiguousarray(cupy.where(positions >= 0, live, TOPK_PADDING).astype(cupy.uint8))
-        values = cupy.ascontiguousarray(cupy.take_along_axis(scores, at, axis=-1))
-
-
-def _select(device, scores, k, segment_length, classes, class_stride):
-    """One launch of maxsim_topk_select: (rows, segments, k) positions, -1 padded."""
+def top_k_select(scores, k: int, segment_length: int, classes, class_stride: int):
+    """One launch of maxsim_topk_select on the current device and stream: for each segment of
+    ``segment_length`` elements of each row of ``scores`` (a C-contiguous CuPy float32 array
+    (rows, n)), the positions of its k best, increasing, -1 padded: (rows, segments, k) int32.
+    ``classes``: uint8 (_topk.PADDING, EXCLUDED, LIVE) a row ``class_stride`` apart (0: one row
+    for all), or None (all live)."""
     import cupy
 
     rows, n = scores.shape
     segments = -(-n // segment_length)
     chosen = cupy.empty((rows, segments, k), cupy.int32)
-    kernel = get_kernel(device, "maxsim_topk", "maxsim_topk_select")
-    launch(kernel, (segments, rows), (TOPK_THREADS,),
-           (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
-            struct.pack("<i", n), struct.pack("<i", k), struct.pack("<i", segment_length),
-            struct.pack("<Q", 0 if classes is None else classes.data.ptr), struct.pack("<q", class_stride),
-            struct.pack("<Q", chosen.data.ptr)), 0, None)
+    if rows:
+        kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select")
+        launch(kernel, (segments, rows), (TOPK_THREADS,),
+               (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
+                struct.pack("<i", n), struct.pack("<i", k), struct.pack("<i", segment_length),
+                struct.pack("<Q", 0 if classes is None else classes.data.ptr), struct.pack("<q", class_stride),
+                struct.pack("<Q", chosen.data.ptr)), 0, None)
     return chosen

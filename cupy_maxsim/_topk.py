@@ -1,0 +1,42 @@
+"""Exact top-k selection in rounds: the k best of each row of a block of search scores by a
+selection over segments of the row, then over the segments' candidates, until one segment
+holds them (search's selection on the GPU: maxsim_topk.cu does each round; the rounds are
+here, over any array module, so that the CPU tests run them against a model of the kernel).
+
+Order (the same as search's sort): live elements by score, NaN below every score, then
+excluded elements (an Index's removed or filtered-out documents), then padding; ties to the
+lower position.
+"""
+
+from __future__ import annotations
+
+#: Element classes (the kernel's TOPK_PADDING, TOPK_EXCLUDED, TOPK_LIVE).
+PADDING, EXCLUDED, LIVE = 0, 1, 2
+#: A segment is at least this many times k: a round keeps at most 1 / SEGMENT_OVER_K of what it reads.
+SEGMENT_OVER_K = 4
+
+
+def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int):
+    """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n), in
+    increasing order, (rows, k) int64. ``allowed``: bool (n,) or None; ``select(values, k,
+    segment_length, classes, class_stride)``: one round (_gpu.launch.top_k_select's contract);
+    ``blocks_wanted``: segments a round should have over all rows (the GPU's SMs, twice)."""
+    rows = scores.shape[0]
+    per_row = max(1, blocks_wanted // max(1, rows))
+    classes = None if allowed is None else xp.where(allowed, LIVE, EXCLUDED).astype(xp.uint8)
+    values, positions = scores, None  # this round's elements; where each is in the row (None: itself)
+    while True:
+        width = values.shape[1]
+        length = max(-(-width // per_row), SEGMENT_OVER_K * k)
+        chosen = select(values, k, length, classes, 0 if positions is None else width)
+        segments = chosen.shape[1]
+        chosen = chosen.reshape(rows, -1).astype(xp.int64)
+        if positions is not None:  # back to positions in the row
+            chosen = xp.where(chosen >= 0, xp.take_along_axis(positions, xp.maximum(chosen, 0), axis=-1), -1)
+        if segments == 1:
+            return chosen
+        positions = chosen
+        at = xp.maximum(positions, 0)
+        live = xp.full(at.shape, LIVE, xp.uint8) if allowed is None else xp.where(allowed[at], LIVE, EXCLUDED)
+        classes = xp.ascontiguousarray(xp.where(positions >= 0, live, PADDING).astype(xp.uint8))
+        values = xp.ascontiguousarray(xp.take_along_axis(scores, at, axis=-1))

@@ -1,0 +1,105 @@
+"""Search's selection in rounds (cupy_maxsim._topk) against the order written out, on the CPU:
+each round by a NumPy model of maxsim_topk.cu (its radix select over order keys, then the
+compaction in index order), so that the rounds and the kernel's algorithm are checked without
+a GPU; the GPU test (test_search.py) runs the kernel itself. Also: the kernel's constants
+agree with Python's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cupy_maxsim import _topk
+
+SOURCE = (Path(__file__).parent.parent / "kernels_cu" / "maxsim_topk.cu").read_text()
+
+
+def _keys(values, classes):
+    """maxsim_topk.cu's topk_key, elementwise."""
+    bits = np.where(values == 0, np.float32(0), values).astype(np.float32).view(np.uint32)  # -0.0 as 0.0
+    flipped = np.where(bits & 0x80000000, ~bits, bits | 0x80000000).astype(np.uint32)
+    keys = np.where(np.isnan(values), np.uint32(2), flipped)
+    return np.where(classes == _topk.LIVE, keys, classes.astype(np.uint32))
+
+
+def model_select(values, k, segment_length, classes, class_stride):
+    """A NumPy model of one launch of maxsim_topk_select (the kernel's steps, not a sort)."""
+    rows, n = values.shape
+    segments = -(-n // segment_length)
+    chosen = np.full((rows, segments, k), -1, np.int32)
+    for r in range(rows):
+        row_classes = (np.full(n, _topk.LIVE, np.uint8) if classes is None
+                       else classes.reshape(-1)[r * class_stride:r * class_stride + n])
+        for s in range(segments):
+            first = s * segment_length
+            length = min(segment_length, n - first)
+            if length <= k:
+                chosen[r, s, :length] = first + np.arange(length)
+                continue
+            keys = _keys(values[r, first:first + length], row_classes[first:first + length])
+            prefix, mask, remaining = 0, 0, k
+            for shift in (24, 16, 8, 0):
+                counted = (keys & mask) == prefix
+                histogram = np.bincount((keys[counted] >> shift) & 0xFF, minlength=256)
+                digit, above = 255, 0
+                while digit > 0 and above + histogram[digit] < remaining:
+                    above += histogram[digit]
+                    digit -= 1
+                prefix |= digit << shift
+                remaining -= above
+                mask |= 0xFF << shift
+            equal = keys == prefix
+            equal_before = np.cumsum(equal) - equal
+            take = (keys > prefix) | (equal & (equal_before < remaining))
+            assert take.sum() == k
+            chosen[r, s] = first + np.flatnonzero(take)
+    return chosen
+
+
+def _expected(values, allowed, k):
+    """Each row's k best positions by the order written out, increasing."""
+    out = []
+    for row in values:
+        def rank(i):
+            if allowed is not None and not allowed[i]:
+                return (2, 0.0, i)
+            if np.isnan(row[i]):
+                return (1, 0.0, i)
+            return (0, -float(row[i]), i)
+        out.append(sorted(sorted(range(row.shape[0]), key=rank)[:k]))
+    return np.array(out, np.int64)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rounds_of_the_model_give_each_rows_k_best(seed):
+    rng = np.random.default_rng(seed)
+    rows, n = int(rng.integers(1, 5)), int(rng.integers(50, 4000))
+    k = int(rng.integers(1, n))
+    values = np.round(rng.standard_normal((rows, n)), int(rng.integers(0, 3))).astype(np.float32)  # ties
+    values[rng.random((rows, n)) < 0.02] = np.nan
+    values[rng.random((rows, n)) < 0.02] = -np.inf
+    values[rng.random((rows, n)) < 0.01] = np.inf
+    allowed = None if seed % 3 == 0 else rng.random(n) < 0.8
+    blocks = int(rng.integers(1, 300))
+    got = _topk.top_k_positions(np, values, k, allowed, model_select, blocks)
+    np.testing.assert_array_equal(got, _expected(values, allowed, k))
+
+
+def test_negative_zero_and_zero_tie_to_the_lower_position():
+    """-0.0 and 0.0 are equal scores with different bits: one key, so their tie goes to the
+    lower position, as in a sort of the floats."""
+    values = np.array([[1.0, -0.0, 0.0, -1.0]], np.float32)
+    assert _topk.top_k_positions(np, values, 2, None, model_select, 1).tolist() == [[0, 1]]
+    assert "score == 0.f ? 0u" in SOURCE  # the kernel's key does the same
+
+
+def test_the_kernels_constants_agree_with_python():
+    from cupy_maxsim._gpu import launch
+
+    define = lambda name: int(re.search(rf"#define {name} (\d+)", SOURCE).group(1))  # noqa: E731
+    assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
+        _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
+    assert define("TOPK_THREADS") == launch.TOPK_THREADS
