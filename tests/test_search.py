@@ -184,8 +184,7 @@ def test_gpu_selection_ties_nan_inf_and_exclusions():
             np.testing.assert_array_equal(to_numpy(ids), want_ids)
             np.testing.assert_array_equal(to_numpy(scores), want_scores)
     index = cm.Index(32, dtype="float16", device="cuda")
-    real, host = mask.get(), d.get()
-    index.add([host[n][real[n]] for n in range(3000)])
+    index.add(d, mask=mask)  # a GPU index takes documents on its GPU
     removed = list(range(0, 3000, 7))
     index.remove(removed)
     # Every live document, ranked by the sort (k past the corpus: no selection), against which
