@@ -66,10 +66,8 @@ class Index:
         self.rescore = rescore
         self._exact = None if rescore is None else np.zeros((0, int(dim)), dtype=rescore)  # host
         self.dim, self.dtype = int(dim), dtype
-        self._streamed, self.gpu_budget_bytes, self.last_search = device == "host", gpu_budget_bytes, None
-        if isinstance(gpu_budget_bytes, bool) or not isinstance(gpu_budget_bytes, (int, np.integer)) or \
-                gpu_budget_bytes < 1:
-            raise ValueError(f"gpu_budget_bytes must be a positive int, got {gpu_budget_bytes!r}")
+        self._streamed, self.last_search = device == "host", None
+        self.gpu_budget_bytes = streaming.checked_budget(gpu_budget_bytes)
         self._gpu = None if self._streamed else _parse_device(device)
         xp = self._xp
         with self._on_device():
@@ -216,12 +214,8 @@ class Index:
                 scales["q_scale"] = q_scale
             scales["d_scale"] = self._scales
         if self._streamed:
-            problem, results, moved = streaming.top_k(self, q, q_mask, scales, k, return_argmax, workspace_bytes,
-                                                      allowed, self.gpu_budget_bytes, streaming.copies_for(q, self))
-            if moved:  # host queries scored on a GPU: the results on the host, in their framework
-                like = _arrays.as_operand(q, "q")
-                problem, results = problem._replace(like=like), answer(results, like)
-            return self._answered(problem, results, rows)
+            return self._answered(*streaming.top_k(self, q, q_mask, scales, k, return_argmax, workspace_bytes,
+                                                   allowed, self.gpu_budget_bytes, streaming.copies_for(q, self)), rows)
         problem, _ = packed_problem(q, self._tokens, self._offsets, q_mask, scales.get("q_scale"),
                                     scales.get("d_scale"), return_argmax)
         with self._on_device():

@@ -34,6 +34,13 @@ class SearchReport:
     buffer_bytes: int = 0
 
 
+def checked_budget(value) -> int:
+    """``gpu_budget_bytes`` as given, or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"gpu_budget_bytes must be a positive int, got {value!r}")
+    return int(value)
+
+
 def segment_ranges(offsets: np.ndarray, max_tokens: int, max_docs: int) -> list[tuple[int, int]]:
     """Consecutive document ranges [start, stop) of at most ``max_tokens`` tokens and
     ``max_docs`` documents each, covering every document of the packed ``offsets`` (host
@@ -203,12 +210,14 @@ def copies_for(q, index) -> object:
 def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace_bytes: int, allowed: np.ndarray,
           budget_bytes: int, copies):
     """search's top-k over ``index``'s host store through ``copies``: (problem, results), the
-    results as _search._top_k returns them (storage rows for ids). ``scales``: q_scale (and
+    results as _search._top_k returns them (storage rows for ids), in the framework and on the
+    device of ``q``. ``scales``: q_scale (and
     the store's d_scale, which is streamed with the tokens)."""
     from . import _arrays, scoring
     from ._problem import argmax_dtype, packed_problem
     from .search import _top_k
 
+    original = q
     tokens, d_scale = _pinned(index, copies)
     offsets = np.asarray(index._offsets)
     xp = copies.xp
@@ -247,9 +256,12 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
             return result
 
         results = _top_k(problem, block, k, workspace_bytes, allowed_device, ranges=ranges)
-    if moved:  # back to the host, where the queries came from
-        results = tuple(x.get() for x in results)
-    return problem, results, moved
+    if moved:  # host queries scored on a GPU: the results on the host, in their framework
+        from .index import answer
+
+        like = _arrays.as_operand(original, "q")
+        problem, results = problem._replace(like=like), answer(tuple(x.get() for x in results), like)
+    return problem, results
 
 
 def _pinned(index, copies):
