@@ -97,8 +97,9 @@ def test_streamed_through_the_gpu_equals_the_gpu_index(dtype):
     docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 60, 3000)]
     on_gpu = cm.Index(DIM, dtype=dtype, device="cuda")
     streamed = cm.Index(DIM, dtype=dtype, device="host", gpu_budget_bytes=200_000)
+    on_gpu.add([cupy.asarray(x) for x in docs])  # a GPU index takes documents on its GPU
+    streamed.add(docs)
     for index in (on_gpu, streamed):
-        index.add(docs)
         index.remove(list(range(0, 3000, 11)))
     q = unit_rows(rng, (6, 8, DIM), np.float32).astype(np.float16)
     want = [x.get() for x in on_gpu.search(cupy.asarray(q), 20, return_argmax=True)]
