@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, quantize, scoring, search as _search
+from . import _arrays, quantize, scoring, search as _search, streaming
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -45,14 +45,18 @@ class Index:
         Embedding width of every token.
     dtype : {"float32", "float16", "int8"}
         The stored format (int8: per-token scales, as :func:`cupy_maxsim.quantize_int8`).
-    device : "cpu", "cuda" or "cuda:N"
-        Where the store lives: NumPy arrays on the host, CuPy arrays on GPU N.
+    device : "cpu", "cuda", "cuda:N" or "host"
+        Where the store lives: NumPy arrays on the host, CuPy arrays on GPU N; "host": on the
+        host, searched on a GPU (the queries', else the current one) by streaming it through
+        buffers of at most ``gpu_budget_bytes`` in all (:mod:`cupy_maxsim.streaming`; on a
+        machine without one, on the CPU the same way). ``last_search`` reports what it did.
     rescore : {None, "float16", "float32"}
         Also keep a host copy of the documents in this format, and rescore each search's
         shortlist from it exactly (an int8 index then ranks as the copy's format does).
     """
 
-    def __init__(self, dim: int, *, dtype: str = "float16", device: str = "cpu", rescore: str | None = None):
+    def __init__(self, dim: int, *, dtype: str = "float16", device: str = "cpu", rescore: str | None = None,
+                 gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if dtype not in FORMATS:
@@ -62,7 +66,9 @@ class Index:
         self.rescore = rescore
         self._exact = None if rescore is None else np.zeros((0, int(dim)), dtype=rescore)  # host
         self.dim, self.dtype = int(dim), dtype
-        self._gpu = _parse_device(device)
+        self._streamed, self.last_search = device == "host", None
+        self.gpu_budget_bytes = streaming.checked_budget(gpu_budget_bytes)
+        self._gpu = None if self._streamed else _parse_device(device)
         xp = self._xp
         with self._on_device():
             self._tokens = xp.zeros((0, self.dim), dtype=np.int8 if dtype == "int8" else dtype)
@@ -77,7 +83,7 @@ class Index:
 
     @property
     def device(self) -> str:
-        return "cpu" if self._gpu is None else f"cuda:{self._gpu}"
+        return "host" if self._streamed else "cpu" if self._gpu is None else f"cuda:{self._gpu}"
 
     @property
     def ids(self) -> np.ndarray:
@@ -207,6 +213,9 @@ class Index:
                 q, q_scale = quantize.quantize_int8(q, mask=q_mask)
                 scales["q_scale"] = q_scale
             scales["d_scale"] = self._scales
+        if self._streamed:
+            return self._answered(*streaming.top_k(self, q, q_mask, scales, k, return_argmax, workspace_bytes,
+                                                   allowed, self.gpu_budget_bytes, streaming.copies_for(q, self)), rows)
         problem, _ = packed_problem(q, self._tokens, self._offsets, q_mask, scales.get("q_scale"),
                                     scales.get("d_scale"), return_argmax)
         with self._on_device():
@@ -216,15 +225,19 @@ class Index:
             return scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,
                                                 return_argmax=return_argmax, **scales)
 
-        results = _search._top_k(problem, block, k, workspace_bytes, allowed_device)
+        return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device), rows)
+
+    def _answered(self, problem, results, rows):
+        """search's results with storage rows mapped to the index's ids, on the device of the
+        results; ``rows``: (like, scores, storage rows) instead."""
         if rows:
             return problem.like, results[0], _arrays.to_host(_arrays.as_operand(results[1], "rows"))
-        # Storage rows -> the index's ids, on the device of the results.
-        store_ids = self._ids_on_device()
         operand = _arrays.as_operand(results[1], "ids")
         with _search._gpu_stream(problem.like):
             local = operand.host if not operand.on_gpu else operand.cupy()
             xp = _arrays.module_of(operand)
+            # (a host-streamed store's ids go to the queries' GPU per call)
+            store_ids = self._ids_on_device() if xp is self._xp else xp.asarray(self._ids_on_device())
             mapped = xp.where(local >= 0, store_ids[xp.maximum(local, 0)], -1)
         return (results[0], _arrays.Output(problem.like).wrap(mapped)) + tuple(results[2:])
 

@@ -79,11 +79,12 @@ def _check_k(k) -> int:
     return int(k)
 
 
-def _top_k(problem, block, k, workspace_bytes, allowed=None):
+def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
     """Score ``problem``'s documents block by block (``block(start, stop)`` -> the scoring
     function's result for documents start..stop) and keep each query's k best; ``allowed``: a
     boolean array over the documents (on their device), False never returned (an Index's
-    removed and filtered-out documents)."""
+    removed and filtered-out documents); ``ranges``: the blocks' (start, stop), where the
+    caller cuts them (a streamed corpus: by its buffers), else by ``workspace_bytes``."""
     if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)) or workspace_bytes < 1:
         raise ValueError(f"workspace_bytes must be a positive int, got {workspace_bytes!r}")
     like, num_docs = problem.like, problem.num_docs
@@ -95,8 +96,9 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None):
     stream = _gpu_stream(like)
     best = None  # (scores, ids, winners or None), each query's best so far, sorted
     with stream:
-        for start in range(0, num_docs, docs_per_block):
-            stop = min(num_docs, start + docs_per_block)
+        if ranges is None:
+            ranges = [(start, min(num_docs, start + docs_per_block)) for start in range(0, num_docs, docs_per_block)]
+        for start, stop in ranges:
             result = block(start, stop)
             scores, argmax = (result if winners else (result, None))
             scores = _as_xp(scores, problem.single)

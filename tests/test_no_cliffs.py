@@ -236,3 +236,30 @@ def test_views_of_wider_rows_and_strided_dims():
     expected = reference.maxsim_reference(to_numpy(q_strided).astype(np.float64),
                                           to_numpy(d_strided).astype(np.float64))
     assert_scores_match(cm.score(q_strided, d_strided), expected, atol=NOISE["float16"] * 32)
+
+
+@pytest.mark.parametrize("dtype,dim", [("float16", 48), ("float16", 80), ("float16", 112), ("bfloat16", 112),
+                                       ("int8", 96), ("int8", 160)])
+@pytest.mark.parametrize("nq", [1, 12])
+def test_odd_ksteps_on_the_hopper_kernel(dtype, dim, nq):
+    """Dims of an odd number of 32-byte k-steps, padded to even for the Hopper kernel (TMA tiles
+    zero-filled past the dim; cp.async where masks are): masked and not, one query and many,
+    winners, against float64 (and the mma.sync kernel bitwise where the Hopper one is off)."""
+    import cupy
+
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(dim + nq)
+    if dtype == "int8":
+        q = cupy.asarray(unit_rows(rng, (nq, 32, dim), np.float32))
+        d = cupy.asarray(unit_rows(rng, (40, 70, dim), np.float32))
+        (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+        expected = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None],
+                                              to_numpy(d8) * to_numpy(ds)[..., None])
+        got = cm.score(q8, d8, q_scale=qs, d_scale=ds)
+        assert_scores_match(got, expected, atol=1e-3, rtol=1e-5)
+        return
+    _check_padded(dtype, nq, 32, 9, 70, dim, seed=dim * 3 + nq)
+    q64, d64, q, d = _inputs(rng, nq, 32, 40, 70, dim, dtype)
+    got = cm.score(q, d)
+    assert_scores_match(got, reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)

@@ -192,6 +192,10 @@ def _problems():
     problems["fp32-dim100-1q"] = score(0, 32, 2_000, 300, dim=100, dtype="float32")
     problems["packed-fp16-dim100"] = packed(4, 32, ragged, dim=100)
     problems["bwd-dim100"] = backward(64, 32, 64, 180, dim=100)
+    # Odd k-steps padded to even on the Hopper kernel (fp16 dim 112, int8 dim 96).
+    problems["fp16-dim112-1q"] = score(0, 32, 2_000, 300, dim=112)
+    problems["fp16-dim112-32q"] = score(32, 32, 2_000, 300, dim=112)
+    problems["int8-dim96-1q"] = score(0, 32, 2_000, 300, dim=96, dtype="int8")
     return problems
 
 

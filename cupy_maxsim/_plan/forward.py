@@ -116,12 +116,15 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
         # 128 rows, 128 // Lq on its N (documents on M, 64-row tiles; its winners are 16-bit).
+        # An odd number of k-steps (fp16 dim 112, int8 dim 96) is padded to even: the TMA tiles
+        # and the cp.async chunks past the dim are zero-filled, which adds nothing to a dot.
+        even_ksteps = ksteps + ksteps % 2
         docs_on_m = tunables.wgmma_docs_on_m and num_queries > 128 // query_length and argmax != 32
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
         tile_rows = 64 if docs_on_m else wgmma_tile_rows(
-            mean_doc_length, scaled, warpgroups < 2, ksteps, 0 if packed else corpus_elements,
+            mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
             tunables=tunables)
-        config = wgmma_config(ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
+        config = wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
                               docs_on_m, scaled, tunables=tunables)
         if config is not None and config.shared_bytes <= smem_limit:
             return KernelChoice("maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config)
