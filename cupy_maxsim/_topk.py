@@ -14,29 +14,43 @@ from __future__ import annotations
 PADDING, EXCLUDED, LIVE = 0, 1, 2
 #: A segment is at least this many times k: a round keeps at most 1 / SEGMENT_OVER_K of what it reads.
 SEGMENT_OVER_K = 4
+#: ... and at least this long: each round costs about a dozen array calls of host time (~0.3 ms
+#: in CuPy), and a block reads 16k scores in a few microseconds, so a row of 10k documents is
+#: one round, not five (profile-search-2026-12-01: 5 rounds of 40-element segments, 3 ms).
+MIN_SEGMENT = 16384
 
 
-def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int):
+def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, min_segment: int | None = None):
     """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n), in
     increasing order, (rows, k) int64. ``allowed``: bool (n,) or None; ``select(values, k,
     segment_length, classes, class_stride)``: one round (_gpu.launch.top_k_select's contract);
-    ``blocks_wanted``: segments a round should have over all rows (the GPU's SMs, twice)."""
+    ``blocks_wanted``: segments a round should have over all rows (the GPU's SMs, twice);
+    ``min_segment``: default MIN_SEGMENT (read at the call: the tests lower it for more rounds)."""
     rows = scores.shape[0]
     per_row = max(1, blocks_wanted // max(1, rows))
     classes = None if allowed is None else xp.where(allowed, LIVE, EXCLUDED).astype(xp.uint8)
     values, positions = scores, None  # this round's elements; where each is in the row (None: itself)
     while True:
         width = values.shape[1]
-        length = max(-(-width // per_row), SEGMENT_OVER_K * k)
+        length = max(-(-width // per_row), SEGMENT_OVER_K * k, MIN_SEGMENT if min_segment is None else min_segment)
         chosen = select(values, k, length, classes, 0 if positions is None else width)
         segments = chosen.shape[1]
         chosen = chosen.reshape(rows, -1).astype(xp.int64)
         if positions is not None:  # back to positions in the row
-            chosen = xp.where(chosen >= 0, xp.take_along_axis(positions, xp.maximum(chosen, 0), axis=-1), -1)
+            chosen = xp.where(chosen >= 0, along_rows(xp, positions, xp.maximum(chosen, 0)), -1)
         if segments == 1:
             return chosen
         positions = chosen
         at = xp.maximum(positions, 0)
         live = xp.full(at.shape, LIVE, xp.uint8) if allowed is None else xp.where(allowed[at], LIVE, EXCLUDED)
         classes = xp.ascontiguousarray(xp.where(positions >= 0, live, PADDING).astype(xp.uint8))
-        values = xp.ascontiguousarray(xp.take_along_axis(scores, at, axis=-1))
+        values = along_rows(xp, scores, at)
+
+
+def along_rows(xp, values, at):
+    """``values[r, at[r, j]]`` for every row r of a 2-D array (take_along_axis on the last
+    axis) by one flat take: CuPy's take_along_axis spends about 0.13 ms of host time a call
+    (profile-search-2026-12-01), and a small search makes a dozen. C-contiguous, like ``at``."""
+    rows, n = values.shape
+    flat = at if rows == 1 else at + xp.arange(0, rows * n, n, dtype=xp.int64)[:, None]
+    return xp.take(values.reshape(-1), flat)

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _arrays, scoring
 from ._problem import packed_problem, padded_problem
+from ._topk import along_rows
 
 #: Bytes the per-block scores (and winners) may take: the workspace bound of a search.
 WORKSPACE_BYTES = 64 * 2**20
@@ -108,7 +109,7 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
             if local is None:
                 ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             else:
-                scores, ids = xp.take_along_axis(scores, local, axis=-1), local + start
+                scores, ids = along_rows(xp, scores, local), local + start
                 argmax = None if argmax is None else xp.take_along_axis(argmax, local[..., None], axis=1)
             if live is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
                 ids = xp.where(live if local is None else live[local], ids, -1)
@@ -163,10 +164,10 @@ def _best_of(xp, scores, ids, argmax, k, excluding=False):
     after finite keys, NaN after everything; a stable sort on exclusion then keeps that order."""
     order = _stable_argsort(xp, -scores)
     if excluding:  # (a third sort only where an Index excludes documents)
-        excluded = xp.take_along_axis(ids, order, axis=-1) < 0
-        order = xp.take_along_axis(order, _stable_argsort(xp, excluded.astype(xp.int8)), axis=-1)
-    order = order[:, :k]
-    take = lambda x: xp.take_along_axis(x, order, axis=-1)  # noqa: E731
+        excluded = along_rows(xp, ids, order) < 0
+        order = along_rows(xp, order, _stable_argsort(xp, excluded.astype(xp.int8)))
+    order = xp.ascontiguousarray(order[:, :k])
+    take = lambda x: along_rows(xp, x, order)  # noqa: E731
     chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
     return take(scores), take(ids), chosen_argmax
 
@@ -185,7 +186,7 @@ def _joined(xp, best, candidate):
     argmax = None
     if best[2] is not None:
         argmax = xp.take_along_axis(xp.concatenate([best[2], candidate[2]], axis=1), order[..., None], axis=1)
-    return xp.take_along_axis(scores, order, axis=-1), xp.take_along_axis(ids, order, axis=-1), argmax
+    return along_rows(xp, scores, order), along_rows(xp, ids, order), argmax
 
 
 def _padded(xp, best, k, num_queries, query_length, problem, winners):

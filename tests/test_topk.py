@@ -84,7 +84,7 @@ def test_rounds_of_the_model_give_each_rows_k_best(seed):
     values[rng.random((rows, n)) < 0.01] = np.inf
     allowed = None if seed % 3 == 0 else rng.random(n) < 0.8
     blocks = int(rng.integers(1, 300))
-    got = _topk.top_k_positions(np, values, k, allowed, model_select, blocks)
+    got = _topk.top_k_positions(np, values, k, allowed, model_select, blocks, min_segment=1)  # many rounds
     np.testing.assert_array_equal(got, _expected(values, allowed, k))
 
 
@@ -103,3 +103,18 @@ def test_the_kernels_constants_agree_with_python():
     assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
         _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
     assert define("TOPK_THREADS") == launch.TOPK_THREADS
+
+
+def test_a_short_row_is_one_round():
+    """Below MIN_SEGMENT a row is one segment: one launch, whatever the GPU's size (each round
+    costs host time: profile-search-2026-12-01)."""
+    launches = []
+
+    def counted(*args):
+        launches.append(args[2])
+        return model_select(*args)
+
+    values = np.random.default_rng(0).standard_normal((2, 10_000)).astype(np.float32)
+    got = _topk.top_k_positions(np, values, 10, None, counted, 264)
+    np.testing.assert_array_equal(got, _expected(values, None, 10))
+    assert launches == [_topk.MIN_SEGMENT]
