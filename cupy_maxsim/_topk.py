@@ -22,29 +22,22 @@ MIN_SEGMENT = 16384
 
 def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, min_segment: int | None = None):
     """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n), in
-    increasing order, (rows, k) int64. ``allowed``: bool (n,) or None; ``select(values, k,
-    segment_length, classes, class_stride)``: one round (_gpu.launch.top_k_select's contract);
-    ``blocks_wanted``: segments a round should have over all rows (the GPU's SMs, twice);
-    ``min_segment``: default MIN_SEGMENT (read at the call: the tests lower it for more rounds)."""
-    rows = scores.shape[0]
+    increasing order, (rows, k) int64. ``allowed``: bool (n,) or None; ``select(scores, k,
+    segment_length, allowed, positions)``: one round (_gpu.launch.top_k_select's contract:
+    the first over the rows themselves, the next over the row positions the round before
+    chose, -1 padded); ``blocks_wanted``: segments a round should have over all rows (the
+    GPU's SMs, twice); ``min_segment``: default MIN_SEGMENT (read at the call: the tests lower
+    it for more rounds)."""
+    rows, n = scores.shape
     per_row = max(1, blocks_wanted // max(1, rows))
-    classes = None if allowed is None else xp.where(allowed, LIVE, EXCLUDED).astype(xp.uint8)
-    values, positions = scores, None  # this round's elements; where each is in the row (None: itself)
+    positions = None  # this round's elements by their row positions (None: the rows themselves)
     while True:
-        width = values.shape[1]
+        width = n if positions is None else positions.shape[1]
         length = max(-(-width // per_row), SEGMENT_OVER_K * k, MIN_SEGMENT if min_segment is None else min_segment)
-        chosen = select(values, k, length, classes, 0 if positions is None else width)
-        segments = chosen.shape[1]
-        chosen = chosen.reshape(rows, -1).astype(xp.int64)
-        if positions is not None:  # back to positions in the row
-            chosen = xp.where(chosen >= 0, along_rows(xp, positions, xp.maximum(chosen, 0)), -1)
-        if segments == 1:
-            return chosen
-        positions = chosen
-        at = xp.maximum(positions, 0)
-        live = xp.full(at.shape, LIVE, xp.uint8) if allowed is None else xp.where(allowed[at], LIVE, EXCLUDED)
-        classes = xp.ascontiguousarray(xp.where(positions >= 0, live, PADDING).astype(xp.uint8))
-        values = along_rows(xp, scores, at)
+        chosen = select(scores, k, length, allowed, positions)
+        if chosen.shape[1] == 1:  # one segment: the row's k best
+            return chosen.reshape(rows, k).astype(xp.int64)
+        positions = chosen.reshape(rows, -1)
 
 
 def along_rows(xp, values, at):

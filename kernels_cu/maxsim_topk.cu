@@ -9,17 +9,17 @@
 //      the segment's own length when it holds k or fewer.
 //
 // A long row is cut into segments (a block each: one block reading a million scores is
-// latency-bound), and the segments' candidates selected again by the same kernel
-// (_gpu/launch.top_k_indices). Order key of an element (larger: better), by its class byte
-// (`classes`, or every element live where null): live elements by their score's float order,
-// NaN below every other score; then excluded (class 1), then padding (class 0) last. search.py
+// latency-bound), and the segments' candidates selected again by the same kernel, reading
+// them through their positions (cupy_maxsim/_topk.py: the rounds). Order key of an element
+// (larger: better), by its class: live elements by their score's float order, NaN below
+// every other score; then excluded (class 1), then padding (class 0) last. search.py
 // sorts the k chosen (a k-sized sort) by the same order. Deterministic: the histograms count
 // with integer atomics, and the writing pass goes in index order with block scans.
 
 #define TOPK_THREADS 512
 #define TOPK_ITEMS 8  // elements a thread loads at once: several loads in flight, not one
 
-// Classes of an element (the `classes` bytes).
+// Classes of an element (cupy_maxsim/_topk.py: PADDING, EXCLUDED, LIVE).
 #define TOPK_PADDING 0
 #define TOPK_EXCLUDED 1
 #define TOPK_LIVE 2
@@ -87,26 +87,35 @@ __device__ __forceinline__ void topk_find_digit(const int* histogram, unsigned p
     }
 }
 
-// Segment blockIdx.x of row blockIdx.y: elements [segment * segment_length, +segment_length)
-// of `scores` (n floats a row, `row_stride` apart; `classes`: bytes, `class_stride` apart, 0:
-// one row for all) -> the positions (within the row) of its k best, increasing, -1 padded, to
-// chosen[(row * segments + segment) * k ...].
+// Segment blockIdx.x of row blockIdx.y of this round's elements: the row's first n scores
+// (`scores`, rows `row_stride` apart) or, where `positions` is given, the n elements at
+// positions[row * n + i] of the row (the candidates of the round before; -1: padding). Each
+// element's class: padding where its position is -1, else excluded where `allowed` (a byte a
+// position, shared by the rows; null: all) is 0, else live. -> the row positions of the
+// segment's k best, in the order of the elements, -1 padded, to
+// chosen[(row * segments + segment) * k ...]. (Gathering here, not in CuPy, keeps a round one
+// launch: the gathers and class arrays between rounds were seven small kernels a round.)
 __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride, int n, int k, int segment_length,
-                                            const unsigned char* classes, i64 class_stride, int* chosen) {
+                                            const unsigned char* allowed, const int* positions, int* chosen) {
     __shared__ int histogram[256];
     __shared__ int warp_sums[TOPK_THREADS / 32];
     __shared__ unsigned s_prefix;
     __shared__ int s_remaining;
     const int first = blockIdx.x * segment_length;
     const int length = min(segment_length, n - first);
-    const float* row = scores + (i64)blockIdx.y * row_stride + first;
-    const unsigned char* klass = classes == nullptr ? nullptr : classes + (i64)blockIdx.y * class_stride + first;
+    const float* row = scores + (i64)blockIdx.y * row_stride;
+    const int* candidates = positions == nullptr ? nullptr : positions + (i64)blockIdx.y * n + first;
     int* out = chosen + ((i64)blockIdx.y * gridDim.x + blockIdx.x) * k;
-    auto key_at = [&](int i) { return topk_key(row[i], klass == nullptr ? TOPK_LIVE : klass[i]); };
+    auto position_at = [=](int i) { return candidates == nullptr ? first + i : candidates[i]; };
+    auto key_at = [=](int i) {
+        const int at = position_at(i);
+        if (at < 0) return (unsigned)TOPK_PADDING;
+        return topk_key(row[at], allowed == nullptr || allowed[at] ? TOPK_LIVE : TOPK_EXCLUDED);
+    };
     constexpr int TILE = TOPK_THREADS * TOPK_ITEMS;
 
     if (length <= k) {  // the whole segment, then padding
-        for (int i = threadIdx.x; i < k; i += TOPK_THREADS) out[i] = i < length ? first + i : -1;
+        for (int i = threadIdx.x; i < k; i += TOPK_THREADS) out[i] = i < length ? position_at(i) : -1;
         return;
     }
     unsigned prefix = 0u, mask = 0u;
@@ -148,23 +157,24 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
     int above_seen = 0, equal_seen = 0;
     for (int start = 0; start < length; start += TILE) {
         const int base = start + (int)threadIdx.x * TOPK_ITEMS;
-        unsigned keys[TOPK_ITEMS];
-        int above = 0, equal = 0;
+        unsigned above_bits = 0u, equal_bits = 0u;  // a bit an element: above T, equal to T
 #pragma unroll
         for (int j = 0; j < TOPK_ITEMS; ++j) {
-            keys[j] = base + j < length ? key_at(base + j) : 0u;  // (0: padding, never above T)
-            above += base + j < length && keys[j] > threshold;
-            equal += base + j < length && keys[j] == threshold;
+            if (base + j < length) {  // (past the segment: neither)
+                const unsigned key = key_at(base + j);
+                above_bits |= (unsigned)(key > threshold) << j;
+                equal_bits |= (unsigned)(key == threshold) << j;
+            }
         }
+        const int above = __popc(above_bits), equal = __popc(equal_bits);
         int total;  // counts of at most TILE: above in the low 16 bits, equal in the high
         const int before = topk_block_sum_scan((equal << 16) | above, warp_sums, total);
         int above_before = above_seen + (before & 0xffff), equal_before = equal_seen + (before >> 16);
 #pragma unroll
         for (int j = 0; j < TOPK_ITEMS; ++j) {
-            const bool live = base + j < length;
-            const bool is_above = live && keys[j] > threshold, is_equal = live && keys[j] == threshold;
+            const bool is_above = (above_bits >> j) & 1u, is_equal = (equal_bits >> j) & 1u;
             if (is_above || (is_equal && equal_before < remaining))
-                out[above_before + min(equal_before, remaining)] = first + base + j;
+                out[above_before + min(equal_before, remaining)] = position_at(base + j);
             above_before += is_above, equal_before += is_equal;
         }
         above_seen += total & 0xffff, equal_seen += total >> 16;
@@ -175,7 +185,7 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
 #define MAXSIM_TOPK_ENTRY(NAME, THREADS)                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                            \
         NAME(const float* scores, i64 row_stride, int n, int k, int segment_length,                  \
-             const unsigned char* classes, i64 class_stride, int* chosen) {                          \
-        topk_select(scores, row_stride, n, k, segment_length, classes, class_stride, chosen);        \
+             const unsigned char* allowed, const int* positions, int* chosen) {                      \
+        topk_select(scores, row_stride, n, k, segment_length, allowed, positions, chosen);           \
     }
 MAXSIM_TOPK_ENTRY(maxsim_topk_select, TOPK_THREADS)

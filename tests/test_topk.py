@@ -25,21 +25,24 @@ def _keys(values, classes):
     return np.where(classes == _topk.LIVE, keys, classes.astype(np.uint32))
 
 
-def model_select(values, k, segment_length, classes, class_stride):
+def model_select(scores, k, segment_length, allowed, positions):
     """A NumPy model of one launch of maxsim_topk_select (the kernel's steps, not a sort)."""
-    rows, n = values.shape
-    segments = -(-n // segment_length)
+    rows, n = scores.shape
+    width = n if positions is None else positions.shape[1]
+    segments = -(-width // segment_length)
     chosen = np.full((rows, segments, k), -1, np.int32)
     for r in range(rows):
-        row_classes = (np.full(n, _topk.LIVE, np.uint8) if classes is None
-                       else classes.reshape(-1)[r * class_stride:r * class_stride + n])
+        at = np.arange(n) if positions is None else positions[r]  # each element's row position
+        live = np.ones(n, bool) if allowed is None else allowed
+        classes = np.where(at < 0, _topk.PADDING, np.where(live[np.maximum(at, 0)], _topk.LIVE, _topk.EXCLUDED))
+        values = scores[r, np.maximum(at, 0)]
         for s in range(segments):
             first = s * segment_length
-            length = min(segment_length, n - first)
+            length = min(segment_length, width - first)
             if length <= k:
-                chosen[r, s, :length] = first + np.arange(length)
+                chosen[r, s, :length] = at[first:first + length]
                 continue
-            keys = _keys(values[r, first:first + length], row_classes[first:first + length])
+            keys = _keys(values[first:first + length], classes[first:first + length])
             prefix, mask, remaining = 0, 0, k
             for shift in (24, 16, 8, 0):
                 counted = (keys & mask) == prefix
@@ -51,11 +54,11 @@ def model_select(values, k, segment_length, classes, class_stride):
                 prefix |= digit << shift
                 remaining -= above
                 mask |= 0xFF << shift
-            equal = keys == prefix
-            equal_before = np.cumsum(equal) - equal
-            take = (keys > prefix) | (equal & (equal_before < remaining))
+            above, equal = keys > prefix, keys == prefix
+            place = np.cumsum(above) - above + np.minimum(np.cumsum(equal) - equal, remaining)  # the kernel's
+            take = above | (equal & (np.cumsum(equal) - equal < remaining))
             assert take.sum() == k
-            chosen[r, s] = first + np.flatnonzero(take)
+            chosen[r, s, place[take]] = at[first:first + length][take]
     return chosen
 
 

@@ -112,22 +112,25 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
 TOPK_THREADS = 512
 
 
-def top_k_select(scores, k: int, segment_length: int, classes, class_stride: int):
+def top_k_select(scores, k: int, segment_length: int, allowed, positions):
     """One launch of maxsim_topk_select on the current device and stream: for each segment of
-    ``segment_length`` elements of each row of ``scores`` (a C-contiguous CuPy float32 array
-    (rows, n)), the positions of its k best, increasing, -1 padded: (rows, segments, k) int32.
-    ``classes``: uint8 (_topk.PADDING, EXCLUDED, LIVE) a row ``class_stride`` apart (0: one row
-    for all), or None (all live)."""
+    ``segment_length`` elements of each row, the row positions of its k best, in the elements'
+    order, -1 padded: (rows, segments, k) int32. The elements: the rows of ``scores`` (a
+    C-contiguous CuPy float32 array (rows, n)) or, given ``positions`` (C-contiguous int32
+    (rows, m), -1: padding), the scores at those positions. ``allowed``: bool (n,) over the
+    positions (False: excluded, after every live element), or None (all live)."""
     import cupy
 
     rows, n = scores.shape
-    segments = -(-n // segment_length)
+    width = n if positions is None else positions.shape[1]
+    segments = -(-width // segment_length)
     chosen = cupy.empty((rows, segments, k), cupy.int32)
     if rows:
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select")
         launch(kernel, (segments, rows), (TOPK_THREADS,),
                (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
-                struct.pack("<i", n), struct.pack("<i", k), struct.pack("<i", segment_length),
-                struct.pack("<Q", 0 if classes is None else classes.data.ptr), struct.pack("<q", class_stride),
+                struct.pack("<i", width), struct.pack("<i", k), struct.pack("<i", segment_length),
+                struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
+                struct.pack("<Q", 0 if positions is None else positions.data.ptr),
                 struct.pack("<Q", chosen.data.ptr)), 0, None)
     return chosen
