@@ -105,7 +105,7 @@ def test_the_kernels_constants_agree_with_python():
     define = lambda name: int(re.search(rf"#define {name} (\d+)", SOURCE).group(1))  # noqa: E731
     assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
         _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
-    assert define("TOPK_THREADS") == launch.TOPK_THREADS
+    assert (define("TOPK_THREADS"), define("TOPK_CACHED_KEYS")) == (launch.TOPK_THREADS, launch.TOPK_CACHED_KEYS)
 
 
 def test_a_short_row_is_one_round():

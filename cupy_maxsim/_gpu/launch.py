@@ -108,8 +108,9 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         return tuple(int(v) for v in summary.get())
 
 
-#: Threads of a top-k selection block (TOPK_THREADS in maxsim_topk.cu).
-TOPK_THREADS = 512
+#: Threads of a top-k selection block, and the keys it keeps in shared memory (TOPK_THREADS,
+#: TOPK_CACHED_KEYS in maxsim_topk.cu).
+TOPK_THREADS, TOPK_CACHED_KEYS = 512, 16384
 
 
 def top_k_select(scores, k: int, segment_length: int, allowed, positions):
@@ -126,11 +127,12 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions):
     segments = -(-width // segment_length)
     chosen = cupy.empty((rows, segments, k), cupy.int32)
     if rows:
-        kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select")
+        shared = 4 * TOPK_CACHED_KEYS
+        kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select", shared_bytes=shared)
         launch(kernel, (segments, rows), (TOPK_THREADS,),
                (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
                 struct.pack("<i", width), struct.pack("<i", k), struct.pack("<i", segment_length),
                 struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
                 struct.pack("<Q", 0 if positions is None else positions.data.ptr),
-                struct.pack("<Q", chosen.data.ptr)), 0, None)
+                struct.pack("<Q", chosen.data.ptr)), shared, None)
     return chosen
