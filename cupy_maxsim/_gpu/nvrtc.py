@@ -55,12 +55,25 @@ class CompileReport:
 def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) -> list[CompileReport]:
     """Compile a family to a cubin for ``arch`` (e.g. ``"sm_90"``) and return the ptxas report
     of each kernel. Raises ``RuntimeError`` with the compiler log on failure."""
+    log, _ = _compile(family, arch, defines, ("--ptxas-options=-v",))
+    return _parse_ptxas(log, arch, defines)
+
+
+def compile_cubin(family: str, arch: str, defines: tuple[str, ...] = ()) -> bytes:
+    """A family's cubin for ``arch``, compiled with the options a GPU process uses (no GPU
+    needed): what the wheel ships prebuilt (_gpu/prebuilt.py)."""
+    return _compile(family, arch, defines, ())[1]
+
+
+def _compile(family: str, arch: str, defines: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, bytes]:
+    """(NVRTC's log, the cubin) of ``family`` for ``arch`` with ``defines``; RuntimeError with
+    the log on failure."""
     nvrtc = _find_nvrtc()
     program = ctypes.c_void_p()
     code = source(family).encode()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, f"{family}.cu".encode(), 0, None, None))
     try:
-        options = list(NVRTC_OPTIONS) + list(defines) + [f"-arch={arch}", "--ptxas-options=-v"]
+        options = list(NVRTC_OPTIONS) + list(defines) + [f"-arch={arch}"] + list(extra)
         array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
         status = nvrtc.nvrtcCompileProgram(program, len(options), array)
         size = ctypes.c_size_t()
@@ -70,9 +83,12 @@ def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) ->
         text = log.value.decode(errors="replace")
         if status != 0:
             raise RuntimeError(f"NVRTC failed to compile {family} for {arch} {defines}:\n{text}")
+        _check(nvrtc, nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)))
+        cubin = ctypes.create_string_buffer(size.value)
+        _check(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin))
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
-    return _parse_ptxas(text, arch, defines)
+    return text, cubin.raw
 
 
 def _parse_ptxas(log: str, arch: str, defines: tuple[str, ...]) -> list[CompileReport]:
