@@ -15,7 +15,7 @@ import contextlib
 
 import numpy as np
 
-from . import _arrays, scoring
+from . import _arrays, _topk, scoring
 from ._problem import packed_problem, padded_problem
 from ._topk import along_rows
 
@@ -91,14 +91,13 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
     like, num_docs = problem.like, problem.num_docs
     num_queries, query_length = problem.q.shape[0], problem.q.shape[1]
     winners = problem.argmax_dtype is not None
-    per_doc = num_queries * (8 + (4 * query_length if winners else 0))  # a block's scores, ids, winners
-    docs_per_block = max(1, workspace_bytes // max(1, per_doc))
+    per_block = docs_per_block(num_queries, query_length, winners, workspace_bytes)
     xp = _arrays.module_of(like)
     stream = _gpu_stream(like)
     best = None  # (scores, ids, winners or None), each query's best so far, sorted
     with stream:
         if ranges is None:
-            ranges = [(start, min(num_docs, start + docs_per_block)) for start in range(0, num_docs, docs_per_block)]
+            ranges = [(start, min(num_docs, start + per_block)) for start in range(0, num_docs, per_block)]
         for start, stop in ranges:
             result = block(start, stop)
             scores, argmax = (result if winners else (result, None))
@@ -121,6 +120,13 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
     return tuple(results)
 
 
+def docs_per_block(num_queries: int, query_length: int, winners: bool, workspace_bytes: int) -> int:
+    """Documents a block of the search may hold: their scores and ids (and winners) within
+    ``workspace_bytes``, at least one."""
+    per_doc = num_queries * (8 + (4 * query_length if winners else 0))
+    return max(1, workspace_bytes // max(1, per_doc))
+
+
 def _selected(xp, scores, k, live):
     """On the GPU, the indices (rows, k, in increasing order) of each row's k best by the
     selection kernel (_topk: the same order as _best_of, excluded documents of ``live`` last),
@@ -129,7 +135,6 @@ def _selected(xp, scores, k, live):
     rows, n = scores.shape
     if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31 or rows > 65535:
         return None
-    from . import _topk
     from ._gpu.device import device_properties
     from ._gpu.launch import top_k_select
 

@@ -215,7 +215,7 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
     the store's d_scale, which is streamed with the tokens)."""
     from . import _arrays, scoring
     from ._problem import argmax_dtype, packed_problem
-    from .search import _top_k
+    from .search import _top_k, docs_per_block
 
     original = q
     tokens, d_scale = _pinned(index, copies)
@@ -226,12 +226,11 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
     if moved:
         with _device_of(copies):
             q, q_mask, q_scale = (None if x is None else xp.asarray(_arrays.host_values(x)) for x in (q, q_mask, q_scale))
-    num_queries = int(np.prod(_arrays.as_operand(q, "q").shape[:-2], dtype=np.int64)) or 1
-    query_length = _arrays.as_operand(q, "q").shape[-2]
-    per_doc = num_queries * (8 + (4 * query_length if return_argmax else 0))
+    shape = _arrays.as_operand(q, "q").shape
+    num_queries = int(np.prod(shape[:-2], dtype=np.int64)) or 1
     bytes_per_token = tokens.shape[1] * tokens.itemsize + (0 if d_scale is None else 4)
     max_tokens = max(1, budget_bytes // (BUFFERS * bytes_per_token))
-    ranges = segment_ranges(offsets, max_tokens, max(1, workspace_bytes // max(1, per_doc)))
+    ranges = segment_ranges(offsets, max_tokens, docs_per_block(num_queries, shape[-2], return_argmax, workspace_bytes))
     report = index.last_search = SearchReport()
     with _device_of(copies):
         allowed_device = xp.asarray(allowed)
@@ -244,9 +243,9 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
         first, first_scales, first_offsets, _ = source(*ranges_for_problem[0])
         problem, _ = packed_problem(q, first, first_offsets, q_mask, q_scale,
                                     None if first_scales is None else first_scales, False)
-        longest = int(np.diff(offsets).max(initial=0))
-        problem = problem._replace(num_docs=offsets.shape[0] - 1,
-                                   argmax_dtype=argmax_dtype(longest) if return_argmax else None)
+        # (the longest document only for winners: a pass over every offset, each search)
+        winners = argmax_dtype(int(np.diff(offsets).max(initial=0))) if return_argmax else None
+        problem = problem._replace(num_docs=offsets.shape[0] - 1, argmax_dtype=winners)
 
         def block(start, stop):
             segment, segment_scales, local, slot = source(start, stop)

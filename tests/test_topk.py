@@ -77,7 +77,8 @@ def _expected(values, allowed, k):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_rounds_of_the_model_give_each_rows_k_best(seed):
+def test_rounds_of_the_model_give_each_rows_k_best(seed, monkeypatch):
+    monkeypatch.setattr(_topk, "MIN_SEGMENT", 1)  # segments of 4k: many rounds
     rng = np.random.default_rng(seed)
     rows, n = int(rng.integers(1, 5)), int(rng.integers(50, 4000))
     k = int(rng.integers(1, n))
@@ -87,7 +88,7 @@ def test_rounds_of_the_model_give_each_rows_k_best(seed):
     values[rng.random((rows, n)) < 0.01] = np.inf
     allowed = None if seed % 3 == 0 else rng.random(n) < 0.8
     blocks = int(rng.integers(1, 300))
-    got = _topk.top_k_positions(np, values, k, allowed, model_select, blocks, min_segment=1)  # many rounds
+    got = _topk.top_k_positions(np, values, k, allowed, model_select, blocks)
     np.testing.assert_array_equal(got, _expected(values, allowed, k))
 
 
