@@ -241,15 +241,16 @@ CATALOGUE = [
 ]
 
 
-def _arrays(value):
-    if isinstance(value, np.ndarray):
+def leaves(value, is_leaf=lambda x: isinstance(x, np.ndarray)):
+    """The arrays in a call's arguments (nested lists, tuples, dicts): what must not change."""
+    if is_leaf(value):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _arrays(item)
+            yield from leaves(item, is_leaf)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _arrays(item)
+            yield from leaves(item, is_leaf)
 
 
 #: Every public function a catalogue must reach.
@@ -259,7 +260,7 @@ FUNCTIONS = {cm.score, cm.score_pairs, cm.score_packed, cm.score_backward, cm.pa
 
 def assert_refused(function, args, kwargs, error, message):
     """``function(*args, **kwargs)`` raises ``error`` matching ``message`` and changes no input."""
-    before = [(a, a.copy()) for a in _arrays((args, kwargs))]
+    before = [(a, a.copy()) for a in leaves((args, kwargs))]
     with pytest.raises(error, match=message):
         function(*args, **kwargs)
     for array, copy in before:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from test_catalogue import leaves
+
 RNG = np.random.default_rng(26)
 Q = RNG.standard_normal((2, 4, 8)).astype(np.float32)
 D = RNG.standard_normal((3, 5, 8)).astype(np.float32)
@@ -59,15 +61,6 @@ def _convert(value, to):
     return value
 
 
-def _leaves(value):
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _leaves(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _leaves(v)
-    elif hasattr(value, "shape"):
-        yield value
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
@@ -75,7 +68,7 @@ def _leaves(value):
 def test_adapters_refuse_bad_inputs_and_change_nothing(framework, function, args, kwargs, error, message):
     adapter, to, back = _framework(framework)
     args, kwargs = _convert(args, to), _convert(kwargs, to)
-    before = [(x, back(x)) for x in _leaves((args, kwargs))]
+    before = [(x, back(x)) for x in leaves((args, kwargs), lambda v: hasattr(v, "shape"))]
     with pytest.raises(error, match=message):
         getattr(adapter, function)(*args, **kwargs)
     for x, copy in before:
