@@ -21,7 +21,7 @@ import ray
 from . import _arrays
 from .index import Index, _id_array
 from .search import _check_k
-from .shards import _host_filter, assign_ids, merge_top_k, split_documents
+from .shards import _host_filter, array_on, assign_ids, docs_on, merge_top_k, split_documents
 
 
 class _Shard:
@@ -31,8 +31,9 @@ class _Shard:
         self.index = Index(dim, dtype=dtype, device="cuda" if on_gpu else "cpu", rescore=rescore)
 
     def add(self, docs, ids, mask):
-        if ids.size:
-            self.index.add(docs, ids=ids, mask=mask)
+        if ids.size:  # (host arrays from the driver: to the actor's GPU, where the Index is)
+            self.index.add(docs_on(docs, self.index.device), ids=ids,
+                           mask=None if mask is None else array_on(mask, self.index.device, "mask"))
         return len(self.index)
 
     def remove(self, ids):
@@ -45,16 +46,9 @@ class _Shard:
         return self.index.nbytes
 
     def search(self, q, k, q_mask, filter, return_argmax):
-        if self.index.device != "cpu":
-            q, q_mask = _to_gpu(q), None if q_mask is None else _to_gpu(q_mask)
+        q, q_mask = array_on(q, self.index.device, "q"), None if q_mask is None else array_on(q_mask, self.index.device, "q_mask")
         results = self.index.search(q, k, q_mask=q_mask, filter=filter, return_argmax=return_argmax)
         return tuple(x.get() if hasattr(x, "get") else np.asarray(x) for x in results)
-
-
-def _to_gpu(x):
-    import cupy
-
-    return cupy.asarray(x)
 
 
 class RayIndex:

@@ -10,6 +10,8 @@ the lower id), so the results are the ones one index of every document gives.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from . import _arrays
@@ -56,7 +58,8 @@ class ShardedIndex:
         for shard, (part, part_mask, part_ids) in zip(self.shards, split_documents(docs, mask, new_ids,
                                                                                    len(self.shards))):
             if part_ids.size:
-                shard.add(part, ids=part_ids, mask=part_mask)
+                shard.add(docs_on(part, shard.device), ids=part_ids,
+                          mask=None if part_mask is None else array_on(part_mask, shard.device, "mask"))
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
 
@@ -71,17 +74,31 @@ class ShardedIndex:
 
     def search(self, q, k: int, *, q_mask=None, filter=None, return_argmax=False):
         """As :meth:`Index.search`, over every shard; results in the framework of ``q``, on its
-        device (each shard searches on its own device; the merge runs on the host)."""
+        device. The shards of each device are searched by a thread of their own (the devices
+        work at once), their top-k lists merged on the host."""
         k = _check_k(k)
         like = _arrays.as_operand(q, "q")
         host_q, host_mask = _arrays.host_values(q), None if q_mask is None else _arrays.to_host(_arrays.as_operand(q_mask, "q_mask"))
         filter = None if filter is None else _host_filter(filter, self)
-        results = []
-        for shard in self.shards:
-            shard_q = _to_device(host_q, shard.device)
-            shard_mask = None if host_mask is None else _to_device(host_mask, shard.device)
-            found = shard.search(shard_q, k, q_mask=shard_mask, filter=filter, return_argmax=return_argmax)
-            results.append(tuple(_host(x) for x in found))
+
+        def search_on(device):
+            shard_q = array_on(host_q, device, "q")
+            shard_mask = None if host_mask is None else array_on(host_mask, device, "q_mask")
+            return [tuple(_host(x) for x in shard.search(shard_q, k, q_mask=shard_mask, filter=filter,
+                                                         return_argmax=return_argmax))
+                    for shard in self.shards if shard.device == device]
+
+        devices = list(dict.fromkeys(shard.device for shard in self.shards))  # in shard order
+        gpus = [device for device in devices if device != "cpu"]
+        # (CPU shards in this thread: NumPy's BLAS threads itself, and its sums may round
+        # otherwise when called from another thread, where shards must score as one index does)
+        found = {"cpu": search_on("cpu")} if "cpu" in devices else {}
+        if len(gpus) == 1:
+            found[gpus[0]] = search_on(gpus[0])
+        elif gpus:
+            with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
+                found.update(zip(gpus, pool.map(search_on, gpus)))
+        results = [found[shard.device].pop(0) for shard in self.shards]  # back in shard order
         return answer(merge_top_k(results, k), like)
 
 
@@ -147,13 +164,32 @@ def _host_filter(filter, index):
     return _id_array(values, "filter")
 
 
-def _to_device(x: np.ndarray, device: str):
-    if device == "cpu":
+def docs_on(docs, device: str):
+    """What add() was given (a list, a padded array, or tokens with host offsets), its arrays
+    on ``device`` ("cpu" or "cuda:N"), as a shard's Index takes them (it refuses another
+    device's documents)."""
+    if isinstance(docs, tuple) and len(docs) == 2:
+        return array_on(docs[0], device, "docs"), docs[1]
+    if isinstance(docs, list):
+        return [array_on(x, device, "docs") for x in docs]
+    return array_on(docs, device, "docs")
+
+
+def array_on(x, device: str, name: str):
+    """``x`` itself where it is on ``device`` already, else a copy there through the host
+    (bfloat16 widened to float32 exactly: every stored format takes it)."""
+    operand = _arrays.as_operand(x, name)
+    gpu = _parse_device(device)
+    if operand.on_gpu == (gpu is not None) and (gpu is None or operand.device == gpu):
         return x
+    values = operand.host if not operand.on_gpu else operand.cupy().get()
+    values = _arrays.widened_bfloat16(values) if operand.dtype == "bfloat16" else values
+    if gpu is None:
+        return values
     import cupy
 
-    with cupy.cuda.Device(int(device.partition(":")[2] or 0)):
-        return cupy.asarray(x)
+    with cupy.cuda.Device(gpu):
+        return cupy.asarray(values)
 
 
 def _device_name(device) -> str:

@@ -274,3 +274,36 @@ def test_an_empty_index_answers_nothing_found(dtype):
     index.remove([0])
     scores, ids = index.search(q[0], 2)
     assert ids.tolist() == [-1, -1] and np.isneginf(scores).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_rescoring_on_the_gpu_ranks_as_the_exact_index(framework):
+    """An int8 GPU index rescoring from its float32 host copy (the shortlists' union scored on
+    the GPU in one call) returns what a float32 GPU index returns when the shortlist holds it,
+    winners too."""
+    from support import replay_device
+
+    device = replay_device(framework)
+    rng = np.random.default_rng(12)
+    docs = _documents(rng, 300, longest=40)
+    docs[7] = docs[5]  # a tie: the document added first
+    exact = cm.Index(DIM, dtype="float32", device="cuda")
+    rescored = cm.Index(DIM, dtype="int8", device="cuda", rescore="float32")
+    for index in (exact, rescored):
+        index.add([device(x) for x in docs])
+        index.remove([3, 250])
+    q = unit_rows(rng, (4, 6, DIM), np.float32)
+    q_mask = holey_mask(rng, (4, 6), 0.8)
+    for queries, mask, k in ((q, q_mask, 10), (q[1], None, 3), (q, None, 64)):
+        want = [to_numpy(x) for x in exact.search(device(queries), k, q_mask=None if mask is None else device(mask),
+                                                  return_argmax=True)]
+        got = rescored.search(device(queries), k, q_mask=None if mask is None else device(mask), return_argmax=True,
+                              shortlist=300)
+        assert type(got[0]) is type(device(queries))
+        got = [to_numpy(x) for x in got]
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_array_equal(got[2], want[2])
+    few = rescored.search(device(q), 10, shortlist=12, filter=[5, 7, 9])  # shortlists shorter than k
+    assert (to_numpy(few[1])[:, 3:] == -1).all() and set(to_numpy(few[1])[:, :3].ravel()) == {5, 7, 9}

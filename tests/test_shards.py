@@ -114,3 +114,37 @@ def test_a_dead_actor_is_reported(ray_cluster):
     ray_cluster.kill(remote.actors[1])
     with pytest.raises(RuntimeError, match="shard 1's Ray actor died"):
         remote.search(unit_rows(rng, (1, 3, DIM), np.float32), 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_gpu_shards_are_one_gpu_index(dtype):
+    """Several shards on one GPU (the multi-GPU code path: a device each would be the same
+    calls) against one GPU index: host, CuPy and torch documents go to each shard's device;
+    the same top-k, scores and winners, bitwise, after removes and adds."""
+    import cupy
+
+    rng = np.random.default_rng(5)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 60, 2000)]
+    single = cm.Index(DIM, dtype=dtype, device="cuda")
+    sharded = cm.ShardedIndex(DIM, dtype=dtype, devices=["cuda:0"], shards=3)
+    single.add([cupy.asarray(x) for x in docs])
+    sharded.add(docs[:1000])  # host documents
+    sharded.add(cm.pack([cupy.asarray(x) for x in docs[1000:]]))  # tokens and offsets on the GPU
+    assert [s.device for s in sharded.shards] == ["cuda:0"] * 3 and len(sharded) == 2000
+    for index in (single, sharded):
+        index.remove(list(range(0, 2000, 7)))
+        index.add([cupy.asarray(x) for x in docs[:50]])
+    q = unit_rows(rng, (5, 8, DIM), np.float32).astype(np.float16)
+    for queries in (cupy.asarray(q), q, cupy.asarray(q[0])):
+        want = single.search(cupy.asarray(queries), 40, return_argmax=True)
+        got = sharded.search(queries, 40, return_argmax=True)
+        assert type(got[0]) is type(queries)
+        _same([_arrays_host(x) for x in got], [x.get() for x in want])
+    allow = list(range(0, 2050, 3))
+    _same([_arrays_host(x) for x in sharded.search(cupy.asarray(q), 10, filter=allow)],
+          [x.get() for x in single.search(cupy.asarray(q), 10, filter=allow)])
+
+
+def _arrays_host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
