@@ -143,11 +143,13 @@ def test_int8_index_matches_quantised_scoring():
     np.testing.assert_array_equal(index.search(q8, 7, q_scale=qs)[1], want[1])
 
 
+@pytest.mark.parametrize("one_call", [False, True])
 @pytest.mark.parametrize("store", ["int8", "float16"])
-def test_rescoring_ranks_as_the_exact_copy(store, tmp_path):
+def test_rescoring_ranks_as_the_exact_copy(store, one_call, tmp_path, monkeypatch):
     """An index rescoring from a float32 copy returns what float32 exhaustive search returns,
     when the shortlist holds it (here: the whole corpus), and keeps doing so through save/load,
     removes and filters."""
+    monkeypatch.setattr("cupy_maxsim.index.rescore_in_one_call", lambda xp: one_call)  # (the GPU's way on the CPU)
     rng = np.random.default_rng(9)
     docs = _documents(rng, 30)
     index = cm.Index(DIM, dtype=store, rescore="float32")
