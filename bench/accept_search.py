@@ -115,14 +115,15 @@ def peers(torch, k):
 
 
 def unit_corpus(cupy, shape, seed):
-    """Unit-norm fp16 rows, made in slices (no float32 copy of the whole corpus)."""
-    rng = cupy.random.default_rng(seed)
-    out = cupy.empty(shape, cupy.float16)
-    flat = out.reshape(-1, shape[-1])
-    step = 2**24 // shape[-1]
-    for s in range(0, flat.shape[0], step):
-        rows = rng.standard_normal((min(step, flat.shape[0] - s), shape[-1]), dtype=cupy.float32)
-        flat[s:s + step] = (rows / cupy.linalg.norm(rows, axis=1, keepdims=True)).astype(cupy.float16)
+    """Unit-norm fp16 rows as a CuPy array (made by torch in slices, as bench_search's corpora:
+    CuPy's generator filling a 33 GB corpus ended in an illegal address on the H200,
+    2026-12-02), zero-copy through DLPack so that our calls allocate in CuPy's pool alone."""
+    import torch
+
+    from cliffs import unit
+
+    out = cupy.from_dlpack(unit(torch, shape, seed, "float16"))
+    cupy.cuda.Device().synchronize()
     return out
 
 
