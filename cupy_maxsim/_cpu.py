@@ -13,11 +13,23 @@ from __future__ import annotations
 
 import numpy as np
 
-BLOCK_ELEMENTS = 16 * 1024 * 1024
+BLOCK_ELEMENTS = 8 * 1024 * 1024
 
 
 def _compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _products(a, b, ctype):
+    """``a @ b.T`` (blocks from _block, float64) in ``ctype``, each similarity the same whatever
+    the shape of the block it is in. BLAS's float32 GEMM rounds a dot product by where it falls
+    in its tiles (OpenBLAS 0.3.31's Haswell and Zen kernels, 2026-12-02: hundreds of 1-ulp
+    differences between a block's products and its slices'), so a document's score would hang on
+    its neighbours, and a search's on its blocks. A sum of float32 products in float64 rounds
+    back to float32 the same in any order (barring a tie within 1e-16, about 1e-9 a similarity).
+    float64 inputs keep float64's own rounding."""
+    products = np.matmul(a, np.swapaxes(b, -1, -2))
+    return products if ctype == np.float64 else products.astype(ctype)
 
 
 def _block(x, scale, ctype):
@@ -84,12 +96,13 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=F
     q_step = min(num_queries, pairs_per_block, max(1, BLOCK_ELEMENTS // (query_length * max(1, dim))))
     d_step = min(max(1, pairs_per_block // q_step), max(1, BLOCK_ELEMENTS // (doc_length * max(1, dim))))
     for i0 in range(0, num_queries, q_step):
-        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], ctype)
+        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], np.float64)
         nq = qb.shape[0]
         for n0 in range(0, num_docs, d_step):
-            db = _block(d[n0:n0 + d_step], None if d_scale is None else d_scale[n0:n0 + d_step], ctype)
+            db = _block(d[n0:n0 + d_step], None if d_scale is None else d_scale[n0:n0 + d_step], np.float64)
             nb = db.shape[0]
-            sims = (qb.reshape(nq * query_length, dim) @ db.reshape(nb * doc_length, dim).T)
+            sims = _products(qb.reshape(nq * query_length, dim), db.reshape(nb * doc_length, dim), ctype)
+            del db
             sims = sims.reshape(nq, query_length, nb, doc_length)
             real = None if d_mask is None else d_mask[n0:n0 + nb]
             token_max, token_bad, token_arg = _token_reduce(sims, real, with_argmax)
@@ -116,9 +129,10 @@ def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=Fa
     step = max(1, min(BLOCK_ELEMENTS // (query_length * doc_length),
                       BLOCK_ELEMENTS // (max(query_length, doc_length) * max(1, dim))))
     for b0 in range(0, batch, step):
-        qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], ctype)
-        db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], ctype)
-        sims = np.matmul(qb, db.transpose(0, 2, 1))  # (b, Lq, Ld)
+        qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], np.float64)
+        db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], np.float64)
+        sims = _products(qb, db, ctype)  # (b, Lq, Ld)
+        del qb, db
         real = None if d_mask is None else d_mask[b0:b0 + step][:, None, :]
         token_max, token_bad, token_arg = _token_reduce(sims, real, with_argmax)  # (b, Lq)
         scores = _query_reduce(token_max[:, :, None], token_bad[:, :, None], q_real[b0:b0 + step],
@@ -149,7 +163,7 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
     # Tokens a block: its similarities and its float32 copy of the tokens within a block each.
     token_budget = max(1, min(BLOCK_ELEMENTS // (q_step * query_length), BLOCK_ELEMENTS // max(1, dim)))
     for i0 in range(0, num_queries, q_step):
-        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], ctype)
+        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], np.float64)
         nq = qb.shape[0]
         q2 = qb.reshape(nq * query_length, dim)
         n0 = 0
@@ -162,8 +176,9 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
             nonempty = np.flatnonzero(block_lengths > 0)
             if len(nonempty):
                 begin, end = offsets[n0], offsets[n1]
-                block = _block(tokens[begin:end], None if d_scale is None else d_scale[begin:end], ctype)
-                sims = q2 @ block.T  # (nq*Lq, tokens)
+                block = _block(tokens[begin:end], None if d_scale is None else d_scale[begin:end], np.float64)
+                sims = _products(q2, block, ctype)  # (nq*Lq, tokens)
+                del block
                 starts = offsets[n0:n1][nonempty] - begin
                 token_max = np.maximum.reduceat(sims, starts, axis=1)
                 token_bad = np.logical_or.reduceat(~np.isfinite(sims), starts, axis=1)

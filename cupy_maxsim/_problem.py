@@ -97,8 +97,10 @@ def pairs_problem(q, d, q_mask, d_mask, q_scale, d_scale, return_argmax) -> Scor
                     argmax_dtype(d_op.shape[1]) if return_argmax else None)
 
 
-def packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax):
-    """(the problem, its offsets' checked bounds (first, last, longest document))."""
+def packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax, checked_offsets=None):
+    """(the problem, its offsets' checked bounds (first, last, longest document)).
+    ``checked_offsets``: those bounds where the caller knows them (an Index, of its own store),
+    so that offsets on a GPU are not read back, and the stream not waited for, again."""
     like, t_op = scored_operand(q, "q"), scored_operand(tokens, "tokens")
     o_op = as_operand(offsets, "offsets")
     check_ndim(like, (2, 3), "(Lq, D) or (Nq, Lq, D)")
@@ -106,7 +108,7 @@ def packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax):
     q_op, q_scale_op, d_scale_op = resolve_int8(like, t_op, q_scale, d_scale)
     check_pair(q_op, t_op)
     check_device(q_op, o_op)
-    bounds = check_offsets(o_op, t_op.shape[0])
+    bounds = check_offsets(o_op, t_op.shape[0]) if checked_offsets is None else checked_offsets
     q_mask_op = mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
     problem = _batched(like, q_op, t_op, q_mask_op, None, q_scale_op, d_scale_op, o_op, False, o_op.shape[0] - 1,
                        argmax_dtype(bounds[2]) if return_argmax else None)

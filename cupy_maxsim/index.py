@@ -76,6 +76,7 @@ class Index:
             self._offsets = xp.zeros((1,), dtype=np.int64)
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
         self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
+        self._offsets_cache = self._allowed_cache = (None,)  # per store version: _host_offsets, _allowed_on_device
         self._alive = np.zeros((0,), dtype=bool)
         self._next_id = 0
 
@@ -148,6 +149,7 @@ class Index:
         store is compacted once removed tokens outnumber live ones."""
         wanted = _id_array(ids, "ids")
         rows = self._rows_of(wanted, "ids")
+        self._alive = self._alive.copy()  # (a new version: _allowed_on_device caches by identity)
         self._alive[rows] = False
         lengths = np.diff(_arrays.to_host(self._offsets))
         if lengths[~self._alive].sum() > lengths[self._alive].sum():
@@ -216,14 +218,15 @@ class Index:
         if self._streamed:
             return self._answered(*streaming.top_k(self, q, q_mask, scales, k, return_argmax, workspace_bytes,
                                                    allowed, self.gpu_budget_bytes, streaming.copies_for(q, self)), rows)
+        host_offsets, longest = self._host_offsets()
         problem, _ = packed_problem(q, self._tokens, self._offsets, q_mask, scales.get("q_scale"),
-                                    scales.get("d_scale"), return_argmax)
-        with self._on_device():
-            allowed_device = self._xp.asarray(allowed)
+                                    scales.get("d_scale"), return_argmax, (0, int(host_offsets[-1]), longest))
+        allowed_device = self._allowed_on_device() if filter is None else self._to_store_device(allowed)
 
-        def block(start, stop):
-            return scoring.score_packed(q, self._tokens, self._offsets[start:stop + 1], q_mask=q_mask,
-                                                return_argmax=return_argmax, **scales)
+        def block(start, stop):  # (its offsets are the store's: checked when they were stored)
+            return scoring.score_packed_with_bounds(
+                q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
+                return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
 
         return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device), rows)
 
@@ -240,6 +243,27 @@ class Index:
             store_ids = self._ids_on_device() if xp is self._xp else xp.asarray(self._ids_on_device())
             mapped = xp.where(local >= 0, store_ids[xp.maximum(local, 0)], -1)
         return (results[0], _arrays.Output(problem.like).wrap(mapped)) + tuple(results[2:])
+
+    def _host_offsets(self):
+        """(the store's offsets on the host, its longest document), read back once per store
+        version (_offsets is replaced, never changed in place), not once per search."""
+        if self._offsets_cache[0] is not self._offsets:
+            offsets = _arrays.to_host(self._offsets)
+            longest = int(np.diff(offsets).max()) if offsets.shape[0] > 1 else 0
+            self._offsets_cache = (self._offsets, offsets, longest)
+        return self._offsets_cache[1:]
+
+    def _allowed_on_device(self):
+        """The live documents as search's ``allowed`` on the store's device, once per version
+        of _alive (replaced by remove(), never changed in place); None while every stored
+        document is live (nothing to exclude: search skips the exclusion's sort)."""
+        if self._allowed_cache[0] is not self._alive:
+            self._allowed_cache = (self._alive, None if self._alive.all() else self._to_store_device(self._alive))
+        return self._allowed_cache[1]
+
+    def _to_store_device(self, array):
+        with self._on_device():
+            return self._xp.asarray(array)
 
     def _ids_on_device(self):
         """The ids on the store's device, copied once per version (_ids is replaced, never

@@ -158,11 +158,12 @@ def score_packed(q, tokens, offsets, *, q_mask=None, q_scale=None, d_scale=None,
     return score_packed_with_bounds(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)[0]
 
 
-def score_packed_with_bounds(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax):
+def score_packed_with_bounds(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax, checked_offsets=None):
     """(:func:`score_packed`'s result, its offsets' checked bounds (first, last, longest)): an
     adapter hands the bounds on to :func:`~cupy_maxsim.training.backward_plan`, which then need
-    not check (and, on a GPU, wait for the stream) again."""
-    problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
+    not check (and, on a GPU, wait for the stream) again; an Index passes its store's bounds in
+    (``checked_offsets``) for the same reason."""
+    problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax, checked_offsets)
     if not problem.q.on_gpu:
         return _on_host(problem), bounds
     return _forward.run(problem, current()), bounds

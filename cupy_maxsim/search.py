@@ -113,6 +113,7 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
             if live is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
                 ids = xp.where(live if local is None else live[local], ids, -1)
             candidate = _best_of(xp, scores, ids, argmax, k, allowed is not None)
+            del result, scores, ids, argmax  # (this block's workspace free before the next block's is taken)
             best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k, allowed is not None)
         out = _padded(xp, best, k, num_queries, query_length, problem, winners)
     output = _arrays.Output(like)
