@@ -151,7 +151,7 @@ class Index:
         rows = self._rows_of(wanted, "ids")
         self._alive = self._alive.copy()  # (a new version: _allowed_on_device caches by identity)
         self._alive[rows] = False
-        lengths = np.diff(_arrays.to_host(self._offsets))
+        lengths = np.diff(self._host_offsets()[0])
         if lengths[~self._alive].sum() > lengths[self._alive].sum():
             self.compact()
         return int(rows.shape[0])
@@ -285,7 +285,7 @@ class Index:
         rows = np.sort(np.where(rows < 0, none, rows), axis=1)  # ascending: ties to the earlier document
         missing = rows == none
         rows[missing] = -1
-        offsets = _arrays.to_host(self._offsets)
+        offsets = self._host_offsets()[0]
         union = np.unique(rows[~missing])
         lengths = offsets[union + 1] - offsets[union]
         union_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
