@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, quantize, scoring, search as _search, streaming
+from . import _arrays, _rescore, quantize, scoring, search as _search, streaming
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -196,7 +196,7 @@ class Index:
         if depth < k:
             raise ValueError(f"shortlist must be at least k ({k}), got {depth}")
         like, _, rows = self._search(q, depth, q_mask, None, filter, False, workspace_bytes, rows=True)
-        return self._rescored(q, q_mask, rows, k, return_argmax, like)
+        return _rescore.rescored(self, q, q_mask, rows, k, return_argmax, like)
 
     def _search(self, q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes, rows=False):
         """search() from the store; ``rows``: (like, scores, storage rows), unwrapped."""
@@ -272,87 +272,6 @@ class Index:
             with self._on_device():
                 self._device_ids = (self._ids, self._xp.asarray(self._ids if self._ids.size else np.full(1, -1)))
         return self._device_ids[1]
-
-    def _rescored(self, q, q_mask, rows, k, return_argmax, like):
-        """Each query's shortlist (storage rows, -1: none) scored exactly from the host copy,
-        its k best kept (ties to the document added first); results on the device of ``like``.
-        GPU queries: the shortlists' union gathered from the copy once, one copy to the GPU
-        and one packed call for every query (a host scoring loop took milliseconds a query);
-        host queries: the NumPy backend, a query at a time."""
-        single = like.ndim == 2
-        rows = rows.reshape(1 if single else like.shape[0], -1)
-        none = np.iinfo(np.int64).max
-        rows = np.sort(np.where(rows < 0, none, rows), axis=1)  # ascending: ties to the earlier document
-        missing = rows == none
-        rows[missing] = -1
-        offsets = self._host_offsets()[0]
-        union = np.unique(rows[~missing])
-        lengths = offsets[union + 1] - offsets[union]
-        union_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        tokens = self._exact[_token_rows(offsets, union)]  # (the copy may be memory-mapped: one gather)
-        columns = np.where(missing, 0, np.searchsorted(union, rows))
-        with _search._gpu_stream(like):
-            xp = cupy_module() if like.on_gpu else np
-            exact, winners = self._exact_scores(q, q_mask, tokens, union_offsets, columns, single, return_argmax, xp)
-            absent = xp.asarray(missing)
-            exact = xp.where(absent, -np.inf, exact)
-            order = _search._stable_argsort(xp, -exact)  # descending, NaN last; then the absent last
-            order = _search.along_rows(xp, order, _search._stable_argsort(xp, _search.along_rows(
-                xp, absent, order).astype(xp.int8)))[:, :k]
-            order = xp.ascontiguousarray(order)
-            found = _search.along_rows(xp, xp.asarray(rows), order)
-            real = found >= 0
-            store_ids = self._ids_on_device() if xp is self._xp else xp.asarray(self._ids if self._ids.size else np.full(1, -1))
-            out = [xp.where(real, _search.along_rows(xp, exact, order), -np.inf).astype(np.float32),
-                   xp.where(real, store_ids[xp.maximum(found, 0)], -1)]
-            if return_argmax:
-                out.append(xp.where(real[..., None], xp.take_along_axis(winners, order[..., None], axis=1), -1))
-            width = out[0].shape[1]
-            if width < k:  # a shortlist shorter than k: the rest is none
-                fill = [(-np.inf, np.float32), (-1, np.int64), (-1, np.int32)]
-                out = [xp.concatenate([x, xp.full((x.shape[0], k - width) + x.shape[2:], v, dtype=x.dtype)], axis=1)
-                       for x, (v, _) in zip(out, fill)]
-            out = [x[0] if single else x for x in out]
-        if xp is np:
-            return answer(out, like)
-        output = _arrays.Output(like)
-        return tuple(output.wrap(x) for x in out)
-
-    def _exact_scores(self, q, q_mask, tokens, offsets, columns, single, return_argmax, xp):
-        """Every query's exact scores of its shortlist, ``columns`` (queries, depth) into the
-        union's documents (``tokens``, ``offsets``, host): (scores, winners or None), arrays of
-        ``xp``, (queries, depth) and (queries, depth, Lq)."""
-        if rescore_in_one_call(xp):  # every query against the union in one call, then each query's columns
-            operand = _arrays.as_operand(q, "q")
-            q_exact = operand.host if xp is np else operand.cupy()
-            q_exact = (_arrays.widened_bfloat16(q_exact) if operand.dtype == "bfloat16" else q_exact).astype(self.rescore)
-            mask = None if q_mask is None else _arrays.as_operand(q_mask, "q_mask")
-            mask = None if mask is None else mask.host if xp is np else mask.cupy()
-            result = scoring.score_packed(q_exact if not single else q_exact[None], xp.asarray(tokens),
-                                          xp.asarray(offsets), q_mask=None if mask is None else mask.reshape(
-                                              q_exact.shape[:-1] if not single else (1, -1)),
-                                          return_argmax=return_argmax)
-            scores, argmax = result if return_argmax else (result, None)
-            at = xp.asarray(columns)
-            winners = None if argmax is None else xp.take_along_axis(argmax.astype(np.int32), at[..., None], axis=1)
-            return xp.take_along_axis(scores.astype(np.float32), at, axis=1), winners
-        q_host = _arrays.host_values(q).astype(self.rescore)
-        q_host = q_host[None] if single else q_host
-        mask = None if q_mask is None else _arrays.to_host(_arrays.as_operand(q_mask, "q_mask")).reshape(q_host.shape[:2])
-        scores = np.full(columns.shape, -np.inf, np.float32)
-        winners = np.full(columns.shape + (q_host.shape[1],), -1, np.int32) if return_argmax else None
-        for i in range(q_host.shape[0]):  # each query against its own shortlist only
-            mine = np.unique(columns[i])
-            if not offsets[-1] and not mine.size:
-                continue
-            sub = np.concatenate([[0], np.cumsum(offsets[mine + 1] - offsets[mine])]).astype(np.int64)
-            result = scoring.score_packed(q_host[i], tokens[_token_rows(offsets, mine)], sub,
-                                          q_mask=None if mask is None else mask[i], return_argmax=return_argmax)
-            where = np.searchsorted(mine, columns[i])
-            scores[i] = (result[0] if return_argmax else result)[where]
-            if return_argmax:
-                winners[i] = result[1][where]
-        return scores, winners
 
     # ---- files ------------------------------------------------------------------------------
 
@@ -501,19 +420,6 @@ class Index:
             return allowed
         ids = _id_array(values, "filter")
         return np.isin(self._ids, ids)
-
-
-def rescore_in_one_call(xp) -> bool:
-    """Whether a rescoring scores every query against the union of the shortlists in one call
-    (on a GPU: one launch, where a loop costs launches) or each query against its own (on the
-    CPU: no work on other queries' candidates). The tests set it for the CPU."""
-    return xp is not np
-
-
-def cupy_module():
-    import cupy
-
-    return cupy
 
 
 def _cast(x, dtype: str):

@@ -149,7 +149,7 @@ def test_rescoring_ranks_as_the_exact_copy(store, one_call, tmp_path, monkeypatc
     """An index rescoring from a float32 copy returns what float32 exhaustive search returns,
     when the shortlist holds it (here: the whole corpus), and keeps doing so through save/load,
     removes and filters."""
-    monkeypatch.setattr("cupy_maxsim.index.rescore_in_one_call", lambda xp: one_call)  # (the GPU's way on the CPU)
+    monkeypatch.setattr("cupy_maxsim._rescore.in_one_call", lambda xp: one_call)  # (the GPU's way on the CPU)
     rng = np.random.default_rng(9)
     docs = _documents(rng, 30)
     index = cm.Index(DIM, dtype=store, rescore="float32")
