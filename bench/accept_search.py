@@ -34,31 +34,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ab_search import timed  # noqa: E402
 from bench_forward import measure_ceilings, provenance  # noqa: E402
 from fidelity_int8 import make_corpus  # noqa: E402
 
 KS = (1, 10, 100, 1000, 2048)
 
 
-def timed(cupy, fn, calls):
-    """Milliseconds a call, CUDA events around ``calls`` back-to-back calls."""
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(calls):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / calls
-
-
 def interleaved(cupy, cells, rounds, calls):
     """Median milliseconds of each cell over ``rounds`` rounds of every cell in turn."""
     for fn in cells.values():
-        timed(cupy, fn, 1)  # compile, warm
+        timed(fn, 1)  # compile, warm
     times = {name: [] for name in cells}
     for _ in range(rounds):
         for name, fn in cells.items():
-            times[name].append(timed(cupy, fn, calls))
+            times[name].append(timed(fn, calls))
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
