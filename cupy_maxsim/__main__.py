@@ -1,4 +1,4 @@
-"""Command line: ``python -m cupy_maxsim {info, compile, demo, bench}``."""
+"""Command line: ``python -m cupy_maxsim {info, compile, prebuild, demo, bench}``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import platform
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -86,6 +87,37 @@ def compile_kernels(args) -> int:
     return 1 if failures else 0
 
 
+def prebuild(args) -> int:
+    """Compile the cubins the wheel ships (_gpu/prebuilt.py) into cupy_maxsim/prebuilt/."""
+    from ._gpu import prebuilt
+    from ._gpu.nvrtc import _find_nvrtc
+    from ._plan.variants import runtime_variants
+
+    try:
+        _find_nvrtc()
+    except RuntimeError as error:
+        print(f"cannot compile: {error}")
+        return 1
+    archs = tuple(a.strip() for a in args.arch.split(",") if a.strip())
+    out = prebuilt.folder() if args.out is None else args.out
+    start = time.perf_counter()
+
+    def progress(done, total, path):
+        print(f"\r{done}/{total} cubins ({time.perf_counter() - start:.0f} s) {path.name:<70}",
+              end="" if done < total else "\n", flush=True)
+
+    paths = prebuilt.build(runtime_variants(), archs, out, jobs=args.jobs or None, progress=progress)
+    kept = {p.name for p in paths}
+    stale = [p for p in Path(out).glob("*.cubin") if p.name not in kept]
+    for path in stale:  # an edited kernel's old cubins: nothing would ever load them
+        path.unlink()
+    size = sum(p.stat().st_size for p in paths)
+    print(f"{len(paths)} cubins for {', '.join(archs)} in {out} ({size / 2**20:.1f} MiB"
+          f"{f', {len(stale)} stale removed' if stale else ''}, {time.perf_counter() - start:.0f} s); "
+          "python -m build --wheel now ships them")
+    return 0
+
+
 def demo(args) -> int:
     """Score a synthetic ColPali-shaped corpus and rank it, beside the naive einsum way."""
     gpu = _gpu_available() and not args.cpu
@@ -148,8 +180,6 @@ def _unit(x):
 
 
 def bench(args) -> int:
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "bench_forward.py").is_file():
         print("python -m cupy_maxsim bench runs from a source checkout (bench/ is not in the wheel)")
@@ -169,6 +199,12 @@ def bench(args) -> int:
     return bench_forward.main(args.rest)
 
 
+def _prebuilt_archs() -> tuple[str, ...]:
+    from ._gpu.prebuilt import ARCHS
+
+    return ARCHS
+
+
 def _importable(name: str) -> bool:
     import importlib.util
 
@@ -182,6 +218,12 @@ def main(argv=None) -> int:
     compile_parser = commands.add_parser("compile", help="compile every kernel through NVRTC (no GPU needed)")
     compile_parser.add_argument("--arch", default="sm_80,sm_86,sm_89,sm_90")
     compile_parser.set_defaults(run=compile_kernels)
+    prebuild_parser = commands.add_parser(
+        "prebuild", help="compile the cubins the wheel ships into cupy_maxsim/prebuilt/ (no GPU needed)")
+    prebuild_parser.add_argument("--arch", default=",".join(_prebuilt_archs()))
+    prebuild_parser.add_argument("--out", type=Path, default=None, help="another folder (default: the package's)")
+    prebuild_parser.add_argument("--jobs", type=int, default=0, help="compiler processes (default: one a core)")
+    prebuild_parser.set_defaults(run=prebuild)
     demo_parser = commands.add_parser("demo", help="score and rank a synthetic ColPali corpus")
     demo_parser.add_argument("--docs", type=int, default=0)
     demo_parser.add_argument("--cpu", action="store_true", help="use the NumPy backend")

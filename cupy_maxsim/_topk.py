@@ -20,22 +20,26 @@ SEGMENT_OVER_K = 4
 MIN_SEGMENT = 16384
 
 
-def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int):
-    """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n), in
-    increasing order, (rows, k) int64. ``allowed``: bool (n,) or None; ``select(scores, k,
-    segment_length, allowed, positions)``: one round (_gpu.launch.top_k_select's contract:
-    the first over the rows themselves, the next over the row positions the round before
-    chose, -1 padded); ``blocks_wanted``: segments a round should have over all rows (the
-    GPU's SMs, twice). MIN_SEGMENT is read at the call (the tests lower it for more rounds)."""
+def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ranked_max: int = 0):
+    """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n),
+    (rows, k) int64, and whether they are in rank order (the order above; else increasing).
+    ``allowed``: bool (n,) or None; ``select(scores, k, segment_length, allowed, positions,
+    ranked)``: one round (_gpu.launch.top_k_select's contract: the first over the rows
+    themselves, the next over the row positions the round before chose, -1 padded; ``ranked``
+    asked of the last round, one segment a row, where k <= ``ranked_max``); ``blocks_wanted``:
+    segments a round should have over all rows (the GPU's SMs, twice). MIN_SEGMENT is read at
+    the call (the tests lower it for more rounds)."""
     rows, n = scores.shape
     per_row = max(1, blocks_wanted // max(1, rows))
     positions = None  # this round's elements by their row positions (None: the rows themselves)
     while True:
         width = n if positions is None else positions.shape[1]
         length = max(-(-width // per_row), SEGMENT_OVER_K * k, MIN_SEGMENT)
-        chosen = select(scores, k, length, allowed, positions)
-        if chosen.shape[1] == 1:  # one segment: the row's k best
-            return chosen.reshape(rows, k).astype(xp.int64)
+        last = length >= width  # one segment: the row's k best
+        ranked = last and k <= ranked_max
+        chosen = select(scores, k, length, allowed, positions, ranked)
+        if last:
+            return chosen.reshape(rows, k).astype(xp.int64), ranked
         positions = chosen.reshape(rows, -1)
 
 

@@ -104,7 +104,7 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
             scores = _as_xp(scores, problem.single)
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
             live = None if allowed is None else allowed[start:stop]
-            local = _selected(xp, scores, k, live)  # (rows, k) indices into the block, or None: all
+            local, ranked = _selected(xp, scores, k, live)  # (rows, k) indices into the block, or None: all
             if local is None:
                 ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             else:
@@ -112,7 +112,8 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
                 argmax = None if argmax is None else xp.take_along_axis(argmax, local[..., None], axis=1)
             if live is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
                 ids = xp.where(live if local is None else live[local], ids, -1)
-            candidate = _best_of(xp, scores, ids, argmax, k, allowed is not None)
+            # (the selection's last round ranked them: no sort, which would wait for the stream)
+            candidate = (scores, ids, argmax) if ranked else _best_of(xp, scores, ids, argmax, k, allowed is not None)
             del result, scores, ids, argmax  # (this block's workspace free before the next block's is taken)
             best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k, allowed is not None)
         out = _padded(xp, best, k, num_queries, query_length, problem, winners)
@@ -129,18 +130,19 @@ def docs_per_block(num_queries: int, query_length: int, winners: bool, workspace
 
 
 def _selected(xp, scores, k, live):
-    """On the GPU, the indices (rows, k, in increasing order) of each row's k best by the
-    selection kernel (_topk: the same order as _best_of, excluded documents of ``live`` last),
-    so that _best_of sorts k candidates a row rather than the whole block; None where the block
-    is no longer than k, on the CPU, and for float64 scores."""
+    """On the GPU, the indices (rows, k) of each row's k best by the selection kernel (_topk: the
+    same order as _best_of, excluded documents of ``live`` last), and whether they are in that
+    order (else increasing), so that _best_of sorts k candidates a row, or nothing, rather than
+    the whole block; (None, False) where the block is no longer than k, on the CPU, and for
+    float64 scores."""
     rows, n = scores.shape
     if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31 or rows > 65535:
-        return None
+        return None, False
     from ._gpu.device import device_properties
-    from ._gpu.launch import top_k_select
+    from ._gpu.launch import TOPK_RANKED_MAX, top_k_select
 
     sms = device_properties(scores.device.id)[0]
-    return _topk.top_k_positions(xp, xp.ascontiguousarray(scores), k, live, top_k_select, 2 * sms)
+    return _topk.top_k_positions(xp, xp.ascontiguousarray(scores), k, live, top_k_select, 2 * sms, TOPK_RANKED_MAX)
 
 
 def _gpu_stream(like) -> contextlib.ExitStack:

@@ -23,6 +23,11 @@
 // passes read them back from shared memory, not from global memory at its latency (each pass
 // over a 16k segment cost ~15 us, ncu 2026-12-01). Keys past it are read again.
 #define TOPK_CACHED_KEYS 16384
+// The most positions the last round can rank in the kernel (8 bytes each in the keys' room).
+#define TOPK_RANKED_MAX (TOPK_CACHED_KEYS / 2)
+#ifndef TOPK_MATCH_ANY
+#define TOPK_MATCH_ANY 0
+#endif
 
 // Classes of an element (cupy_maxsim/_topk.py: PADDING, EXCLUDED, LIVE).
 #define TOPK_PADDING 0
@@ -92,16 +97,53 @@ __device__ __forceinline__ void topk_find_digit(const int* histogram, unsigned p
     }
 }
 
+// The k positions this block wrote to out[0..k) (its row's k best: the last round), put in rank
+// order: key descending, then position ascending (search's order), padding (-1) last; a
+// bitonic sort of (~key, position) pairs in `slots` (shared, TOPK_RANKED_MAX of them: the
+// cached keys' room, done with by now). So search sorts nothing after the kernel: CuPy's
+// argsort (thrust) waits for the stream, and the small operations after it then each cost
+// their host time in full (the score kernel no longer hides them).
+__device__ __forceinline__ void topk_rank(int* out, int k, const float* row, const unsigned char* allowed,
+                                          unsigned long long* slots) {
+    __syncthreads();  // every position written, every cached key read
+    int width = 1;
+    while (width < k) width <<= 1;
+    for (int i = threadIdx.x; i < width; i += TOPK_THREADS) {
+        unsigned long long slot = ~0ull;  // past k: after everything
+        if (i < k) {
+            const int at = out[i];
+            const unsigned key = at < 0 ? (unsigned)TOPK_PADDING
+                                        : topk_key(row[at], allowed == nullptr || allowed[at] ? TOPK_LIVE : TOPK_EXCLUDED);
+            slot = ((unsigned long long)~key << 32) | (unsigned)at;
+        }
+        slots[i] = slot;
+    }
+    __syncthreads();
+    for (int size = 2; size <= width; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < width / 2; i += TOPK_THREADS) {
+                const int low = 2 * i - (i & (stride - 1)), high = low + stride;
+                const unsigned long long a = slots[low], b = slots[high];
+                if ((a > b) == ((low & size) == 0)) slots[low] = b, slots[high] = a;
+            }
+            __syncthreads();
+        }
+    }
+    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) out[i] = (int)(unsigned)slots[i];
+}
+
 // Segment blockIdx.x of row blockIdx.y of this round's elements: the row's first n scores
 // (`scores`, rows `row_stride` apart) or, where `positions` is given, the n elements at
 // positions[row * n + i] of the row (the candidates of the round before; -1: padding). Each
 // element's class: padding where its position is -1, else excluded where `allowed` (a byte a
 // position, shared by the rows; null: all) is 0, else live. -> the row positions of the
-// segment's k best, in the order of the elements, -1 padded, to
+// segment's k best, in the order of the elements (in rank order where `ranked`: the last round,
+// one segment a row, k at most TOPK_RANKED_MAX), -1 padded, to
 // chosen[(row * segments + segment) * k ...]. (Gathering here, not in CuPy, keeps a round one
 // launch: the gathers and class arrays between rounds were seven small kernels a round.)
 __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride, int n, int k, int segment_length,
-                                            const unsigned char* allowed, const int* positions, int* chosen) {
+                                            const unsigned char* allowed, const int* positions, int* chosen,
+                                            int ranked) {
     __shared__ int histogram[256];
     __shared__ int warp_sums[TOPK_THREADS / 32];
     __shared__ unsigned s_prefix;
@@ -125,6 +167,7 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
 
     if (length <= k) {  // the whole segment, then padding
         for (int i = threadIdx.x; i < k; i += TOPK_THREADS) out[i] = i < length ? position_at(i) : -1;
+        if (ranked) topk_rank(out, k, row, allowed, reinterpret_cast<unsigned long long*>(cached_keys));
         return;
     }
     unsigned prefix = 0u, mask = 0u;
@@ -148,10 +191,25 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
                 // One atomic per digit a warp holds: a row's scores mostly share their top byte,
                 // and a shared-memory atomic per element on one address serialises.
                 // (Past the first passes most warps count none: no match for them.)
-                if (__any_sync(0xffffffffu, counted)) {
+                const unsigned counting = __ballot_sync(0xffffffffu, counted);
+                if (counting) {
                     const unsigned digit = (keys[j] >> shift) & 0xffu;
+#if TOPK_MATCH_ANY  // (the A/B's old way: bench/ab_topk.py)
                     const unsigned peers = __match_any_sync(0xffffffffu, counted ? digit : 0x100u | lane);
                     if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
+#else
+                    // The common case, one digit for the whole warp, by a shuffle and a vote;
+                    // else an atomic an element (a row's digits past the top byte spread: few
+                    // lanes share an address). A match.any for every element is suspected of
+                    // most of a 16k segment's 53 us (ncu 2026-12-01); bench/ab_topk.py.
+                    const int leader = __ffs(counting) - 1;
+                    const unsigned first_digit = __shfl_sync(0xffffffffu, digit, leader);
+                    if (__all_sync(0xffffffffu, !counted || digit == first_digit)) {
+                        if (lane == leader) atomicAdd(&histogram[first_digit], __popc(counting));
+                    } else if (counted) {
+                        atomicAdd(&histogram[digit], 1);
+                    }
+#endif
                 }
             }
         }
@@ -192,13 +250,14 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
         }
         above_seen += total & 0xffff, equal_seen += total >> 16;
     }
+    if (ranked) topk_rank(out, k, row, allowed, reinterpret_cast<unsigned long long*>(cached_keys));
 }
 
 // THREADS: the block size _gpu/launch.top_k_indices launches with (TOPK_THREADS).
 #define MAXSIM_TOPK_ENTRY(NAME, THREADS)                                                             \
     extern "C" __global__ void __launch_bounds__(THREADS)                                            \
         NAME(const float* scores, i64 row_stride, int n, int k, int segment_length,                  \
-             const unsigned char* allowed, const int* positions, int* chosen) {                      \
-        topk_select(scores, row_stride, n, k, segment_length, allowed, positions, chosen);           \
+             const unsigned char* allowed, const int* positions, int* chosen, int ranked) {          \
+        topk_select(scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked);   \
     }
 MAXSIM_TOPK_ENTRY(maxsim_topk_select, TOPK_THREADS)

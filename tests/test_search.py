@@ -164,16 +164,20 @@ def test_search_on_gpu(framework):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("min_segment", [None, 1])  # rows in one segment; in segments of 4k, in rounds
-def test_gpu_selection_ties_nan_inf_and_exclusions(min_segment, monkeypatch):
+@pytest.mark.parametrize("ranked", [True, False])  # the last round ranks in the kernel; or search sorts
+def test_gpu_selection_ties_nan_inf_and_exclusions(min_segment, ranked, monkeypatch):
     """The GPU's selection kernel (maxsim_topk.cu) against the order written out: a corpus of
     40 documents repeated 75 times (every score tied 75 ways), NaN and empty (-inf) documents,
     k from 1 past the corpus, one block and several; and an Index's removed documents."""
     import cupy
 
     from cupy_maxsim import _topk
+    from cupy_maxsim._gpu import launch
 
     if min_segment is not None:
         monkeypatch.setattr(_topk, "MIN_SEGMENT", min_segment)
+    if not ranked:
+        monkeypatch.setattr(launch, "TOPK_RANKED_MAX", 0)
 
     rng = np.random.default_rng(12)
     q, d, mask = _corpus(rng, nq=4, lq=6, nd=40, ld=9, dim=32)

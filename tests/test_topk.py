@@ -25,8 +25,9 @@ def _keys(values, classes):
     return np.where(classes == _topk.LIVE, keys, classes.astype(np.uint32))
 
 
-def model_select(scores, k, segment_length, allowed, positions):
-    """A NumPy model of one launch of maxsim_topk_select (the kernel's steps, not a sort)."""
+def model_select(scores, k, segment_length, allowed, positions, ranked=False):
+    """A NumPy model of one launch of maxsim_topk_select (the kernel's steps, not a sort;
+    ``ranked``: then topk_rank's order of (~key, position) pairs)."""
     rows, n = scores.shape
     width = n if positions is None else positions.shape[1]
     segments = -(-width // segment_length)
@@ -59,11 +60,20 @@ def model_select(scores, k, segment_length, allowed, positions):
             take = above | (equal & (np.cumsum(equal) - equal < remaining))
             assert take.sum() == k
             chosen[r, s, place[take]] = at[first:first + length][take]
+        if ranked:
+            assert segments == 1
+            at_chosen = chosen[r, 0]
+            keys = np.where(at_chosen < 0, np.uint32(_topk.PADDING),
+                            _keys(scores[r, np.maximum(at_chosen, 0)],
+                                  np.where(live[np.maximum(at_chosen, 0)], _topk.LIVE, _topk.EXCLUDED)))
+            slots = (~keys.astype(np.uint64) & np.uint64(0xFFFFFFFF)) << np.uint64(32) | at_chosen.astype(np.uint32)
+            chosen[r, 0] = (np.sort(slots) & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
     return chosen
 
 
-def _expected(values, allowed, k):
-    """Each row's k best positions by the order written out, increasing."""
+def _expected(values, allowed, k, ranked=False):
+    """Each row's k best positions by the order written out, increasing (``ranked``: in that
+    order)."""
     out = []
     for row in values:
         def rank(i):
@@ -72,7 +82,8 @@ def _expected(values, allowed, k):
             if np.isnan(row[i]):
                 return (1, 0.0, i)
             return (0, -float(row[i]), i)
-        out.append(sorted(sorted(range(row.shape[0]), key=rank)[:k]))
+        best = sorted(range(row.shape[0]), key=rank)[:k]
+        out.append(best if ranked else sorted(best))
     return np.array(out, np.int64)
 
 
@@ -88,15 +99,18 @@ def test_rounds_of_the_model_give_each_rows_k_best(seed, monkeypatch):
     values[rng.random((rows, n)) < 0.01] = np.inf
     allowed = None if seed % 3 == 0 else rng.random(n) < 0.8
     blocks = int(rng.integers(1, 300))
-    got = _topk.top_k_positions(np, values, k, allowed, model_select, blocks)
-    np.testing.assert_array_equal(got, _expected(values, allowed, k))
+    ranked_max = (0, k - 1, k, n)[seed % 4]  # no room to rank the last round, one short, just, plenty
+    got, ranked = _topk.top_k_positions(np, values, k, allowed, model_select, blocks, ranked_max)
+    assert ranked == (k <= ranked_max)
+    np.testing.assert_array_equal(got, _expected(values, allowed, k, ranked))
 
 
 def test_negative_zero_and_zero_tie_to_the_lower_position():
     """-0.0 and 0.0 are equal scores with different bits: one key, so their tie goes to the
     lower position, as in a sort of the floats."""
     values = np.array([[1.0, -0.0, 0.0, -1.0]], np.float32)
-    assert _topk.top_k_positions(np, values, 2, None, model_select, 1).tolist() == [[0, 1]]
+    assert _topk.top_k_positions(np, values, 2, None, model_select, 1)[0].tolist() == [[0, 1]]
+    assert _topk.top_k_positions(np, values, 2, None, model_select, 1, 2)[0].tolist() == [[0, 1]]
     assert "score == 0.f ? 0u" in SOURCE  # the kernel's key does the same
 
 
@@ -107,6 +121,8 @@ def test_the_kernels_constants_agree_with_python():
     assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
         _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
     assert (define("TOPK_THREADS"), define("TOPK_CACHED_KEYS")) == (launch.TOPK_THREADS, launch.TOPK_CACHED_KEYS)
+    assert re.search(r"#define TOPK_RANKED_MAX \(TOPK_CACHED_KEYS / 2\)", SOURCE)
+    assert launch.TOPK_RANKED_MAX == launch.TOPK_CACHED_KEYS // 2
 
 
 def test_a_short_row_is_one_round():
@@ -119,6 +135,7 @@ def test_a_short_row_is_one_round():
         return model_select(*args)
 
     values = np.random.default_rng(0).standard_normal((2, 10_000)).astype(np.float32)
-    got = _topk.top_k_positions(np, values, 10, None, counted, 264)
+    got, ranked = _topk.top_k_positions(np, values, 10, None, counted, 264)
     np.testing.assert_array_equal(got, _expected(values, None, 10))
+    assert not ranked
     assert launches == [_topk.MIN_SEGMENT]

@@ -1,9 +1,10 @@
 """Compile and cache the kernels: one ``cupy.RawModule`` per (device, family, defines).
 
-CuPy's disk cache keeps the modules across processes; it hashes the source string only, so
-``common.cuh`` is concatenated into each source (registry.source), never ``#include``-d. The
-sm_90a family (wgmma), which CuPy's own -arch choice cannot build, is compiled here to a cubin
-kept under :func:`cache_dir`.
+A module comes from the first of: the cubins the wheel ships (prebuilt.py: no compile in a new
+process), CuPy's disk cache (it hashes the source string only, so ``common.cuh`` is concatenated
+into each source by registry.source, never ``#include``-d), NVRTC. The sm_90a family (wgmma),
+which CuPy's own -arch choice cannot build, is compiled here to a cubin kept under
+:func:`cache_dir`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import tempfile
 from pathlib import Path
 
 from .._cache import Cache
-from .registry import ARCH_SPECIFIC, source
+from . import prebuilt
+from .device import device_properties
+from .registry import ARCH_SPECIFIC, NVRTC_OPTIONS, source
 
-NVRTC_OPTIONS = ("-std=c++17",)
 _modules = Cache("compiled modules")
 _kernel_cache = Cache("kernels", limit=1024)
 
@@ -30,8 +32,16 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
     if kernel is None:
         module = _modules.get(key[:3])
         if module is None:
-            module = _modules.put(key[:3], _load_module(family, defines))
-        kernel = module.get_function(name)
+            module = _modules.put(key[:3], _load_module(device, family, defines))
+        try:
+            kernel = module.get_function(name)
+        except Exception as error:  # a shipped cubin this driver cannot load: compile instead
+            shipped = getattr(module, "cubin_path", None)
+            if shipped is None or Path(shipped).parent != prebuilt.folder():
+                raise
+            _refused(shipped, error)
+            module = _modules.put(key[:3], _compile_module(family, defines))
+            kernel = module.get_function(name)
         if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
             kernel.max_dynamic_shared_size_bytes = shared_bytes
             # Ask for the largest shared-memory carve-out, so that several blocks fit on an SM
@@ -47,7 +57,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("CUPY_MAXSIM_CACHE_DIR") or Path.home() / ".cache" / "cupy_maxsim")
 
 
-def _load_module(family: str, defines: tuple[str, ...]):
+def _load_module(device: int, family: str, defines: tuple[str, ...]):
+    """The module of a variant: the wheel's prebuilt cubin for this device if there is one."""
+    import cupy
+
+    path = prebuilt.find(family, defines, device_properties(device)[3])
+    if path is not None:
+        try:
+            return cupy.RawModule(path=str(path))  # (CuPy may load it here or at get_function)
+        except Exception as error:
+            _refused(path, error)
+    return _compile_module(family, defines)
+
+
+def _refused(path, error) -> None:
+    import warnings
+
+    warnings.warn(f"cupy_maxsim: the prebuilt {Path(path).name} did not load ({type(error).__name__}: {error}); "
+                  "compiling it", RuntimeWarning, stacklevel=3)
+
+
+def _compile_module(family: str, defines: tuple[str, ...]):
     import cupy
 
     arch = ARCH_SPECIFIC.get(family)

@@ -108,15 +108,17 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         return tuple(int(v) for v in summary.get())
 
 
-#: Threads of a top-k selection block, and the keys it keeps in shared memory (TOPK_THREADS,
-#: TOPK_CACHED_KEYS in maxsim_topk.cu).
+#: Threads of a top-k selection block, the keys it keeps in shared memory, and the most
+#: positions its last round ranks (TOPK_THREADS, TOPK_CACHED_KEYS, TOPK_RANKED_MAX in maxsim_topk.cu).
 TOPK_THREADS, TOPK_CACHED_KEYS = 512, 16384
+TOPK_RANKED_MAX = TOPK_CACHED_KEYS // 2
 
 
-def top_k_select(scores, k: int, segment_length: int, allowed, positions):
+def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked: bool = False):
     """One launch of maxsim_topk_select on the current device and stream: for each segment of
     ``segment_length`` elements of each row, the row positions of its k best, in the elements'
-    order, -1 padded: (rows, segments, k) int32. The elements: the rows of ``scores`` (a
+    order (``ranked``: in rank order, search's; one segment a row, k <= TOPK_RANKED_MAX), -1
+    padded: (rows, segments, k) int32. The elements: the rows of ``scores`` (a
     C-contiguous CuPy float32 array (rows, n)) or, given ``positions`` (C-contiguous int32
     (rows, m), -1: padding), the scores at those positions. ``allowed``: bool (n,) over the
     positions (False: excluded, after every live element), or None (all live)."""
@@ -125,6 +127,8 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions):
     rows, n = scores.shape
     width = n if positions is None else positions.shape[1]
     segments = -(-width // segment_length)
+    if ranked and (segments != 1 or k > TOPK_RANKED_MAX):
+        raise ValueError(f"a ranked selection is one segment of at most {TOPK_RANKED_MAX}, got {segments} and k={k}")
     chosen = cupy.empty((rows, segments, k), cupy.int32)
     if rows:
         shared = 4 * TOPK_CACHED_KEYS
@@ -134,5 +138,5 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions):
                 struct.pack("<i", width), struct.pack("<i", k), struct.pack("<i", segment_length),
                 struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
                 struct.pack("<Q", 0 if positions is None else positions.data.ptr),
-                struct.pack("<Q", chosen.data.ptr)), shared, None)
+                struct.pack("<Q", chosen.data.ptr), struct.pack("<i", int(ranked))), shared, None)
     return chosen

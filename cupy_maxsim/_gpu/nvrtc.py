@@ -14,8 +14,7 @@ import os
 import re
 import sys
 
-from .compile import NVRTC_OPTIONS
-from .registry import source
+from .registry import NVRTC_OPTIONS, source
 
 def _find_nvrtc() -> ctypes.CDLL:
     candidates = []

@@ -58,6 +58,9 @@ FAMILIES = {
 }
 
 
+#: NVRTC's options for every family (with the variant's defines and the architecture after them).
+NVRTC_OPTIONS = ("-std=c++17",)
+
 #: Families written with architecture-specific instructions (wgmma exists on sm_90a only).
 ARCH_SPECIFIC = {"maxsim_fwd_wgmma": "sm_90a"}
 

@@ -36,10 +36,24 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     return names
 
 
+_EXPECT_SHARED = "-DMAXSIM_EXPECT_SHARED_BYTES="
+
+
 def _checked(config) -> tuple[str, ...]:
     """A tile configuration's defines, plus the shared memory Python gives its launches: the
     kernel's source asserts (static_assert) that its own SHARED_BYTES is the same."""
-    return config.defines() + (f"-DMAXSIM_EXPECT_SHARED_BYTES={config.shared_bytes}",)
+    return config.defines() + (f"{_EXPECT_SHARED}{config.shared_bytes}",)
+
+
+def runtime_variants() -> list[tuple[str, tuple[str, ...]]]:
+    """The variants of :func:`compile_variants` with the defines a GPU process compiles them
+    with (the shared-memory check is the compile test's alone): what the wheel prebuilds."""
+    variants = []
+    for family, defines in compile_variants():
+        variant = (family, tuple(d for d in defines if not d.startswith(_EXPECT_SHARED)))
+        if variant not in variants:
+            variants.append(variant)
+    return variants
 
 
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
