@@ -6,7 +6,8 @@ this checkout), run from an empty folder, with new empty CUPY_CACHE_DIR and CUPY
 The process imports CuPy, makes its inputs from NumPy (a copy, no CuPy kernel to compile) and
 synchronizes: that is CuPy's own import and context, the baseline. Then it imports cupy_maxsim,
 makes the call and synchronizes: the first-call time; then the same call again (warm). Cells:
-score (padded fp16), score_packed, search (k=10), int8 score, and a torch training step
+score (padded fp16), score_packed, search (k=10), int8 score, an int8 Index built and searched,
+and a torch training step
 (forward and backward; its baseline imports torch too), each with the wheel's prebuilt cubins
 and without them (CUPY_MAXSIM_NO_PREBUILT=1: NVRTC compiles, as on a build without cubins).
 
@@ -61,6 +62,7 @@ CELLS = {
     "search": (False, "cm.search(q, d, 10)"),
     "int8": (False, "qq, qs = cm.quantize_int8(q); dq, ds = cm.quantize_int8(d); "
                     "cm.score(qq, dq, q_scale=qs, d_scale=ds)"),
+    "index_int8": (False, "ix = cm.Index(128, dtype='int8', device='cuda'); ix.add(d); ix.search(q, 10)"),
     "torch_step": (True, "import cupy_maxsim.torch as ct; qt = torch.from_dlpack(q)[None].clone().requires_grad_(); "
                          "ct.maxsim(qt, torch.from_dlpack(d)).sum().backward()"),
 }

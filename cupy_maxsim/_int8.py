@@ -17,7 +17,25 @@ def quantize_operand(operand: Operand, mask: Operand | None):
     if not operand.on_gpu:
         return _quantize_array(xp, operand.host, operand.dtype, None if mask is None else mask.host)
     with xp.cuda.Device(operand.device), on_stream(operand.stream):
-        return _quantize_array(xp, operand.cupy(), operand.dtype, None if mask is None else mask.cupy())
+        return _quantize_on_gpu(operand.cupy(), operand.dtype, None if mask is None else mask.cupy())
+
+
+def _quantize_on_gpu(x, dtype: str, mask):
+    """The NumPy path's arithmetic in one kernel (maxsim_quantize.cu), bit for bit."""
+    import cupy
+
+    from ._gpu.launch import quantize_int8
+    from ._gpu.registry import DTYPE_SUFFIX
+
+    dim = x.shape[-1]
+    rows = x.reshape(math.prod(x.shape[:-1]), dim)  # not -1: dim may be 0
+    if dim == 0:
+        values, scales = cupy.empty(rows.shape, np.int8), cupy.zeros(rows.shape[0], np.float32)
+    else:
+        flat_mask = None if mask is None else mask.reshape(-1)
+        values, scales = quantize_int8(rows if rows.flags.c_contiguous else rows.copy(), DTYPE_SUFFIX[dtype],
+                                       None if flat_mask is None or flat_mask.flags.c_contiguous else flat_mask.copy())
+    return values.reshape(x.shape), scales.reshape(x.shape[:-1])
 
 
 #: Tokens quantised per block: keeps the float32 temporaries near 64 MB whatever the corpus.

@@ -22,7 +22,7 @@ MIN_SEGMENT = 16384
 
 def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ranked_max: int = 0):
     """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n),
-    (rows, k) int64, and whether they are in rank order (the order above; else increasing).
+    (rows, k) int32, and whether they are in rank order (the order above; else increasing).
     ``allowed``: bool (n,) or None; ``select(scores, k, segment_length, allowed, positions,
     ranked)``: one round (_gpu.launch.top_k_select's contract: the first over the rows
     themselves, the next over the row positions the round before chose, -1 padded; ``ranked``
@@ -39,7 +39,7 @@ def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ran
         ranked = last and k <= ranked_max
         chosen = select(scores, k, length, allowed, positions, ranked)
         if last:
-            return chosen.reshape(rows, k).astype(xp.int64), ranked
+            return chosen.reshape(rows, k), ranked
         positions = chosen.reshape(rows, -1)
 
 

@@ -228,13 +228,18 @@ class Index:
                 q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
 
-        return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device), rows)
+        ids = None if rows else self._ids_on_device()  # (search answers with them: no mapping after)
+        return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids),
+                              rows, mapped=not rows)
 
-    def _answered(self, problem, results, rows):
-        """search's results with storage rows mapped to the index's ids, on the device of the
-        results; ``rows``: (like, scores, storage rows) instead."""
+    def _answered(self, problem, results, rows, mapped=False):
+        """search's results with storage rows mapped to the index's ids (``mapped``: search
+        answered with them), on the device of the results; ``rows``: (like, scores, storage
+        rows) instead."""
         if rows:
             return problem.like, results[0], _arrays.to_host(_arrays.as_operand(results[1], "rows"))
+        if mapped:
+            return results
         operand = _arrays.as_operand(results[1], "ids")
         with _search._gpu_stream(problem.like):
             local = operand.host if not operand.on_gpu else operand.cupy()

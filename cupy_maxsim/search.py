@@ -80,12 +80,14 @@ def _check_k(k) -> int:
     return int(k)
 
 
-def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
+def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=None):
     """Score ``problem``'s documents block by block (``block(start, stop)`` -> the scoring
     function's result for documents start..stop) and keep each query's k best; ``allowed``: a
     boolean array over the documents (on their device), False never returned (an Index's
     removed and filtered-out documents); ``ranges``: the blocks' (start, stop), where the
-    caller cuts them (a streamed corpus: by its buffers), else by ``workspace_bytes``."""
+    caller cuts them (a streamed corpus: by its buffers), else by ``workspace_bytes``; ``ids``:
+    what to answer for each document (an Index's own ids, int64 on the results' device), else
+    its position."""
     if isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, (int, np.integer)) or workspace_bytes < 1:
         raise ValueError(f"workspace_bytes must be a positive int, got {workspace_bytes!r}")
     like, num_docs = problem.like, problem.num_docs
@@ -104,19 +106,29 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None):
             scores = _as_xp(scores, problem.single)
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
             live = None if allowed is None else allowed[start:stop]
-            local, ranked = _selected(xp, scores, k, live)  # (rows, k) indices into the block, or None: all
+            local, ranked = _selected(xp, scores, k, live)  # (rows, k) int32 indices into the block, or None: all
+            if ranked and len(ranges) == 1 and not winners:
+                # The whole answer in one launch: nothing compiles on a first search, nothing waits.
+                from ._gpu.launch import top_k_finish
+
+                out = top_k_finish(xp.ascontiguousarray(scores), local, start, live, ids) + (None,)
+                break
             if local is None:
-                ids = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
+                found = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             else:
-                scores, ids = along_rows(xp, scores, local), local + start
+                local = local.astype(xp.int64)
+                scores, found = along_rows(xp, scores, local), local + start
                 argmax = None if argmax is None else xp.take_along_axis(argmax, local[..., None], axis=1)
             if live is not None:  # an excluded document's id becomes -1: it sorts last, then is dropped
-                ids = xp.where(live if local is None else live[local], ids, -1)
+                found = xp.where(live if local is None else live[local], found, -1)
             # (the selection's last round ranked them: no sort, which would wait for the stream)
-            candidate = (scores, ids, argmax) if ranked else _best_of(xp, scores, ids, argmax, k, allowed is not None)
-            del result, scores, ids, argmax  # (this block's workspace free before the next block's is taken)
+            candidate = (scores, found, argmax) if ranked else _best_of(xp, scores, found, argmax, k, allowed is not None)
+            del result, scores, found, argmax  # (this block's workspace free before the next block's is taken)
             best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k, allowed is not None)
-        out = _padded(xp, best, k, num_queries, query_length, problem, winners)
+        else:
+            out = _padded(xp, best, k, num_queries, query_length, problem, winners)
+            if ids is not None:
+                out = (out[0], xp.where(out[1] >= 0, ids[xp.maximum(out[1], 0)], -1), out[2])
     output = _arrays.Output(like)
     results = [output.wrap(x[0] if problem.single else x) for x in out if x is not None]
     return tuple(results)

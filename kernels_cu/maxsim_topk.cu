@@ -261,3 +261,30 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
         topk_select(scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked);   \
     }
 MAXSIM_TOPK_ENTRY(maxsim_topk_select, TOPK_THREADS)
+
+// Search's answer from the last round's ranked positions, in one launch (it was a dozen small
+// CuPy operations, each compiled on a new machine's first search and each a launch): for row
+// blockIdx.y and rank j, the score at position p = chosen[row * k + j] of the row, and the id
+// of that document: ids[start + p] (an Index's own ids; null: start + p). Padding (p = -1) and
+// excluded documents (`allowed`, a byte a position of this block, is 0) give -inf and -1.
+__device__ __forceinline__ void topk_finish(const float* scores, i64 row_stride, const int* chosen, int k, i64 start,
+                                            const unsigned char* allowed, const i64* ids, float* out_scores,
+                                            i64* out_ids) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= k) return;
+    const i64 at = (i64)blockIdx.y * k + j;
+    const int p = chosen[at];
+    const bool real = p >= 0 && (allowed == nullptr || allowed[p]);
+    out_scores[at] = real ? scores[(i64)blockIdx.y * row_stride + p] : __int_as_float(0xff800000);  // -inf
+    out_ids[at] = real ? (ids == nullptr ? start + p : ids[start + p]) : -1;
+}
+
+// THREADS: the block size _gpu/launch.top_k_finish launches with (TOPK_FINISH_THREADS).
+#define TOPK_FINISH_THREADS 256
+#define MAXSIM_TOPK_FINISH_ENTRY(NAME, THREADS)                                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+        NAME(const float* scores, i64 row_stride, const int* chosen, int k, i64 start,               \
+             const unsigned char* allowed, const i64* ids, float* out_scores, i64* out_ids) {        \
+        topk_finish(scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids);        \
+    }
+MAXSIM_TOPK_FINISH_ENTRY(maxsim_topk_finish, TOPK_FINISH_THREADS)

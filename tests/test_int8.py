@@ -179,3 +179,33 @@ def test_quantize_int8_blocked_matches_whole(monkeypatch):
     blocked = cm.quantize_int8(x, mask=mask)
     for a, b in zip(whole, blocked):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_quantize_int8_gpu_kernel_is_the_numpy_path_bit_for_bit(dtype):
+    """maxsim_quantize.cu against the NumPy path on the same values: dims around a warp, zero,
+    NaN, inf, huge and masked tokens, halves that round to even, a strided view."""
+    import cupy
+    import torch
+
+    rng = np.random.default_rng(11)
+    for dim in (1, 7, 32, 33, 128, 300):
+        x = (rng.standard_normal((6, 9, dim)) * rng.choice([1e-3, 1.0, 300.0], (6, 9, 1))).astype(np.float32)
+        x[0, 0] = 0.0
+        x[0, 1, 0] = np.nan
+        x[0, 2, -1] = np.inf
+        x[0, 3, 0], x[0, 3, -1] = -np.inf, np.nan
+        x[0, 4] = 127.0 * np.arange(dim) / 2  # quotients at .5: rounding to even
+        x[0, 4, 0] = 127.0 * (dim + 1)
+        mask = holey_mask(rng, (6, 9))
+        mask[0, 5] = False
+        device = torch.from_numpy(x).to(getattr(torch, dtype)).cuda()
+        host = device.cpu().float().numpy() if dtype == "bfloat16" else device.cpu().numpy()
+        for view, host_view in ((device, host), (device[:, ::2], host[:, ::2])):
+            for m in (None, mask[:, : view.shape[1]] if view.shape[1] == 9 else mask[:, ::2]):
+                got = cm.quantize_int8(view, mask=None if m is None else torch.from_numpy(np.ascontiguousarray(m)).cuda())
+                want = cm.quantize_int8(host_view, mask=m)
+                np.testing.assert_array_equal(to_numpy(got[0]), want[0])
+                np.testing.assert_array_equal(to_numpy(got[1]), want[1])  # (NaN where NaN)
+    cupy.cuda.Device().synchronize()

@@ -20,6 +20,7 @@ from .device import device_properties
 from .registry import ARCH_SPECIFIC, NVRTC_OPTIONS, source
 
 _modules = Cache("compiled modules")
+_shipped = Cache("modules loaded from prebuilt cubins")  # (device, family, defines) -> the cubin
 _kernel_cache = Cache("kernels", limit=1024)
 
 
@@ -36,8 +37,8 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
         try:
             kernel = module.get_function(name)
         except Exception as error:  # a shipped cubin this driver cannot load: compile instead
-            shipped = getattr(module, "cubin_path", None)
-            if shipped is None or Path(shipped).parent != prebuilt.folder():
+            shipped = _shipped.pop(key[:3], None)
+            if shipped is None:
                 raise
             _refused(shipped, error)
             module = _modules.put(key[:3], _compile_module(family, defines))
@@ -64,7 +65,9 @@ def _load_module(device: int, family: str, defines: tuple[str, ...]):
     path = prebuilt.find(family, defines, device_properties(device)[3])
     if path is not None:
         try:
-            return cupy.RawModule(path=str(path))  # (CuPy may load it here or at get_function)
+            module = cupy.RawModule(path=str(path))  # (CuPy may load it here or at get_function)
+            _shipped.put((device, family, defines), path)
+            return module
         except Exception as error:
             _refused(path, error)
     return _compile_module(family, defines)

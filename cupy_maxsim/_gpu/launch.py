@@ -140,3 +140,51 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked
                 struct.pack("<Q", 0 if positions is None else positions.data.ptr),
                 struct.pack("<Q", chosen.data.ptr), struct.pack("<i", int(ranked))), shared, None)
     return chosen
+
+
+#: Threads of a finishing block (TOPK_FINISH_THREADS in maxsim_topk.cu).
+TOPK_FINISH_THREADS = 256
+
+
+def top_k_finish(scores, chosen, start: int, allowed, ids):
+    """One launch of maxsim_topk_finish on the current device and stream: search's (scores,
+    ids) of a block, (rows, k) float32 and int64, from the last round's ranked positions
+    ``chosen`` ((rows, k) int32, -1 padded) into ``scores`` (C-contiguous float32 (rows, n));
+    a document's id is ``ids[start + position]`` (int64; None: ``start + position``); padding
+    and documents that ``allowed`` (bool (n,) or None) excludes give -inf and -1."""
+    import cupy
+
+    rows, k = chosen.shape
+    out_scores, out_ids = cupy.empty((rows, k), cupy.float32), cupy.empty((rows, k), cupy.int64)
+    if rows and k:
+        kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_finish")
+        launch(kernel, (-(-k // TOPK_FINISH_THREADS), rows), (TOPK_FINISH_THREADS,),
+               (struct.pack("<Q", scores.data.ptr), struct.pack("<q", scores.shape[1]),
+                struct.pack("<Q", chosen.data.ptr), struct.pack("<i", k), struct.pack("<q", start),
+                struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
+                struct.pack("<Q", 0 if ids is None else ids.data.ptr),
+                struct.pack("<Q", out_scores.data.ptr), struct.pack("<Q", out_ids.data.ptr)), 0, None)
+    return out_scores, out_ids
+
+
+#: Threads of a quantising block (QUANTIZE_THREADS in maxsim_quantize.cu): a warp a token.
+QUANTIZE_THREADS = 256
+
+
+def quantize_int8(rows, suffix: str, mask):
+    """One launch of maxsim_quantize_<suffix> on the current device and stream: (int8 values,
+    float32 scales) of C-contiguous CuPy tokens ``rows`` (T, D) whose elements are of kernel
+    suffix ``suffix`` (bfloat16 may come as its raw uint16 bits); ``mask``: C-contiguous bool
+    (T,) or None."""
+    import cupy
+
+    count, dim = rows.shape
+    values, scales = cupy.empty((count, dim), cupy.int8), cupy.empty(count, cupy.float32)
+    if count:
+        sms = device_properties(rows.device.id)[0]
+        blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
+        launch(get_kernel(rows.device.id, "maxsim_quantize", f"maxsim_quantize_{suffix}"), (blocks,),
+               (QUANTIZE_THREADS,), (struct.pack("<Q", rows.data.ptr), struct.pack("<q", count),
+                                     struct.pack("<i", dim), struct.pack("<Q", 0 if mask is None else mask.data.ptr),
+                                     struct.pack("<Q", values.data.ptr), struct.pack("<Q", scales.data.ptr)), 0, None)
+    return values, scales

@@ -61,7 +61,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     streaming k (fatter dims) and rows at each alignment below 16 bytes, with and without the
     argmax; the tensor-core forwards' with
     their shared memory checked."""
-    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ()), ("maxsim_topk", ())]
+    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ()), ("maxsim_topk", ()),
+                ("maxsim_quantize", ())]
     for width in MMA_CONFIGS:
         for ksteps in (4, 6, 8, 16):
             config = mma_config(width, ksteps)
