@@ -1,5 +1,7 @@
 """Search's selection kernel (maxsim_topk.cu) under compute-sanitizer: ties, NaN, exclusions,
-several blocks, segments of several tiles and partial tiles, rounds forced short. CuPy's
+several blocks, segments of several tiles and partial tiles, rounds forced short, k past
+TOPK_RANKED_MAX (the last round unranked); and quantize_int8's kernel (maxsim_quantize.cu) at
+dims around a warp, with masks, and an int8 Index searched. CuPy's
 memory pool is off (an out-of-bounds read inside a slab is invisible). Run alone, or as the
 end of sanitize_forward.py.
 
@@ -31,11 +33,19 @@ for min_segment in (_topk.MIN_SEGMENT, 1):  # one segment a row; segments of 4k 
 _topk.MIN_SEGMENT = 16384
 long_rows = rows((40_001, 3, 64), cupy.float16)  # 16k segments of 4 tiles, a partial last one
 long_rows[::7] = long_rows[3]
-for k in (5, 1000, 4097):
+for k in (5, 1000, 4097, 9000):  # (9000: past TOPK_RANKED_MAX, the last round unranked)
     cm.search(q, long_rows, k)
 index = cm.Index(64, dtype="float16", device="cuda")
 index.add(d)
 index.remove(list(range(0, 2000, 5)))
 index.search(q, 50)
+index.search(q, 1999, filter=list(range(0, 2000, 3)))
+for dim in (1, 31, 33, 300):  # quantize_int8: tokens of a warp's width and around it
+    x = rows((5, 7, dim), cupy.float16)
+    cm.quantize_int8(x, mask=cupy.asarray(rng.random((5, 7)) < 0.7))
+    cm.quantize_int8(x.astype(cupy.float64)[:, ::2])
+int8_index = cm.Index(64, dtype="int8", device="cuda")
+int8_index.add(d[:500])
+int8_index.search(q, 10)
 cupy.cuda.Device().synchronize()
 print("sanitize_search: done")
