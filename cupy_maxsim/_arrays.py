@@ -361,3 +361,22 @@ def host_values(x) -> np.ndarray:
     operand = as_operand(x, "q")
     values = to_host(operand)
     return np.asarray(widened_bfloat16(values) if operand.dtype == "bfloat16" else values)
+
+
+def concatenated(xp, arrays):
+    """``xp.concatenate(arrays)`` along the first axis; on the GPU by copies of device memory
+    where the parts are C-contiguous and alike (CuPy's concatenate is a kernel compiled on a new
+    machine's first call, as is the copy kernel of a slice assignment)."""
+    arrays = list(arrays)
+    first = arrays[0]
+    if xp is np or not all(a.flags.c_contiguous and a.shape[1:] == first.shape[1:] and a.dtype == first.dtype
+                           for a in arrays):
+        return xp.concatenate(arrays)
+    out = xp.empty((sum(a.shape[0] for a in arrays),) + first.shape[1:], first.dtype)
+    stream = xp.cuda.get_current_stream()
+    at = 0
+    for part in arrays:
+        if part.nbytes:
+            (out.data + at).copy_from_device_async(part.data, part.nbytes, stream=stream)
+        at += part.nbytes
+    return out

@@ -32,9 +32,8 @@ def _quantize_on_gpu(x, dtype: str, mask):
     if dim == 0:
         values, scales = cupy.empty(rows.shape, np.int8), cupy.zeros(rows.shape[0], np.float32)
     else:
-        flat_mask = None if mask is None else mask.reshape(-1)
-        values, scales = quantize_int8(rows if rows.flags.c_contiguous else rows.copy(), DTYPE_SUFFIX[dtype],
-                                       None if flat_mask is None or flat_mask.flags.c_contiguous else flat_mask.copy())
+        flat_mask = None if mask is None else cupy.ascontiguousarray(mask.reshape(-1))
+        values, scales = quantize_int8(cupy.ascontiguousarray(rows), DTYPE_SUFFIX[dtype], flat_mask)
     return values.reshape(x.shape), scales.reshape(x.shape[:-1])
 
 

@@ -132,11 +132,11 @@ class Index:
         values, scales, exact, offsets = zip(*parts)
         with self._on_device():
             xp = self._xp
-            top = self._offsets[-1]
-            self._tokens = xp.concatenate([self._tokens, *values])
+            top = int(self._offsets[-1])
+            self._tokens = _arrays.concatenated(xp, [self._tokens, *values])
             if self._scales is not None:
-                self._scales = xp.concatenate([self._scales, *scales])
-            self._offsets = xp.concatenate([self._offsets, xp.asarray(np.concatenate(offsets), dtype=np.int64) + top])
+                self._scales = _arrays.concatenated(xp, [self._scales, *scales])
+            self._offsets = _arrays.concatenated(xp, [self._offsets, xp.asarray(np.concatenate(offsets) + top)])
         if self._exact is not None:
             self._exact = np.concatenate([self._exact, *exact])
         self._ids = np.concatenate([self._ids, new_ids])

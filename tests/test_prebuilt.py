@@ -107,11 +107,13 @@ def test_the_gpu_loads_a_prebuilt_cubin_and_compiles_when_the_driver_refuses_one
     try:
         gpu_compile.get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary")
         assert gpu_compile._shipped[(device, "maxsim_offsets", ())] == cubin
-        cubin.write_bytes(b"not a cubin")  # what a driver older than the cubin would refuse
-        _cache.clear_all()
+        # What a driver older than the cubin would refuse, as another variant's cubin (CuPy
+        # keeps a module it loaded from a path: the good one above would be served again).
+        variant = ("-DCUPY_MAXSIM_TEST_VARIANT=1",)
+        (tmp_path / prebuilt.file_name("maxsim_offsets", variant, arch)).write_bytes(b"not a cubin")
         with pytest.warns(RuntimeWarning, match="did not load"):
-            kernel = gpu_compile.get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary")
+            kernel = gpu_compile.get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary", variant)
         assert kernel is not None
-        assert (device, "maxsim_offsets", ()) not in gpu_compile._shipped
+        assert (device, "maxsim_offsets", variant) not in gpu_compile._shipped
     finally:
         _cache.clear_all()
