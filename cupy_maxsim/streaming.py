@@ -14,6 +14,7 @@ CPU tests run every step but the transfer itself.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 
@@ -93,7 +94,6 @@ class CudaCopies:
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.landed = [cupy.cuda.Event(disable_timing=True) for _ in range(BUFFERS)]
             self.free = [None] * BUFFERS
-        self._registered = []
 
     def buffer(self, shape, dtype):
         return self.xp.empty(shape, dtype)
@@ -114,29 +114,35 @@ class CudaCopies:
 
     def pinned(self, array):
         """``array``'s memory page-locked in place (cudaHostRegister), so that copies from it
-        run asynchronously at the full rate; where the registration is refused (memory-mapped
-        files on some systems), a pinned copy."""
+        run asynchronously at the full rate, for as long as the returned array lives (its
+        finalizer unregisters it); where the registration is refused (memory-mapped files on
+        some systems), a pinned copy.
+
+        Memory freed while registered stays pinned in the driver's view: a later copy from an
+        allocation that reuses those addresses read stale pages (garbage scores and "invalid
+        argument" copies in tests after the streaming ones, H200 2026-12-02), so the
+        registration must end before the memory does."""
         runtime = self.xp.cuda.runtime
         array = np.ascontiguousarray(array)
         if array.nbytes == 0:
             return array
         try:
             runtime.hostRegister(array.ctypes.data, array.nbytes, 0)
-            self._registered.append(array)
-            return array
         except Exception:  # noqa: BLE001 - any refusal: copy into pinned memory instead
             memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
             copy = np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)
             copy[...] = array
             return copy
+        # (array holds its memory's owner: the finalizer runs before the memory can go)
+        weakref.finalize(array, _unregister, runtime, array.ctypes.data)
+        return array
 
-    def close(self) -> None:
-        for array in self._registered:
-            try:
-                self.xp.cuda.runtime.hostUnregister(array.ctypes.data)
-            except Exception:  # noqa: BLE001 - already gone with the process
-                pass
-        self._registered = []
+
+def _unregister(runtime, pointer: int) -> None:
+    try:
+        runtime.hostUnregister(pointer)
+    except Exception:  # noqa: BLE001 - the context is already gone (the process exits)
+        pass
 
 
 class SegmentSource:

@@ -109,3 +109,29 @@ def test_streamed_through_the_gpu_equals_the_gpu_index(dtype):
     host = streamed.search(q, 20)  # host queries: scored on the GPU, answered on the host
     assert isinstance(host[0], np.ndarray)
     _same(want[:2], host)
+
+
+@pytest.mark.gpu
+def test_pinned_memory_is_unregistered_before_it_can_be_freed():
+    """CudaCopies.pinned registers a host store in place; the registration ends when the array
+    it returned goes, while the memory still exists. (Left registered, freed memory stayed
+    pinned in the driver's view, and later copies from allocations at those addresses read
+    stale pages: test_gpu failed after the streaming tests on the H200, 2026-12-02.)"""
+    import gc
+
+    import cupy
+
+    from cupy_maxsim import streaming
+
+    owner = bytearray(1 << 22)  # the memory, alive for the whole test
+    array = np.frombuffer(owner, np.float32)
+    pointer, size = array.ctypes.data, array.nbytes
+    copies = streaming.CudaCopies(cupy.cuda.runtime.getDevice())
+    pinned = copies.pinned(array)
+    assert pinned.ctypes.data == pointer  # in place, not a copy
+    with pytest.raises(cupy.cuda.runtime.CUDARuntimeError):
+        cupy.cuda.runtime.hostRegister(pointer, size, 0)  # registered already
+    del pinned, array, copies
+    gc.collect()
+    cupy.cuda.runtime.hostRegister(pointer, size, 0)  # free to register again: it was unregistered
+    cupy.cuda.runtime.hostUnregister(pointer)
