@@ -25,9 +25,6 @@
 #define TOPK_CACHED_KEYS 16384
 // The most positions the last round can rank in the kernel (8 bytes each in the keys' room).
 #define TOPK_RANKED_MAX (TOPK_CACHED_KEYS / 2)
-#ifndef TOPK_MATCH_ANY
-#define TOPK_MATCH_ANY 0
-#endif
 
 // Classes of an element (cupy_maxsim/_topk.py: PADDING, EXCLUDED, LIVE).
 #define TOPK_PADDING 0
@@ -176,7 +173,7 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) histogram[b] = 0;
         __syncthreads();
-        for (int start = 0; start < length; start += TILE) {  // (whole warps: the match below)
+        for (int start = 0; start < length; start += TILE) {  // (whole warps: the vote below)
             unsigned keys[TOPK_ITEMS];
 #pragma unroll
             for (int j = 0; j < TOPK_ITEMS; ++j) {
@@ -188,20 +185,16 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
 #pragma unroll
             for (int j = 0; j < TOPK_ITEMS; ++j) {
                 const bool counted = start + j * TOPK_THREADS + (int)threadIdx.x < length && (keys[j] & mask) == prefix;
-                // One atomic per digit a warp holds: a row's scores mostly share their top byte,
-                // and a shared-memory atomic per element on one address serialises.
-                // (Past the first passes most warps count none: no match for them.)
+                // A row's scores mostly share their top byte, and a shared-memory atomic per
+                // element on one address serialises. (Past the first passes most warps count
+                // none: no vote for them.)
                 const unsigned counting = __ballot_sync(0xffffffffu, counted);
                 if (counting) {
                     const unsigned digit = (keys[j] >> shift) & 0xffu;
-#if TOPK_MATCH_ANY  // (the A/B's old way: bench/ab_topk.py)
-                    const unsigned peers = __match_any_sync(0xffffffffu, counted ? digit : 0x100u | lane);
-                    if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
-#else
                     // The common case, one digit for the whole warp, by a shuffle and a vote;
                     // else an atomic an element (a row's digits past the top byte spread: few
-                    // lanes share an address). A match.any for every element is suspected of
-                    // most of a 16k segment's 53 us (ncu 2026-12-01); bench/ab_topk.py.
+                    // lanes share an address). A match.any for every element took 1.01-1.27x
+                    // as long (the selection of 1 x 1M, k=10 to 2048; ab-topk-2026-12-02-689500f).
                     const int leader = __ffs(counting) - 1;
                     const unsigned first_digit = __shfl_sync(0xffffffffu, digit, leader);
                     if (__all_sync(0xffffffffu, !counted || digit == first_digit)) {
@@ -209,7 +202,6 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
                     } else if (counted) {
                         atomicAdd(&histogram[digit], 1);
                     }
-#endif
                 }
             }
         }
