@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._arrays import Operand, Output, bfloat16_bits, module_of
+from ._arrays import Operand, Output, bfloat16_bits, concatenated, module_of
 from ._int8 import quantize_operand
 from ._problem import check_device, check_ndim, float_operand, mask_operand
 
@@ -76,8 +76,10 @@ def pack(docs, mask=None):
             check_device(first, op)
         xp = module_of(first)
         arrays = [_backend_array(op) for op in operands]
-        tokens = xp.concatenate(arrays, axis=0)
-        lengths = xp.asarray([a.shape[0] for a in arrays], dtype=np.int64)
+        # (lengths known here: the offsets made on the host and copied, no CuPy kernel to
+        # compile on a first call, as the parts are joined by device copies)
+        tokens = concatenated(xp, arrays)
+        offsets = xp.asarray(np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int64))
     else:
         padded = float_operand(docs, "docs")
         check_ndim(padded, (3,), "(Nd, Ld, D)")
@@ -86,14 +88,13 @@ def pack(docs, mask=None):
         array = _backend_array(padded)
         if mask is None:
             tokens = array.reshape(-1, array.shape[-1])
-            lengths = xp.full(array.shape[0], array.shape[1], dtype=np.int64)
+            offsets = xp.asarray(np.arange(array.shape[0] + 1, dtype=np.int64) * array.shape[1])
         else:
             mask_op = mask_operand(mask, "mask", padded.shape[:2], padded)
             keep = _backend_array(mask_op)
             tokens = array[keep]
-            lengths = keep.sum(axis=1).astype(np.int64)
-    offsets = xp.zeros(lengths.shape[0] + 1, dtype=np.int64)
-    xp.cumsum(lengths, out=offsets[1:])
+            offsets = xp.zeros(keep.shape[0] + 1, dtype=np.int64)
+            xp.cumsum(keep.sum(axis=1), out=offsets[1:])
     if first.dtype == "bfloat16" and not first.on_gpu:  # host bfloat16 arrives widened: back to bf16, exactly
         tokens = bfloat16_bits(tokens)
     output = Output(first)
