@@ -366,6 +366,15 @@ def provenance():
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def write_record(out: Path, stem: str, record: dict) -> Path:
+    """``record`` after :func:`provenance`, as ``out/<stem>-<date>-<commit>.json``; its path."""
+    record = {**provenance(), **record}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{stem}-{datetime.date.today()}-{record['commit'] or 'unknown'}.json"
+    path.write_text(json.dumps(record, indent=1))
+    return path
+
+
 def table(report) -> str:
     lines = [f"{'shape':<20} {'floor':>7} {'ours':>8} {'frac':>5} {'best peer':>10} {'speedup':>7} {'extra MB':>8}"]
     for row in report["results"]:

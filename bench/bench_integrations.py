@@ -25,9 +25,7 @@ Writes integrations-<date>-<commit>.json; prints a table last.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
-import json
 import os
 import sys
 import types
@@ -121,7 +119,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from bench_forward import provenance
+    from bench_forward import write_record
 
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -190,10 +188,8 @@ def main(argv=None) -> int:
             times[name].append(start.elapsed_time(stop) / args.calls)
     for name, ts in times.items():
         results[name]["ms"] = sorted(ts)[len(ts) // 2]
-    record = {**provenance(), "dtype": args.dtype, "rounds": args.rounds, "calls": args.calls, "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"integrations-{datetime.date.today()}-{record.get('commit', 'unknown')}.json"
-    path.write_text(json.dumps(record, indent=1))
+    path = write_record(args.out, "integrations",
+                        {"dtype": args.dtype, "rounds": args.rounds, "calls": args.calls, "results": results})
     print(f"{'cell':<44} {'ms':>8} {'peak MB':>9}  max |diff| vs torch (scores, dq, dd)")
     for name, r in results.items():
         if "error" in r:

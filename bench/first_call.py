@@ -19,7 +19,6 @@ Writes first-call-<date>-<commit>.json; prints a table last.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -90,17 +89,14 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", default=",".join(CELLS))
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_forward import provenance
+    from bench_forward import write_record
 
     results = {}
     for name in args.cells.split(","):
         torch, call = CELLS[name]
         for prebuilt in (True, False):
             results[f"{name}/{'prebuilt' if prebuilt else 'compiled'}"] = run_cell(args.site, call, torch, prebuilt)
-    record = {**provenance(), "site": str(args.site), "line_s": 0.5, "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"first-call-{datetime.date.today()}-{record.get('commit', 'unknown')}.json"
-    path.write_text(json.dumps(record, indent=1))
+    path = write_record(args.out, "first-call", {"site": str(args.site), "line_s": 0.5, "results": results})
     print(f"{'cell':<26} {'baseline s':>11} {'first call s':>13} {'warm s':>8}  package")
     for name, r in results.items():
         if "error" in r:
