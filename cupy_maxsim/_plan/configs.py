@@ -182,12 +182,20 @@ def int8_long_tiles(split_docs: bool, ksteps: int) -> bool:
     return bool(split_docs) and ksteps <= INT8_LONG_TILE_KSTEPS
 
 
+def long_tiles_spill(split_docs: bool, ksteps: int, argmax: bool, half_rows: bool) -> bool:
+    """Whether ptxas spills the Hopper kernel's fp16/bf16 entries with 128-row tiles: split
+    documents at 2 k-steps (fp16 dim 32, int8 dim 64: one module) with the argmax and full query
+    rows (8 bytes stored and 36 loaded a thread; NVRTC 12.9, sm_90a). 64-row tiles there do not."""
+    return bool(split_docs) and ksteps <= 2 and bool(argmax) and not half_rows
+
+
 def wgmma_tile_rows(mean_doc_length: float, int8: bool, split_docs: bool = False, ksteps: int = 4,
-                    padded_elements: int = 0, tunables: Tunables = DEFAULT) -> int:
+                    padded_elements: int = 0, tunables: Tunables = DEFAULT, argmax: bool = False,
+                    half_rows: bool = False) -> int:
     """Document rows per Hopper tile for documents of about ``mean_doc_length`` tokens;
     ``padded_elements``: the size of a padded corpus (0: packed), whose rows past a document's
     end a TMA tile does not read."""
-    if int8 and not int8_long_tiles(split_docs, ksteps):
+    if (int8 and not int8_long_tiles(split_docs, ksteps)) or long_tiles_spill(split_docs, ksteps, argmax, half_rows):
         return 64
     if tunables.wgmma_tile_rows is not None:
         return tunables.wgmma_tile_rows

@@ -123,7 +123,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
         tile_rows = 64 if docs_on_m else wgmma_tile_rows(
             mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
-            tunables=tunables)
+            tunables=tunables, argmax=bool(argmax),
+            half_rows=bool(tunables.wgmma_half_rows) and num_queries * query_length <= 32)
         config = wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
                               docs_on_m, scaled, tunables=tunables)
         if config is not None and config.shared_bytes <= smem_limit:

@@ -15,7 +15,7 @@ from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
 from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
-                      int8_long_tiles, mma_config, wgmma_config)
+                      int8_long_tiles, long_tiles_spill, mma_config, wgmma_config)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
@@ -56,40 +56,58 @@ def runtime_variants() -> list[tuple[str, tuple[str, ...]]]:
     return variants
 
 
+#: What the planners read of each architecture the wheel carries cubins for (the tuple of
+#: _gpu.device.device_properties: SMs, shared memory per block (opt-in) and per SM, compute
+#: capability, L2 bytes). Shared memory sets a tile's stages, so each has variants of its own.
+ARCH_PROPERTIES = {
+    "sm_80": (108, 166912, 167936, 80, 40 * 2**20),  # A100
+    "sm_86": (84, 101376, 102400, 86, 6 * 2**20),  # A10, RTX 3090
+    "sm_89": (128, 101376, 102400, 89, 72 * 2**20),  # L4, L40S, RTX 4090
+    "sm_90": (132, 232448, 233472, 90, 50 * 2**20),  # H100, H200
+}
+
+
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
-    """Every (family, defines) variant the dispatcher can ask for at dim 64, 96, 128 and 256,
-    streaming k (fatter dims) and rows at each alignment below 16 bytes, with and without the
-    argmax; the tensor-core forwards' with
-    their shared memory checked."""
+    """Every (family, defines) variant the dispatcher can ask for on ARCH_PROPERTIES' devices
+    at dims 16 to 256 (whole 16-byte rows) with every query stacking, streaming k (fatter
+    dims), rows at each alignment below 16 bytes (dim 100-ish), with and without the argmax;
+    the tensor-core forwards' with their shared memory checked. (tests/test_planners.py holds
+    the planners to this list over a grid of shapes.)"""
     variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ()), ("maxsim_topk", ()),
                 ("maxsim_quantize", ())]
+
+    def add(family, config):
+        for staged in ([config] if family != "maxsim_fwd" else
+                       [choose_stages(config, props[1]) for props in ARCH_PROPERTIES.values()]):
+            if staged is not None and (family, _checked(staged)) not in variants:
+                variants.append((family, _checked(staged)))
+
     for width in MMA_CONFIGS:
-        for ksteps in (4, 6, 8, 16):
-            config = mma_config(width, ksteps)
-            if config is not None:
-                variants.append(("maxsim_fwd", _checked(config)))
-                variants.append(("maxsim_fwd", _checked(mma_config(width, ksteps, argmax=True))))
+        for ksteps in (1, 2, 3, 4, 6, 8, 10, 12, 16):  # fp16 dims 16 to 256, fp32 to 96, int8 to 320+
+            for argmax in (False, True):
+                config = mma_config(width, ksteps, argmax)
+                if config is not None:
+                    add("maxsim_fwd", config)
         for argmax in (False, True):  # streaming k: every dim past the resident query block
             for stream_ksteps in STREAM_KSTEPS_CHOICES:
-                config = choose_stages(mma_config(width, 0, argmax, stream=True, stream_ksteps=stream_ksteps))
-                variants.append(("maxsim_fwd", _checked(config)))
+                add("maxsim_fwd", mma_config(width, 0, argmax, stream=True, stream_ksteps=stream_ksteps))
     for load_bytes in LOAD_ALIGNMENTS[:-1]:  # rows not 16-byte aligned (odd dims), dim 100-ish
         for argmax in (False, True):
-            variants.append(("maxsim_fwd", _checked(replace(mma_config(32, 7, argmax), load_bytes=load_bytes))))
-        variants.append(("maxsim_fwd", _checked(replace(mma_config(256, 7), load_bytes=load_bytes))))
-    for ksteps in (4, 6, 8):
+            add("maxsim_fwd", replace(mma_config(32, 7, argmax), load_bytes=load_bytes))
+        add("maxsim_fwd", replace(mma_config(256, 7), load_bytes=load_bytes))
+    for ksteps in (2, 4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split
                 for tile_n in (64, 128):
                     for query_rows in (32, 64) if warpgroups == 1 else (64,):  # 32: half rows
                         config = wgmma_config(ksteps, argmax, warpgroups, tile_n, query_rows)
-                        variants.append(("maxsim_fwd_wgmma", _checked(config)))
+                        if tile_n == 128 and long_tiles_spill(config.split_docs, ksteps, argmax, config.half_rows):
+                            continue  # (the planner takes 64-row tiles there)
+                        add("maxsim_fwd_wgmma", config)
         for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups)
             for argmax in (False, True):
                 for int8 in (False, True):
-                    config = wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8)
-                    if ("maxsim_fwd_wgmma", _checked(config)) not in variants:
-                        variants.append(("maxsim_fwd_wgmma", _checked(config)))
+                    add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8))
     return variants
 
 
