@@ -56,7 +56,7 @@ def rescored(index, q, q_mask, rows, k, return_argmax, like):
         real = found >= 0
         store_ids = index._ids_on_device() if xp is index._xp else xp.asarray(index._ids if index._ids.size else np.full(1, -1))
         out = [xp.where(real, _search.along_rows(xp, exact, order), -np.inf).astype(np.float32),
-               xp.where(real, store_ids[xp.maximum(found, 0)], -1)]
+               _search.mapped_ids(xp, found, store_ids)]
         if return_argmax:
             out.append(xp.where(real[..., None], xp.take_along_axis(winners, order[..., None], axis=1), -1))
         width = out[0].shape[1]

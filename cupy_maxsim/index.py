@@ -246,7 +246,7 @@ class Index:
             xp = _arrays.module_of(operand)
             # (a host-streamed store's ids go to the queries' GPU per call)
             store_ids = self._ids_on_device() if xp is self._xp else xp.asarray(self._ids_on_device())
-            mapped = xp.where(local >= 0, store_ids[xp.maximum(local, 0)], -1)
+            mapped = _search.mapped_ids(xp, local, store_ids)
         return (results[0], _arrays.Output(problem.like).wrap(mapped)) + tuple(results[2:])
 
     def _host_offsets(self):

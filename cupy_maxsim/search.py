@@ -128,10 +128,16 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=No
         else:
             out = _padded(xp, best, k, num_queries, query_length, problem, winners)
             if ids is not None:
-                out = (out[0], xp.where(out[1] >= 0, ids[xp.maximum(out[1], 0)], -1), out[2])
+                out = (out[0], mapped_ids(xp, out[1], ids), out[2])
     output = _arrays.Output(like)
     results = [output.wrap(x[0] if problem.single else x) for x in out if x is not None]
     return tuple(results)
+
+
+def mapped_ids(xp, positions, ids):
+    """``ids[positions]``, -1 where a position is -1 (nothing there): search's answer in an
+    Index's own ids (the finishing kernel does the same on the GPU's one-block path)."""
+    return xp.where(positions >= 0, ids[xp.maximum(positions, 0)], -1)
 
 
 def docs_per_block(num_queries: int, query_length: int, winners: bool, workspace_bytes: int) -> int:
