@@ -200,9 +200,8 @@ class Index:
 
     def _search(self, q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes, rows=False):
         """search() from the store; ``rows``: (like, scores, storage rows), unwrapped."""
-        allowed = self._alive.copy()
-        if filter is not None:
-            allowed &= self._filter_rows(filter)
+        # (read, never written: _alive is replaced by remove(), not changed in place)
+        allowed = self._alive if filter is None else self._alive & self._filter_rows(filter)
         scales = {} if q_scale is None else {"q_scale": q_scale}
         q_dtype = _arrays.as_operand(q, "q").dtype
         if q_dtype not in _FLOAT_QUERIES + (("int8",) if self._scales is not None else ()):
