@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--once", action="store_true",
-                        help="call the int8 padded and packed layouts once each and stop (under ncu)")
+                        help="call fp16 padded, int8 padded and int8 packed once each and stop (under ncu)")
     options = parser.parse_args()
 
     import cupy
@@ -51,7 +51,7 @@ def main() -> None:
                         d8.nbytes + d_scale.nbytes + offsets.nbytes),
     }
     if options.once:
-        for name in ("int8 padded", "int8 packed"):
+        for name in ("fp16 padded", "int8 padded", "int8 packed"):
             cells[name][0]()
         cupy.cuda.Device().synchronize()
         return
