@@ -27,6 +27,24 @@ def assert_scores_match(actual, expected, atol: float, rtol: float = 0.0) -> Non
     np.testing.assert_allclose(actual[finite], expected[finite], atol=atol, rtol=rtol)
 
 
+def assert_flash_attention_rule(ours, theirs, exact, noise: float = 1e-5, where=None, what: str = "") -> None:
+    """The FlashAttention rule for a package's computation with our scorer (``ours``) against the
+    same with its own (``theirs``), both in the same low input precision, and ``exact`` (its own
+    scorer in float64 on the same rounded inputs): our largest error at most twice theirs, plus
+    ``noise`` times the exact values' scale (float32 accumulation). ``where``: the elements
+    compared (default all)."""
+    ours, theirs, exact = to_numpy(ours), to_numpy(theirs), to_numpy(exact)
+    if where is not None:
+        where = to_numpy(where).astype(bool)
+        ours, theirs, exact = ours[where], theirs[where], exact[where]
+    if exact.size == 0:
+        return
+    scale = max(float(np.abs(exact).max()), 1.0)
+    error, their_error = float(np.abs(ours - exact).max()), float(np.abs(theirs - exact).max())
+    assert error <= 2 * their_error + noise * scale, (
+        f"{what}: error {error:.3g} against float64, the package's own scorer's {their_error:.3g} (scale {scale:.3g})")
+
+
 def unit_rows(rng, shape, dtype=np.float32) -> np.ndarray:
     """Random unit-norm token vectors (the embeddings MaxSim models produce)."""
     x = rng.standard_normal(shape)

@@ -1,7 +1,7 @@
 """cupy_maxsim.integrations.colpali_engine against colpali-engine itself (issue 26, item 4): its
 MaxSim functions, its five late-interaction losses (loss and gradients, patched against
 unpatched) and its processors' score_multi_vector, on zero-padded inputs. float32 on the CPU,
-within 1e-5."""
+within 1e-5; the losses on the GPU in float16 and bfloat16 within the FlashAttention rule."""
 
 import numpy as np
 import pytest
@@ -14,6 +14,7 @@ from colpali_engine.utils import maxsim as colpali_maxsim  # noqa: E402
 from colpali_engine.utils.processing_utils import BaseVisualRetrieverProcessor  # noqa: E402
 
 from cupy_maxsim.integrations import colpali_engine as ours  # noqa: E402
+from support import assert_flash_attention_rule  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -75,6 +76,32 @@ def test_losses_match_patched_and_unpatched(name):
         real = x.abs().sum(-1) != 0
         _close(got[real], want[real])
     assert colpali_losses.maxsim_inbatch is colpali_maxsim.maxsim_inbatch  # unpatched
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_losses_on_the_gpu_within_the_flash_attention_rule(name, dtype):
+    """On the GPU in float16 / bfloat16: our loss and gradients against colpali-engine's own
+    (unpatched, its torch einsum) in float64 on the same rounded inputs, at most twice the error
+    of its own in the same precision (the FlashAttention rule)."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    rng = np.random.default_rng(2)
+    low = getattr(torch, dtype)
+    inputs = [x.to("cuda", low) for x in (_zero_padded(rng, (16, 20, 128)), _zero_padded(rng, (16, 300, 128)),
+                                         _zero_padded(rng, (16, 2, 300, 128)))]
+    theirs = _loss_and_gradients(name, *inputs)
+    exact = _loss_and_gradients(name, *(x.double() for x in inputs))
+    ours.patch()
+    try:
+        mine = _loss_and_gradients(name, *inputs)
+    finally:
+        ours.unpatch()
+    assert_flash_attention_rule(mine[0], theirs[0], exact[0], what="loss")
+    for i, (x, got, want, reference) in enumerate(zip(inputs, mine[1], theirs[1], exact[1])):
+        real = (x.abs().sum(-1) != 0)[..., None].expand(x.shape)  # padding rows: see above
+        assert_flash_attention_rule(got, want, reference, where=real, what=f"gradient {i}")
 
 
 def test_score_multi_vector_matches():

@@ -1,7 +1,9 @@
 """cupy_maxsim.integrations.pylate against PyLate itself (issue 26, item 2): its scorers'
 results and gradients against PyLate's torch scorers, and its own losses (Contrastive,
 CachedContrastive, Distillation) on a real, tiny ColBERT built offline, with skiplist masks that
-have holes, through score_metric= and through patch(). float32 on the CPU, within 1e-5."""
+have holes, through score_metric= and through patch(). float32 on the CPU, within 1e-5; on the
+GPU, the embeddings scored in float16 and bfloat16 within the FlashAttention rule (our error
+against PyLate's scorer in float64 at most twice its own scorer's in the same precision)."""
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from pylate import losses, models  # noqa: E402
 from pylate import scores as pylate_scores  # noqa: E402
 
 from cupy_maxsim.integrations import pylate as ours  # noqa: E402
+from support import assert_flash_attention_rule  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(40)]
 BIAS = 0.0
@@ -78,10 +81,10 @@ def test_an_empty_document_scores_zero_as_in_pylate():
 
 
 @pytest.fixture(scope="module")
-def colbert(tmp_path_factory):
-    """A real PyLate ColBERT: a one-layer BERT of random weights and a word-level vocabulary,
-    saved and loaded from disk (no download). Its last LayerNorm's bias is large, so its token
-    embeddings share a direction (positive similarities: see _embeddings)."""
+def tiny_bert(tmp_path_factory):
+    """A real BERT for PyLate's ColBERT: one layer of random weights and a word-level vocabulary,
+    saved to disk (no download). Its last LayerNorm's bias is large, so its token embeddings
+    share a direction (positive similarities: see _embeddings)."""
     transformers = pytest.importorskip("transformers")
     folder = tmp_path_factory.mktemp("tiny-bert")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + list(".,!?;:")
@@ -100,8 +103,27 @@ def colbert(tmp_path_factory):
         bert.embeddings.word_embeddings.weight.normal_(0.0, 1.0)
         bert.encoder.layer[-1].output.LayerNorm.bias.fill_(BIAS)
     bert.save_pretrained(folder)
-    return models.ColBERT(model_name_or_path=str(folder), embedding_size=16, device="cpu", query_length=8,
+    return folder
+
+
+def _colbert(folder, device):
+    return models.ColBERT(model_name_or_path=str(folder), embedding_size=16, device=device, query_length=8,
                           document_length=16)
+
+
+@pytest.fixture(scope="module")
+def colbert(tiny_bert):
+    """The tiny ColBERT on the CPU."""
+    return _colbert(tiny_bert, "cpu")
+
+
+@pytest.fixture(scope="module")
+def colbert_cuda(tiny_bert):
+    """The same ColBERT on the GPU (float32 weights: the scorers see the embeddings cast to
+    float16 / bfloat16, as a mixed-precision step hands them over)."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return _colbert(tiny_bert, "cuda")
 
 
 def _texts(rng, count, words):
@@ -120,7 +142,13 @@ def _loss_and_gradients(model, loss, features, labels=None):
 def _features(model, rng, batch, slots):
     queries = model.tokenize(_texts(rng, batch, 5), is_query=True)
     documents = [model.tokenize(_texts(rng, batch, 12), is_query=False) for _ in range(slots)]
-    return [queries] + documents
+    return _on(model.device, [queries] + documents)
+
+
+def _on(device, features):
+    """Tokenised features on the model's device (a trainer's batch_to_device)."""
+    return [{key: value.to(device) if torch.is_tensor(value) else value for key, value in feature.items()}
+            for feature in features]
 
 
 @pytest.mark.parametrize("make", [
@@ -149,6 +177,56 @@ def test_distillation_matches(colbert):
     _assert_close(mine[0], theirs[0])
     for got, want in zip(mine[1], theirs[1]):
         _assert_close(got, want)
+
+
+def _cast(metric, dtype, compute=None):
+    """``metric`` scoring the embeddings rounded to ``dtype`` (and computed in ``compute``: the
+    float64 reference on the same rounded inputs), its scores handed back in float32."""
+    def scored(queries_embeddings, documents_embeddings, *args, **kwargs):
+        q, d = queries_embeddings.to(dtype), documents_embeddings.to(dtype)
+        if compute is not None:
+            q, d = q.to(compute), d.to(compute)
+        return metric(q, d, *args, **kwargs).float()
+    return scored
+
+
+def _three_ways(model, make, dtype, features, labels, ours_metric, their_metric):
+    """(loss, gradients) with our scorer and theirs in ``dtype``, and theirs in float64."""
+    return [_loss_and_gradients(model, make(model, _cast(metric, dtype, compute)), features, labels)
+            for metric, compute in ((ours_metric, None), (their_metric, None), (their_metric, torch.float64))]
+
+
+def _assert_rule(mine, theirs, exact):
+    assert_flash_attention_rule(mine[0], theirs[0], exact[0], what="loss")
+    assert len(mine[1]) == len(exact[1]) > 0
+    for i, (got, want, reference) in enumerate(zip(mine[1], theirs[1], exact[1])):
+        assert_flash_attention_rule(got, want, reference, what=f"gradient {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("make", [
+    lambda model, metric: losses.Contrastive(model, score_metric=metric),
+    lambda model, metric: losses.CachedContrastive(model, score_metric=metric, mini_batch_size=2),
+], ids=["Contrastive", "CachedContrastive"])
+def test_contrastive_losses_on_the_gpu_within_the_flash_attention_rule(colbert_cuda, make, dtype):
+    rng = np.random.default_rng(6)
+    features = _features(colbert_cuda, rng, batch=8, slots=2)
+    _assert_rule(*_three_ways(colbert_cuda, make, dtype, features, None, ours.ColBERTScores(),
+                              pylate_scores.ColBERTScores()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_distillation_on_the_gpu_within_the_flash_attention_rule(colbert_cuda, dtype):
+    rng = np.random.default_rng(7)
+    batch, candidates = 4, 5
+    queries, documents = _on("cuda", [colbert_cuda.tokenize(_texts(rng, batch, 5), is_query=True),
+                                      colbert_cuda.tokenize(_texts(rng, batch * candidates, 12), is_query=False)])
+    teacher = torch.tensor(rng.standard_normal((batch, candidates)), dtype=torch.float32, device="cuda")
+    make = lambda model, metric: losses.Distillation(model, score_metric=metric)  # noqa: E731
+    _assert_rule(*_three_ways(colbert_cuda, make, dtype, [queries, documents], teacher, ours.colbert_kd_scores,
+                              pylate_scores.colbert_kd_scores))
 
 
 def test_patch_reaches_every_captured_scorer_and_unpatch_restores(colbert):

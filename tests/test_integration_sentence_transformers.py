@@ -1,7 +1,8 @@
 """cupy_maxsim.integrations.sentence_transformers against sentence-transformers 6 itself (issue 26,
 item 3): maxsim, maxsim_pairwise and their mean forms, and the multi-vector losses' scorers,
 results and gradients against its own, with masks that have holes, float masks, ragged lists,
-empty documents; patch() / unpatch(). float32 on the CPU, within 1e-5."""
+empty documents; patch() / unpatch(). float32 on the CPU, within 1e-5; the loss scorers on the
+GPU in float16 and bfloat16 within the FlashAttention rule."""
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from sentence_transformers.multi_vector_encoder import scoring as st_scoring  # 
 from sentence_transformers.util import similarity as st_similarity  # noqa: E402
 
 from cupy_maxsim.integrations import sentence_transformers as ours  # noqa: E402
+from support import assert_flash_attention_rule  # noqa: E402
 
 
 def _rows(rng, shape):
@@ -83,6 +85,31 @@ def test_loss_scorers_match():
     d, d_mask = _rows(rng, (4, 10, 16)), _holes(rng, (4, 10))
     for name in ("colbert_scores_pairwise", "mean_colbert_scores_pairwise"):
         _check(_both(getattr(ours, name), getattr(st_scoring, name), q, d, q_mask, d_mask))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_loss_scorers_on_the_gpu_within_the_flash_attention_rule(dtype):
+    """On the GPU in float16 / bfloat16, with masks that have holes: our scores and gradients
+    against sentence-transformers' own scorers in float64 on the same rounded inputs, at most
+    twice the error of its own in the same precision (the FlashAttention rule)."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    rng = np.random.default_rng(3)
+    low = getattr(torch, dtype)
+    q, q_mask = _rows(rng, (8, 32, 128)).to("cuda", low), _holes(rng, (8, 32)).cuda()
+    stacked, stacked_mask = _rows(rng, (8, 4, 180, 128)).to("cuda", low), _holes(rng, (8, 4, 180)).cuda()
+    d, d_mask = stacked[:, 0], stacked_mask[:, 0]
+    cases = [(name, (q, stacked, q_mask, stacked_mask)) for name in
+             ("colbert_scores", "colbert_kd_scores", "mean_colbert_scores", "mean_colbert_kd_scores")]
+    cases += [(name, (q, d, q_mask, d_mask)) for name in ("colbert_scores_pairwise", "mean_colbert_scores_pairwise")]
+    for name, tensors in cases:
+        (mine, my_grads), (theirs, their_grads) = _both(getattr(ours, name), getattr(st_scoring, name), *tensors)
+        (exact, exact_grads), _ = _both(getattr(st_scoring, name), getattr(st_scoring, name),
+                                        *(t.double() for t in tensors[:2]), *tensors[2:])
+        assert_flash_attention_rule(mine, theirs, exact, what=name)
+        for got, want, reference in zip(my_grads, their_grads, exact_grads):
+            assert_flash_attention_rule(got, want, reference, what=f"{name} gradient")
 
 
 def test_patch_and_unpatch():
