@@ -45,6 +45,42 @@ def assert_flash_attention_rule(ours, theirs, exact, noise: float = 1e-5, where=
         f"{what}: error {error:.3g} against float64, the package's own scorer's {their_error:.3g} (scale {scale:.3g})")
 
 
+#: The tiny BERT's words (texts() draws from them).
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def save_tiny_bert(folder, words=WORDS, bias: float = 0.0):
+    """A real BERT for the integrations' models (PyLate's ColBERT, sentence-transformers'
+    MultiVectorEncoder): one layer of random weights and a word-level vocabulary (``words`` and
+    punctuation, the skiplists' holes), saved in ``folder`` (no download); ``folder``."""
+    import torch
+    import transformers
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(words) + list(".,!?;:")
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    try:  # transformers 5 builds the word piece model from the dict (vocab_file= gives all [UNK] there)
+        tokenizer = transformers.BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)})
+    except TypeError:  # transformers 4
+        tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
+    assert tokenizer.tokenize("w1 w2,") == ["w1", "w2", ","], tokenizer.tokenize("w1 w2,")
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    bert = transformers.BertModel(config)
+    with torch.no_grad():  # words, not positions, make the embeddings (scores differ by document)
+        bert.embeddings.word_embeddings.weight.normal_(0.0, 1.0)
+        bert.encoder.layer[-1].output.LayerNorm.bias.fill_(bias)
+    bert.save_pretrained(folder)
+    return folder
+
+
+def texts(rng, count, words):
+    """``count`` texts of ``words`` words with punctuation inside (the skiplist's holes)."""
+    return [" ".join(str(rng.choice(WORDS)) + ("," if rng.random() < 0.3 else "") for _ in range(words))
+            for _ in range(count)]
+
+
 def unit_rows(rng, shape, dtype=np.float32) -> np.ndarray:
     """Random unit-norm token vectors (the embeddings MaxSim models produce)."""
     x = rng.standard_normal(shape)

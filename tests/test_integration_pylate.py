@@ -15,9 +15,8 @@ from pylate import losses, models  # noqa: E402
 from pylate import scores as pylate_scores  # noqa: E402
 
 from cupy_maxsim.integrations import pylate as ours  # noqa: E402
-from support import assert_flash_attention_rule  # noqa: E402
+from support import WORDS, assert_flash_attention_rule, save_tiny_bert, texts as _texts  # noqa: E402
 
-WORDS = [f"w{i}" for i in range(40)]
 BIAS = 0.0
 
 
@@ -85,25 +84,8 @@ def tiny_bert(tmp_path_factory):
     """A real BERT for PyLate's ColBERT: one layer of random weights and a word-level vocabulary,
     saved to disk (no download). Its last LayerNorm's bias is large, so its token embeddings
     share a direction (positive similarities: see _embeddings)."""
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + list(".,!?;:")
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    try:  # transformers 5 builds the word piece model from the dict (vocab_file= gives all [UNK] there)
-        tokenizer = transformers.BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)})
-    except TypeError:  # transformers 4
-        tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
-    assert tokenizer.tokenize("w1 w2,") == ["w1", "w2", ","], tokenizer.tokenize("w1 w2,")
-    tokenizer.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64)
-    bert = transformers.BertModel(config)
-    with torch.no_grad():  # words, not positions, make the embeddings (scores differ by document)
-        bert.embeddings.word_embeddings.weight.normal_(0.0, 1.0)
-        bert.encoder.layer[-1].output.LayerNorm.bias.fill_(BIAS)
-    bert.save_pretrained(folder)
-    return folder
+    pytest.importorskip("transformers")
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), WORDS, BIAS)
 
 
 def _colbert(folder, device):
@@ -124,12 +106,6 @@ def colbert_cuda(tiny_bert):
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     return _colbert(tiny_bert, "cuda")
-
-
-def _texts(rng, count, words):
-    """Texts with punctuation inside (the skiplist's holes in the document masks)."""
-    return [" ".join(str(rng.choice(WORDS)) + ("," if rng.random() < 0.3 else "") for _ in range(words))
-            for _ in range(count)]
 
 
 def _loss_and_gradients(model, loss, features, labels=None):

@@ -1,8 +1,9 @@
 """cupy_maxsim.integrations.sentence_transformers against sentence-transformers 6 itself (issue 26,
 item 3): maxsim, maxsim_pairwise and their mean forms, and the multi-vector losses' scorers,
 results and gradients against its own, with masks that have holes, float masks, ragged lists,
-empty documents; patch() / unpatch(). float32 on the CPU, within 1e-5; the loss scorers on the
-GPU in float16 and bfloat16 within the FlashAttention rule."""
+empty documents; its four multi-vector loss classes on a real MultiVectorEncoder built offline
+(a comma skiplist: masks with holes); patch() / unpatch(). float32 on the CPU, within 1e-5; the loss scorers and
+the loss classes on the GPU in float16 and bfloat16 within the FlashAttention rule."""
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from sentence_transformers.multi_vector_encoder import scoring as st_scoring  # 
 from sentence_transformers.util import similarity as st_similarity  # noqa: E402
 
 from cupy_maxsim.integrations import sentence_transformers as ours  # noqa: E402
-from support import assert_flash_attention_rule  # noqa: E402
+from support import assert_flash_attention_rule, save_tiny_bert, texts  # noqa: E402
 
 
 def _rows(rng, shape):
@@ -110,6 +111,98 @@ def test_loss_scorers_on_the_gpu_within_the_flash_attention_rule(dtype):
         assert_flash_attention_rule(mine, theirs, exact, what=name)
         for got, want, reference in zip(my_grads, their_grads, exact_grads):
             assert_flash_attention_rule(got, want, reference, what=f"{name} gradient")
+
+
+# Its multi-vector loss classes on a real MultiVectorEncoder: (loss, the scorer it takes by
+# default, our scorer of that name, document columns, teacher labels (batch, columns) or None).
+LOSS_CLASSES = {
+    "MultiVectorMultipleNegativesRankingLoss": ("colbert_scores", 2, False, {}),
+    "CachedMultiVectorMultipleNegativesRankingLoss": ("colbert_scores", 2, False, {"mini_batch_size": 2}),
+    "MultiVectorDistillKLDivLoss": ("colbert_kd_scores", 3, True, {}),
+    "MultiVectorMarginMSELoss": ("colbert_scores_pairwise", 2, True, {}),
+}
+
+
+def _encoder(folder, device):
+    """sentence-transformers 6's MultiVectorEncoder on a bare BERT folder (its default modules:
+    the transformer, a 128-wide projection, the scoring mask and a normalisation), with a comma
+    skiplist: the documents' masks get holes."""
+    from sentence_transformers.multi_vector_encoder import MultiVectorEncoder
+
+    torch.manual_seed(0)
+    model = MultiVectorEncoder(str(folder), device=device, local_files_only=True)
+    next(m for m in model if type(m).__name__ == "MultiVectorMask").skiplist_words = [","]
+    return model
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    pytest.importorskip("transformers")
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def _loss_features(model, name, rng, batch=6):
+    _, columns, teacher, _ = LOSS_CLASSES[name]
+    features = [dict(model.preprocess(texts(rng, batch, 5)), task="query")]
+    features += [dict(model.preprocess(texts(rng, batch, 12)), task="document") for _ in range(columns)]
+    features = [{k: v.to(model.device) if torch.is_tensor(v) else v for k, v in f.items()} for f in features]
+    labels = None
+    if teacher:
+        shape = (batch, columns) if "KLDiv" in name else (batch,)
+        labels = torch.tensor(rng.standard_normal(shape), dtype=torch.float32, device=model.device)
+    return features, labels
+
+
+def _loss_class_run(model, name, scorer, features, labels):
+    from sentence_transformers.multi_vector_encoder import losses as mv_losses
+
+    model.zero_grad()
+    loss = getattr(mv_losses, name)(model, similarity_fct=scorer, **LOSS_CLASSES[name][3])
+    value = loss(features, labels)
+    value.backward()
+    return value.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("name", list(LOSS_CLASSES))
+def test_loss_classes_match(bert_folder, name):
+    model = _encoder(bert_folder, "cpu")
+    features, labels = _loss_features(model, name, np.random.default_rng(4))
+    scorer = LOSS_CLASSES[name][0]
+    mine = _loss_class_run(model, name, getattr(ours, scorer), features, labels)
+    theirs = _loss_class_run(model, name, getattr(st_scoring, scorer), features, labels)
+    _close(mine[0], theirs[0])
+    assert len(mine[1]) == len(theirs[1]) > 0
+    for got, want in zip(mine[1], theirs[1]):
+        _close(got, want)
+
+
+def _cast(scorer, dtype, compute=None):
+    """``scorer`` on the embeddings rounded to ``dtype`` (computed in ``compute``: the float64
+    reference on the same rounded inputs), its scores back in float32."""
+    def scored(q, d, *args, **kwargs):
+        q, d = q.to(dtype), d.to(dtype)
+        if compute is not None:
+            q, d = q.to(compute), d.to(compute)
+        return scorer(q, d, *args, **kwargs).float()
+    return scored
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", list(LOSS_CLASSES))
+def test_loss_classes_on_the_gpu_within_the_flash_attention_rule(bert_folder, name, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    model = _encoder(bert_folder, "cuda")
+    features, labels = _loss_features(model, name, np.random.default_rng(5), batch=16)
+    scorer, low = LOSS_CLASSES[name][0], getattr(torch, dtype)
+    mine, theirs, exact = (_loss_class_run(model, name, _cast(fn, low, compute), features, labels)
+                           for fn, compute in ((getattr(ours, scorer), None), (getattr(st_scoring, scorer), None),
+                                               (getattr(st_scoring, scorer), torch.float64)))
+    assert_flash_attention_rule(mine[0], theirs[0], exact[0], what="loss")
+    assert len(mine[1]) == len(exact[1]) > 0
+    for i, (got, want, reference) in enumerate(zip(mine[1], theirs[1], exact[1])):
+        assert_flash_attention_rule(got, want, reference, what=f"gradient {i}")
 
 
 def test_patch_and_unpatch():
