@@ -91,6 +91,19 @@ class PreparedLaunch:
 _function_pointers = Cache("function pointers", limit=1024)
 
 
+def scalars(codes: str, *values) -> tuple[bytes, ...]:
+    """A small kernel's scalar parameters, one packed value each, for :func:`launch` (``codes``
+    as struct's, one a parameter: Q pointer, q int64, i int32)."""
+    if len(codes) != len(values):
+        raise ValueError(f"{len(codes)} parameter codes for {len(values)} values")
+    return tuple(struct.pack("<" + code, value) for code, value in zip(codes, values))
+
+
+def _pointer(array) -> int:
+    """A CuPy array's device address, or 0 (NULL) for None."""
+    return 0 if array is None else array.data.ptr
+
+
 def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, device: int,
                     stream_ptr: int | None) -> tuple[int, int, int, int]:
     """(first, last, number of decreasing steps, longest step) of ``count`` device-resident
@@ -103,8 +116,7 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         summary = cupy.zeros(4, cupy.int64)
         blocks = max(1, min(2 * device_properties(device)[0], -(-(count - 1) // 256)))
         launch(get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary"), (blocks,), (256,),
-               (struct.pack("<Q", pointer), struct.pack("<q", count), struct.pack("<q", stride),
-                struct.pack("<i", int(is_64bit)), struct.pack("<Q", summary.data.ptr)), 0, stream_ptr)
+               scalars("QqqiQ", pointer, count, stride, int(is_64bit), summary.data.ptr), 0, stream_ptr)
         return tuple(int(v) for v in summary.get())
 
 
@@ -134,11 +146,8 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked
         shared = 4 * TOPK_CACHED_KEYS
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select", shared_bytes=shared)
         launch(kernel, (segments, rows), (TOPK_THREADS,),
-               (struct.pack("<Q", scores.data.ptr), struct.pack("<q", n),  # (row stride: contiguous rows)
-                struct.pack("<i", width), struct.pack("<i", k), struct.pack("<i", segment_length),
-                struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
-                struct.pack("<Q", 0 if positions is None else positions.data.ptr),
-                struct.pack("<Q", chosen.data.ptr), struct.pack("<i", int(ranked))), shared, None)
+               scalars("QqiiiQQQi", scores.data.ptr, n, width, k, segment_length,  # (n: the row stride)
+                       _pointer(allowed), _pointer(positions), chosen.data.ptr, int(ranked)), shared, None)
     return chosen
 
 
@@ -159,11 +168,8 @@ def top_k_finish(scores, chosen, start: int, allowed, ids):
     if rows and k:
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_finish")
         launch(kernel, (-(-k // TOPK_FINISH_THREADS), rows), (TOPK_FINISH_THREADS,),
-               (struct.pack("<Q", scores.data.ptr), struct.pack("<q", scores.shape[1]),
-                struct.pack("<Q", chosen.data.ptr), struct.pack("<i", k), struct.pack("<q", start),
-                struct.pack("<Q", 0 if allowed is None else allowed.data.ptr),
-                struct.pack("<Q", 0 if ids is None else ids.data.ptr),
-                struct.pack("<Q", out_scores.data.ptr), struct.pack("<Q", out_ids.data.ptr)), 0, None)
+               scalars("QqQiqQQQQ", scores.data.ptr, scores.shape[1], chosen.data.ptr, k, start, _pointer(allowed),
+                       _pointer(ids), out_scores.data.ptr, out_ids.data.ptr), 0, None)
     return out_scores, out_ids
 
 
@@ -184,7 +190,6 @@ def quantize_int8(rows, suffix: str, mask):
         sms = device_properties(rows.device.id)[0]
         blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
         launch(get_kernel(rows.device.id, "maxsim_quantize", f"maxsim_quantize_{suffix}"), (blocks,),
-               (QUANTIZE_THREADS,), (struct.pack("<Q", rows.data.ptr), struct.pack("<q", count),
-                                     struct.pack("<i", dim), struct.pack("<Q", 0 if mask is None else mask.data.ptr),
-                                     struct.pack("<Q", values.data.ptr), struct.pack("<Q", scales.data.ptr)), 0, None)
+               (QUANTIZE_THREADS,), scalars("QqiQQQ", rows.data.ptr, count, dim, _pointer(mask), values.data.ptr,
+                                            scales.data.ptr), 0, None)
     return values, scales
