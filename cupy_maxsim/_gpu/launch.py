@@ -91,11 +91,22 @@ class PreparedLaunch:
 _function_pointers = Cache("function pointers", limit=1024)
 
 
-def scalars(codes: str, *values) -> tuple[bytes, ...]:
-    """A small kernel's scalar parameters, one packed value each, for :func:`launch` (``codes``
-    as struct's, one a parameter: Q pointer, q int64, i int32)."""
+#: The small kernels' scalar parameters in order (struct codes: Q pointer, q int64, i int32),
+#: as their entries in kernels_cu/ declare them (tests/test_packaging.py parses and compares).
+SMALL_KERNEL_PARAMETERS = {
+    "maxsim_offsets_summary": "QqqiQ",  # offsets, count, stride, is_64bit, summary
+    "maxsim_topk_select": "QqiiiQQQi",  # scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked
+    "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
+    "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
+}
+
+
+def scalars(kernel: str, *values) -> tuple[bytes, ...]:
+    """The scalar parameters of small kernel ``kernel`` (a key of SMALL_KERNEL_PARAMETERS), one
+    packed value each, for :func:`launch`."""
+    codes = SMALL_KERNEL_PARAMETERS[kernel]
     if len(codes) != len(values):
-        raise ValueError(f"{len(codes)} parameter codes for {len(values)} values")
+        raise ValueError(f"{kernel} takes {len(codes)} parameters, got {len(values)}")
     return tuple(struct.pack("<" + code, value) for code, value in zip(codes, values))
 
 
@@ -116,7 +127,7 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         summary = cupy.zeros(4, cupy.int64)
         blocks = max(1, min(2 * device_properties(device)[0], -(-(count - 1) // 256)))
         launch(get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary"), (blocks,), (256,),
-               scalars("QqqiQ", pointer, count, stride, int(is_64bit), summary.data.ptr), 0, stream_ptr)
+               scalars("maxsim_offsets_summary", pointer, count, stride, int(is_64bit), summary.data.ptr), 0, stream_ptr)
         return tuple(int(v) for v in summary.get())
 
 
@@ -146,7 +157,7 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked
         shared = 4 * TOPK_CACHED_KEYS
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select", shared_bytes=shared)
         launch(kernel, (segments, rows), (TOPK_THREADS,),
-               scalars("QqiiiQQQi", scores.data.ptr, n, width, k, segment_length,  # (n: the row stride)
+               scalars("maxsim_topk_select", scores.data.ptr, n, width, k, segment_length,  # (n: the row stride)
                        _pointer(allowed), _pointer(positions), chosen.data.ptr, int(ranked)), shared, None)
     return chosen
 
@@ -168,7 +179,7 @@ def top_k_finish(scores, chosen, start: int, allowed, ids):
     if rows and k:
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_finish")
         launch(kernel, (-(-k // TOPK_FINISH_THREADS), rows), (TOPK_FINISH_THREADS,),
-               scalars("QqQiqQQQQ", scores.data.ptr, scores.shape[1], chosen.data.ptr, k, start, _pointer(allowed),
+               scalars("maxsim_topk_finish", scores.data.ptr, scores.shape[1], chosen.data.ptr, k, start, _pointer(allowed),
                        _pointer(ids), out_scores.data.ptr, out_ids.data.ptr), 0, None)
     return out_scores, out_ids
 
@@ -190,6 +201,6 @@ def quantize_int8(rows, suffix: str, mask):
         sms = device_properties(rows.device.id)[0]
         blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
         launch(get_kernel(rows.device.id, "maxsim_quantize", f"maxsim_quantize_{suffix}"), (blocks,),
-               (QUANTIZE_THREADS,), scalars("QqiQQQ", rows.data.ptr, count, dim, _pointer(mask), values.data.ptr,
+               (QUANTIZE_THREADS,), scalars("maxsim_quantize", rows.data.ptr, count, dim, _pointer(mask), values.data.ptr,
                                             scales.data.ptr), 0, None)
     return values, scales
