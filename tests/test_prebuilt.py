@@ -106,7 +106,7 @@ def test_the_gpu_loads_a_prebuilt_cubin_and_compiles_when_the_driver_refuses_one
     _cache.clear_all()
     try:
         gpu_compile.get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary")
-        assert gpu_compile._shipped[(device, "maxsim_offsets", ())] == cubin
+        assert gpu_compile._modules[(device, "maxsim_offsets", ())][1] == cubin
         # What a driver older than the cubin would refuse, as another variant's cubin (CuPy
         # keeps a module it loaded from a path: the good one above would be served again).
         variant = ("-DCUPY_MAXSIM_TEST_VARIANT=1",)
@@ -114,6 +114,6 @@ def test_the_gpu_loads_a_prebuilt_cubin_and_compiles_when_the_driver_refuses_one
         with pytest.warns(RuntimeWarning, match="did not load"):
             kernel = gpu_compile.get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary", variant)
         assert kernel is not None
-        assert (device, "maxsim_offsets", variant) not in gpu_compile._shipped
+        assert gpu_compile._modules[(device, "maxsim_offsets", variant)][1] is None  # compiled
     finally:
         _cache.clear_all()

@@ -19,8 +19,8 @@ from . import prebuilt
 from .device import device_properties
 from .registry import ARCH_SPECIFIC, NVRTC_OPTIONS, source
 
+# (device, family, defines) -> (module, the prebuilt cubin it was loaded from or None)
 _modules = Cache("compiled modules")
-_shipped = Cache("modules loaded from prebuilt cubins")  # (device, family, defines) -> the cubin
 _kernel_cache = Cache("kernels", limit=1024)
 
 
@@ -31,17 +31,14 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
     key = (device, family, defines, name, shared_bytes)
     kernel = _kernel_cache.get(key)
     if kernel is None:
-        module = _modules.get(key[:3])
-        if module is None:
-            module = _modules.put(key[:3], _load_module(device, family, defines))
+        module, shipped = _modules.get(key[:3]) or _modules.put(key[:3], _load_module(device, family, defines))
         try:
             kernel = module.get_function(name)
         except Exception as error:  # a shipped cubin this driver cannot load: compile instead
-            shipped = _shipped.pop(key[:3], None)
             if shipped is None:
                 raise
             _refused(shipped, error)
-            module = _modules.put(key[:3], _compile_module(family, defines))
+            module, _ = _modules.put(key[:3], (_compile_module(family, defines), None))
             kernel = module.get_function(name)
         if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
             kernel.max_dynamic_shared_size_bytes = shared_bytes
@@ -59,18 +56,17 @@ def cache_dir() -> Path:
 
 
 def _load_module(device: int, family: str, defines: tuple[str, ...]):
-    """The module of a variant: the wheel's prebuilt cubin for this device if there is one."""
+    """(the module of a variant, the prebuilt cubin it came from): the wheel's cubin for this
+    device if there is one (None: compiled)."""
     import cupy
 
     path = prebuilt.find(family, defines, device_properties(device)[3])
     if path is not None:
         try:
-            module = cupy.RawModule(path=str(path))  # (CuPy may load it here or at get_function)
-            _shipped.put((device, family, defines), path)
-            return module
+            return cupy.RawModule(path=str(path)), path  # (CuPy may load it here or at get_function)
         except Exception as error:
             _refused(path, error)
-    return _compile_module(family, defines)
+    return _compile_module(family, defines), None
 
 
 def _refused(path, error) -> None:
