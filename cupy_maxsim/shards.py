@@ -78,17 +78,23 @@ class ShardedIndex:
         work at once), their top-k lists merged on the host."""
         k = _check_k(k)
         like = _arrays.as_operand(q, "q")
-        host_q, host_mask = _arrays.host_values(q), None if q_mask is None else _arrays.to_host(_arrays.as_operand(q_mask, "q_mask"))
         filter = None if filter is None else _host_filter(filter, self)
+        devices = list(dict.fromkeys(shard.device for shard in self.shards))  # in shard order
+        # The queries go as they are to the shards on their own device, from one host copy to
+        # the others.
+        local = f"cuda:{like.device}" if like.on_gpu else "cpu"
+        if any(device != local for device in devices):
+            q_elsewhere = _arrays.host_values(q)
+            mask_elsewhere = None if q_mask is None else _arrays.to_host(_arrays.as_operand(q_mask, "q_mask"))
 
         def search_on(device):
-            shard_q = array_on(host_q, device, "q")
-            shard_mask = None if host_mask is None else array_on(host_mask, device, "q_mask")
+            shard_q, shard_mask = (q, q_mask) if device == local else (q_elsewhere, mask_elsewhere)
+            shard_q = array_on(shard_q, device, "q")
+            shard_mask = None if shard_mask is None else array_on(shard_mask, device, "q_mask")
             return [tuple(_host(x) for x in shard.search(shard_q, k, q_mask=shard_mask, filter=filter,
                                                          return_argmax=return_argmax))
                     for shard in self.shards if shard.device == device]
 
-        devices = list(dict.fromkeys(shard.device for shard in self.shards))  # in shard order
         gpus = [device for device in devices if device != "cpu"]
         # (CPU shards in this thread: NumPy's BLAS threads itself, and its sums may round
         # otherwise when called from another thread, where shards must score as one index does)
