@@ -20,6 +20,13 @@ from support import WORDS, assert_flash_attention_rule, save_tiny_bert, texts as
 BIAS = 0.0
 
 
+@pytest.fixture(autouse=True)
+def torch_backend(monkeypatch):
+    """PyLate's own torch scorer as the comparison: its "auto" takes flash-maxsim or
+    late-interaction-kernels for CUDA tensors where they are installed (Triton: no float64)."""
+    monkeypatch.setenv("PYLATE_SCORES_BACKEND", "torch")
+
+
 def _embeddings(rng, shape):
     """Unit rows around one shared direction: every similarity is positive, so PyLate's torch
     path (a masked token scores 0 and may win) and ours (a masked token never wins) agree."""
