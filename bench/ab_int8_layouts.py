@@ -20,12 +20,18 @@ from accept_search import interleaved, unit_corpus  # noqa: E402
 from bench_forward import measure_ceilings, write_record  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def corpus_arguments(doc: str) -> argparse.ArgumentParser:
+    """The int8 benches' options: the corpus (documents of equal length, dim 128), rounds, out."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=1_000_000)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    return parser
+
+
+def main() -> None:
+    parser = corpus_arguments(__doc__)
     parser.add_argument("--once", action="store_true",
                         help="call fp16 padded, int8 padded and int8 packed once each and stop (under ncu)")
     options = parser.parse_args()

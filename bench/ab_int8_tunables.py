@@ -9,11 +9,11 @@ Writes int8-tunables-<date>-<commit>.json; prints a table last.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ab_int8_layouts import corpus_arguments  # noqa: E402
 from accept_search import interleaved, unit_corpus  # noqa: E402
 from bench_forward import measure_ceilings, write_record  # noqa: E402
 
@@ -28,12 +28,7 @@ VARIANTS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=1_000_000)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    options = parser.parse_args()
+    options = corpus_arguments(__doc__).parse_args()
 
     import cupy
     import torch

@@ -45,6 +45,18 @@ def assert_flash_attention_rule(ours, theirs, exact, noise: float = 1e-5, where=
         f"{what}: error {error:.3g} against float64, the package's own scorer's {their_error:.3g} (scale {scale:.3g})")
 
 
+def cast_scorer(scorer, dtype, compute=None):
+    """``scorer`` (an integration's signature: embeddings first, then anything) on the embeddings
+    rounded to ``dtype`` and computed in ``compute`` (the float64 reference on the same rounded
+    inputs), its scores back in float32: how a float16 / bfloat16 training step hands them over."""
+    def scored(queries_embeddings, documents_embeddings, *args, **kwargs):
+        q, d = queries_embeddings.to(dtype), documents_embeddings.to(dtype)
+        if compute is not None:
+            q, d = q.to(compute), d.to(compute)
+        return scorer(q, d, *args, **kwargs).float()
+    return scored
+
+
 #: The tiny BERT's words (texts() draws from them).
 WORDS = [f"w{i}" for i in range(40)]
 

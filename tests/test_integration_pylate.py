@@ -15,7 +15,7 @@ from pylate import losses, models  # noqa: E402
 from pylate import scores as pylate_scores  # noqa: E402
 
 from cupy_maxsim.integrations import pylate as ours  # noqa: E402
-from support import WORDS, assert_flash_attention_rule, save_tiny_bert, texts as _texts  # noqa: E402
+from support import WORDS, assert_flash_attention_rule, cast_scorer, save_tiny_bert, texts as _texts  # noqa: E402
 
 BIAS = 0.0
 
@@ -162,20 +162,9 @@ def test_distillation_matches(colbert):
         _assert_close(got, want)
 
 
-def _cast(metric, dtype, compute=None):
-    """``metric`` scoring the embeddings rounded to ``dtype`` (and computed in ``compute``: the
-    float64 reference on the same rounded inputs), its scores handed back in float32."""
-    def scored(queries_embeddings, documents_embeddings, *args, **kwargs):
-        q, d = queries_embeddings.to(dtype), documents_embeddings.to(dtype)
-        if compute is not None:
-            q, d = q.to(compute), d.to(compute)
-        return metric(q, d, *args, **kwargs).float()
-    return scored
-
-
 def _three_ways(model, make, dtype, features, labels, ours_metric, their_metric):
     """(loss, gradients) with our scorer and theirs in ``dtype``, and theirs in float64."""
-    return [_loss_and_gradients(model, make(model, _cast(metric, dtype, compute)), features, labels)
+    return [_loss_and_gradients(model, make(model, cast_scorer(metric, dtype, compute)), features, labels)
             for metric, compute in ((ours_metric, None), (their_metric, None), (their_metric, torch.float64))]
 
 

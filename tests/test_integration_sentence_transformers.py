@@ -15,7 +15,7 @@ from sentence_transformers.multi_vector_encoder import scoring as st_scoring  # 
 from sentence_transformers.util import similarity as st_similarity  # noqa: E402
 
 from cupy_maxsim.integrations import sentence_transformers as ours  # noqa: E402
-from support import assert_flash_attention_rule, save_tiny_bert, texts  # noqa: E402
+from support import assert_flash_attention_rule, cast_scorer, save_tiny_bert, texts  # noqa: E402
 
 
 def _rows(rng, shape):
@@ -176,17 +176,6 @@ def test_loss_classes_match(bert_folder, name):
         _close(got, want)
 
 
-def _cast(scorer, dtype, compute=None):
-    """``scorer`` on the embeddings rounded to ``dtype`` (computed in ``compute``: the float64
-    reference on the same rounded inputs), its scores back in float32."""
-    def scored(q, d, *args, **kwargs):
-        q, d = q.to(dtype), d.to(dtype)
-        if compute is not None:
-            q, d = q.to(compute), d.to(compute)
-        return scorer(q, d, *args, **kwargs).float()
-    return scored
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name", list(LOSS_CLASSES))
@@ -196,7 +185,7 @@ def test_loss_classes_on_the_gpu_within_the_flash_attention_rule(bert_folder, na
     model = _encoder(bert_folder, "cuda")
     features, labels = _loss_features(model, name, np.random.default_rng(5), batch=16)
     scorer, low = LOSS_CLASSES[name][0], getattr(torch, dtype)
-    mine, theirs, exact = (_loss_class_run(model, name, _cast(fn, low, compute), features, labels)
+    mine, theirs, exact = (_loss_class_run(model, name, cast_scorer(fn, low, compute), features, labels)
                            for fn, compute in ((getattr(ours, scorer), None), (getattr(st_scoring, scorer), None),
                                                (getattr(st_scoring, scorer), torch.float64)))
     assert_flash_attention_rule(mine[0], theirs[0], exact[0], what="loss")
