@@ -97,6 +97,7 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=No
     xp = _arrays.module_of(like)
     stream = _gpu_stream(like)
     best = None  # (scores, ids, winners or None), each query's best so far, sorted
+    last_stop = 0  # (blocks in document order: each block's ids above the best's)
     with stream:
         if ranges is None:
             ranges = [(start, min(num_docs, start + per_block)) for start in range(0, num_docs, per_block)]
@@ -124,7 +125,8 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=No
             # (the selection's last round ranked them: no sort, which would wait for the stream)
             candidate = (scores, found, argmax) if ranked else _best_of(xp, scores, found, argmax, k, allowed is not None)
             del result, scores, found, argmax  # (this block's workspace free before the next block's is taken)
-            best = candidate if best is None else _best_of(xp, *_joined(xp, best, candidate), k, allowed is not None)
+            best = candidate if best is None else _merged(xp, best, candidate, k, allowed is not None, start >= last_stop)
+            last_stop = stop
         else:
             out = _padded(xp, best, k, num_queries, query_length, problem, winners)
             if ids is not None:
@@ -196,6 +198,23 @@ def _best_of(xp, scores, ids, argmax, k, excluding=False):
     take = lambda x: along_rows(xp, x, order)  # noqa: E731
     chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
     return take(scores), take(ids), chosen_argmax
+
+
+def _merged(xp, best, candidate, k, excluding, in_order):
+    """_best_of the two lists joined. On the GPU (float32 scores; ``in_order``: every id of
+    ``candidate`` above every id of ``best``), one launch merges the two sorted lists: no sort,
+    which would wait for the stream. Excluded candidates may come in another order among
+    themselves (after every live one): they are dropped (_padded)."""
+    if xp is np or best[0].dtype != np.float32 or candidate[0].dtype != np.float32 or not in_order:
+        return _best_of(xp, *_joined(xp, best, candidate), k, excluding)
+    from ._gpu.launch import top_k_merge
+
+    contiguous = [xp.ascontiguousarray(x) for x in (best[0], best[1], candidate[0], candidate[1])]
+    order, scores, ids = top_k_merge(*contiguous, k)
+    argmax = None
+    if best[2] is not None:
+        argmax = xp.take_along_axis(xp.concatenate([best[2], candidate[2]], axis=1), order[..., None], axis=1)
+    return scores, ids, argmax
 
 
 def _stable_argsort(xp, keys):

@@ -280,3 +280,59 @@ __device__ __forceinline__ void topk_finish(const float* scores, i64 row_stride,
         topk_finish(scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids);        \
     }
 MAXSIM_TOPK_FINISH_ENTRY(maxsim_topk_finish, TOPK_FINISH_THREADS)
+
+// Two rows of candidates merged into their k best, without a sort (search.py sorted the
+// concatenation with CuPy's argsort, which waits for the stream): for row blockIdx.x, lists A
+// (ka, the best so far) and B (kb, the next block's), each already in search's order (a
+// better order key first, ties in id order) and every id of A below every id of B, so that a
+// tie goes to A. An element's rank in the merge is its place in its own list plus the
+// elements of the other list before it (a binary search: B's strictly better ones for an
+// element of A; A's better or equal ones for an element of B). order[row][rank] = its
+// position in the concatenation (A then B), out_scores and out_ids its score and id, for the
+// ranks below k (k at most ka + kb). Excluded candidates (id -1) take the excluded class's key:
+// after every live one.
+__device__ __forceinline__ unsigned topk_merge_key(const float* scores, const i64* ids, i64 at) {
+    return topk_key(scores[at], ids[at] >= 0 ? TOPK_LIVE : TOPK_EXCLUDED);
+}
+
+__device__ __forceinline__ void topk_merge(const float* a_scores, const i64* a_ids, int ka, const float* b_scores,
+                                           const i64* b_ids, int kb, int k, i64* order, float* out_scores,
+                                           i64* out_ids) {
+    const i64 row = blockIdx.x;
+    const i64 a0 = row * ka, b0 = row * kb;
+    for (int i = threadIdx.x; i < ka + kb; i += blockDim.x) {
+        const bool in_a = i < ka;
+        const unsigned key = in_a ? topk_merge_key(a_scores, a_ids, a0 + i) : topk_merge_key(b_scores, b_ids, b0 + i - ka);
+        // The other list's elements before this one: the first of them that is not (a
+        // binary search over a list in descending key order).
+        const float* other_scores = in_a ? b_scores : a_scores;
+        const i64* other_ids = in_a ? b_ids : a_ids;
+        const i64 other0 = in_a ? b0 : a0;
+        int low = 0, high = in_a ? kb : ka;
+        while (low < high) {
+            const int middle = (low + high) >> 1;
+            const unsigned other = topk_merge_key(other_scores, other_ids, other0 + middle);
+            if (in_a ? other > key : other >= key)
+                low = middle + 1;
+            else
+                high = middle;
+        }
+        const int rank = (in_a ? i : i - ka) + low;
+        if (rank < k) {
+            const i64 at = row * k + rank;
+            order[at] = i;
+            out_scores[at] = in_a ? a_scores[a0 + i] : b_scores[b0 + i - ka];
+            out_ids[at] = in_a ? a_ids[a0 + i] : b_ids[b0 + i - ka];
+        }
+    }
+}
+
+// THREADS: the block size _gpu/launch.top_k_merge launches with (TOPK_MERGE_THREADS).
+#define TOPK_MERGE_THREADS 256
+#define MAXSIM_TOPK_MERGE_ENTRY(NAME, THREADS)                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+        NAME(const float* a_scores, const i64* a_ids, int ka, const float* b_scores, const i64* b_ids, \
+             int kb, int k, i64* order, float* out_scores, i64* out_ids) {                           \
+        topk_merge(a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids);         \
+    }
+MAXSIM_TOPK_MERGE_ENTRY(maxsim_topk_merge, TOPK_MERGE_THREADS)

@@ -114,6 +114,87 @@ def test_negative_zero_and_zero_tie_to_the_lower_position():
     assert "score == 0.f ? 0u" in SOURCE  # the kernel's key does the same
 
 
+def model_merge(a_scores, a_ids, b_scores, b_ids, k):
+    """A NumPy model of maxsim_topk_merge (its binary searches, not a sort): (order, scores, ids)."""
+    rows, ka = a_scores.shape
+    kb = b_scores.shape[1]
+    k = min(k, ka + kb)
+    key = lambda s, i: _keys(s, np.where(i >= 0, _topk.LIVE, _topk.EXCLUDED)).astype(np.int64)  # noqa: E731
+    order = np.full((rows, k), -9, np.int64)
+    for row in range(rows):
+        a, b = key(a_scores[row], a_ids[row]), key(b_scores[row], b_ids[row])
+        for i in range(ka + kb):
+            in_a = i < ka
+            mine, other = (a[i], b) if in_a else (b[i - ka], a)
+            low, high = 0, other.shape[0]
+            while low < high:
+                middle = (low + high) // 2
+                if (other[middle] > mine) if in_a else (other[middle] >= mine):
+                    low = middle + 1
+                else:
+                    high = middle
+            rank = (i if in_a else i - ka) + low
+            if rank < k:
+                order[row, rank] = i
+    assert (order >= 0).all()  # every rank below k written once
+    both = lambda x, y: np.concatenate([x, y], axis=1)  # noqa: E731
+    return (order, np.take_along_axis(both(a_scores, b_scores), order, 1), np.take_along_axis(both(a_ids, b_ids), order, 1))
+
+
+def _two_lists(rng, rows, ka, kb, excluding):
+    """Two rows of search candidates as the blocks give them: each list in search's order
+    (search._best_of), the second's ids above the first's; scores with ties, -0.0, -inf, NaN."""
+    from cupy_maxsim.search import _best_of
+
+    pool = np.array([1.5, 0.5, 0.0, -0.0, -1.0, -np.inf, np.nan], np.float32)
+    lists = []
+    for first, count in ((0, ka), (ka + 7, kb)):
+        scores = np.where(rng.random((rows, count)) < 0.5, pool[rng.integers(0, pool.size, (rows, count))],
+                          rng.standard_normal((rows, count)).astype(np.float32))
+        ids = np.broadcast_to(np.arange(first, first + count, dtype=np.int64), (rows, count))
+        if excluding:
+            ids = np.where(rng.random((rows, count)) < 0.2, -1, ids)
+        lists.append(_best_of(np, scores.astype(np.float32), ids, None, count, excluding)[:2])
+    return lists
+
+
+def _dropped(scores, ids):
+    """Results as search answers them: excluded candidates (id -1) as -inf, -1."""
+    return np.where(ids >= 0, scores, -np.inf), np.where(ids >= 0, ids, -1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_merge_model_is_searchs_sort_of_the_joined_lists(seed):
+    from cupy_maxsim.search import _best_of, _joined
+
+    rng = np.random.default_rng(seed)
+    excluding = seed % 2 == 1
+    ka, kb = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    k = int(rng.integers(1, ka + kb + 5))
+    (a_scores, a_ids), (b_scores, b_ids) = _two_lists(rng, 3, ka, kb, excluding)
+    _, scores, ids = model_merge(a_scores, a_ids, b_scores, b_ids, k)
+    want = _best_of(np, *_joined(np, (a_scores, a_ids, None), (b_scores, b_ids, None)), k, excluding)
+    np.testing.assert_array_equal(_dropped(scores, ids)[1], _dropped(*want[:2])[1])
+    np.testing.assert_array_equal(_dropped(scores, ids)[0], _dropped(*want[:2])[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(6))
+def test_the_merge_kernel_is_the_model(seed):
+    import cupy
+
+    from cupy_maxsim._gpu import launch
+
+    rng = np.random.default_rng(100 + seed)
+    ka, kb = (1, 300, 700, 5000, 64, 2)[seed], (1, 300, 1, 4000, 900, 9000)[seed]
+    (a_scores, a_ids), (b_scores, b_ids) = _two_lists(rng, 4, ka, kb, seed % 2 == 1)
+    for k in (1, min(ka, kb), ka + kb, ka + kb + 3):
+        got = launch.top_k_merge(*(cupy.asarray(np.ascontiguousarray(x)) for x in (a_scores, a_ids, b_scores, b_ids)), k)
+        want = model_merge(a_scores, a_ids, b_scores, b_ids, k)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(cupy.asnumpy(g), w)
+
+
 def test_the_kernels_constants_agree_with_python():
     from cupy_maxsim._gpu import launch
 
@@ -121,6 +202,8 @@ def test_the_kernels_constants_agree_with_python():
     assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
         _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
     assert (define("TOPK_THREADS"), define("TOPK_CACHED_KEYS")) == (launch.TOPK_THREADS, launch.TOPK_CACHED_KEYS)
+    assert (define("TOPK_FINISH_THREADS"), define("TOPK_MERGE_THREADS")) == (
+        launch.TOPK_FINISH_THREADS, launch.TOPK_MERGE_THREADS)
     assert re.search(r"#define TOPK_RANKED_MAX \(TOPK_CACHED_KEYS / 2\)", SOURCE)
     assert launch.TOPK_RANKED_MAX == launch.TOPK_CACHED_KEYS // 2
 

@@ -97,6 +97,7 @@ SMALL_KERNEL_PARAMETERS = {
     "maxsim_offsets_summary": "QqqiQ",  # offsets, count, stride, is_64bit, summary
     "maxsim_topk_select": "QqiiiQQQi",  # scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked
     "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
+    "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
 }
 
@@ -182,6 +183,29 @@ def top_k_finish(scores, chosen, start: int, allowed, ids):
                scalars("maxsim_topk_finish", scores.data.ptr, scores.shape[1], chosen.data.ptr, k, start, _pointer(allowed),
                        _pointer(ids), out_scores.data.ptr, out_ids.data.ptr), 0, None)
     return out_scores, out_ids
+
+
+#: Threads of a merging block (TOPK_MERGE_THREADS in maxsim_topk.cu).
+TOPK_MERGE_THREADS = 256
+
+
+def top_k_merge(a_scores, a_ids, b_scores, b_ids, k: int):
+    """One launch of maxsim_topk_merge on the current device and stream: each row's k best of
+    two candidate lists (C-contiguous CuPy (rows, ka) and (rows, kb): float32 scores, int64 ids,
+    -1 excluded), each in search's order with every id of the first below every id of the
+    second: (positions in their concatenation int64, scores, ids), each (rows, min(k, ka + kb))."""
+    import cupy
+
+    rows, ka = a_scores.shape
+    kb = b_scores.shape[1]
+    k = min(k, ka + kb)
+    order = cupy.empty((rows, k), cupy.int64)
+    out_scores, out_ids = cupy.empty((rows, k), cupy.float32), cupy.empty((rows, k), cupy.int64)
+    if rows and k:
+        launch(get_kernel(a_scores.device.id, "maxsim_topk", "maxsim_topk_merge"), (rows,), (TOPK_MERGE_THREADS,),
+               scalars("maxsim_topk_merge", a_scores.data.ptr, a_ids.data.ptr, ka, b_scores.data.ptr, b_ids.data.ptr,
+                       kb, k, order.data.ptr, out_scores.data.ptr, out_ids.data.ptr), 0, None)
+    return order, out_scores, out_ids
 
 
 #: Threads of a quantising block (QUANTIZE_THREADS in maxsim_quantize.cu): a warp a token.
