@@ -15,7 +15,7 @@ import contextlib
 
 import numpy as np
 
-from . import _arrays, _topk, scoring
+from . import _arrays, _topk, scoring, tuning
 from ._problem import packed_problem, padded_problem
 from ._topk import along_rows
 
@@ -205,7 +205,8 @@ def _merged(xp, best, candidate, k, excluding, in_order):
     ``candidate`` above every id of ``best``), one launch merges the two sorted lists: no sort,
     which would wait for the stream. Excluded candidates may come in another order among
     themselves (after every live one): they are dropped (_padded)."""
-    if xp is np or best[0].dtype != np.float32 or candidate[0].dtype != np.float32 or not in_order:
+    if (xp is np or best[0].dtype != np.float32 or candidate[0].dtype != np.float32 or not in_order
+            or not tuning.current().search_merge_kernel):
         return _best_of(xp, *_joined(xp, best, candidate), k, excluding)
     from ._gpu.launch import top_k_merge
 

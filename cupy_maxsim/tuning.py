@@ -73,6 +73,11 @@ class Tunables:
     #: fp16 dim 2560 from 1.113 to 0.892 ms for one query and 14.2 to 12.2 ms for 32, fp32 dim
     #: 2560 from 35.4 to 30.8 ms for 32 (bench/results/cliffs-2026-12-01-95f1431*.json).
     stream_ksteps: int = 8
+    #: search merges each block's candidates into the best so far with maxsim_topk_merge (one
+    #: launch, no wait) instead of CuPy's argsort of their concatenation (a sort that waits for
+    #: the stream). Off until its first GPU run: written and checked against a NumPy model on
+    #: 2026-12-03 when no device time was left (tests/test_topk.py, test_search.py hold both).
+    search_merge_kernel: bool = False
 
 
     def __post_init__(self):
