@@ -22,8 +22,9 @@ from bench_forward import SHAPES  # noqa: E402
 import cupy_maxsim  # noqa: E402
 
 
-def kernel_us(call, calls=50) -> dict:
-    """Mean device microseconds per call of each CUDA kernel ``call`` launches."""
+def kernel_us(call, calls=50, prefix="maxsim") -> dict:
+    """Mean device microseconds per call of each CUDA kernel ``call`` launches whose name starts
+    with ``prefix`` ("": every kernel)."""
     for _ in range(5):
         call()
     torch.cuda.synchronize()
@@ -35,7 +36,7 @@ def kernel_us(call, calls=50) -> dict:
     for event in profile.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-    return {name: total / calls for name, total in totals.items() if name.startswith("maxsim")}
+    return {name: total / calls for name, total in totals.items() if name.startswith(prefix)}
 
 
 def main() -> None:

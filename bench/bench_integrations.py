@@ -89,23 +89,6 @@ def colpali_scorers():
             "cupy_maxsim": lambda q, d: ours.maxsim_inbatch(q, d)}
 
 
-def kernel_times(torch, step, calls: int) -> dict:
-    """Microseconds of each CUDA kernel per step, over ``calls`` steps (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-    totals: dict = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / calls
-    return totals
-
-
 class PeakMemory:
     """Peak bytes beyond the start: torch's allocator and CuPy's pool (accept_search's hook)."""
 
@@ -227,8 +210,10 @@ def main(argv=None) -> int:
         if base is not None and not name.endswith("loss alone"):
             results[name]["maxsim_ms"] = results[name]["ms"] - base
     if args.profile:
+        from ab_kernel_times import kernel_us
+
         for name, step in cells.items():
-            results[name]["kernels_us"] = kernel_times(torch, step, args.calls)
+            results[name]["kernels_us"] = kernel_us(step, args.calls, prefix="")
     path = write_record(args.out, "integrations",
                         {"dtype": args.dtype, "rounds": args.rounds, "calls": args.calls, "results": results})
     if args.profile:

@@ -57,6 +57,14 @@ def cast_scorer(scorer, dtype, compute=None):
     return scored
 
 
+def features_on(device, features):
+    """Tokenised features (dicts) on a model's device, as a trainer's batch_to_device puts them."""
+    import torch
+
+    return [{key: value.to(device) if torch.is_tensor(value) else value for key, value in feature.items()}
+            for feature in features]
+
+
 #: The tiny BERT's words (texts() draws from them).
 WORDS = [f"w{i}" for i in range(40)]
 

@@ -15,7 +15,7 @@ from pylate import losses, models  # noqa: E402
 from pylate import scores as pylate_scores  # noqa: E402
 
 from cupy_maxsim.integrations import pylate as ours  # noqa: E402
-from support import WORDS, assert_flash_attention_rule, cast_scorer, save_tiny_bert, texts as _texts  # noqa: E402
+from support import WORDS, assert_flash_attention_rule, cast_scorer, features_on, save_tiny_bert, texts as _texts  # noqa: E402
 
 BIAS = 0.0
 
@@ -125,13 +125,7 @@ def _loss_and_gradients(model, loss, features, labels=None):
 def _features(model, rng, batch, slots):
     queries = model.tokenize(_texts(rng, batch, 5), is_query=True)
     documents = [model.tokenize(_texts(rng, batch, 12), is_query=False) for _ in range(slots)]
-    return _on(model.device, [queries] + documents)
-
-
-def _on(device, features):
-    """Tokenised features on the model's device (a trainer's batch_to_device)."""
-    return [{key: value.to(device) if torch.is_tensor(value) else value for key, value in feature.items()}
-            for feature in features]
+    return features_on(model.device, [queries] + documents)
 
 
 @pytest.mark.parametrize("make", [
@@ -193,7 +187,7 @@ def test_contrastive_losses_on_the_gpu_within_the_flash_attention_rule(colbert_c
 def test_distillation_on_the_gpu_within_the_flash_attention_rule(colbert_cuda, dtype):
     rng = np.random.default_rng(7)
     batch, candidates = 4, 5
-    queries, documents = _on("cuda", [colbert_cuda.tokenize(_texts(rng, batch, 5), is_query=True),
+    queries, documents = features_on("cuda", [colbert_cuda.tokenize(_texts(rng, batch, 5), is_query=True),
                                       colbert_cuda.tokenize(_texts(rng, batch * candidates, 12), is_query=False)])
     teacher = torch.tensor(rng.standard_normal((batch, candidates)), dtype=torch.float32, device="cuda")
     make = lambda model, metric: losses.Distillation(model, score_metric=metric)  # noqa: E731

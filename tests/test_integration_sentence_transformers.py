@@ -15,7 +15,7 @@ from sentence_transformers.multi_vector_encoder import scoring as st_scoring  # 
 from sentence_transformers.util import similarity as st_similarity  # noqa: E402
 
 from cupy_maxsim.integrations import sentence_transformers as ours  # noqa: E402
-from support import assert_flash_attention_rule, cast_scorer, save_tiny_bert, texts  # noqa: E402
+from support import assert_flash_attention_rule, cast_scorer, features_on, save_tiny_bert, texts  # noqa: E402
 
 
 def _rows(rng, shape):
@@ -145,7 +145,7 @@ def _loss_features(model, name, rng, batch=6):
     _, columns, teacher, _ = LOSS_CLASSES[name]
     features = [dict(model.preprocess(texts(rng, batch, 5)), task="query")]
     features += [dict(model.preprocess(texts(rng, batch, 12)), task="document") for _ in range(columns)]
-    features = [{k: v.to(model.device) if torch.is_tensor(v) else v for k, v in f.items()} for f in features]
+    features = features_on(model.device, features)
     labels = None
     if teacher:
         shape = (batch, columns) if "KLDiv" in name else (batch,)
