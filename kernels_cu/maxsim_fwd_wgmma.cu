@@ -44,7 +44,9 @@
 // issues each tile as TMA boxes (the tensor memory accelerator swizzles them, and fills rows
 // past the tensor with zeros; a packed document's last tile holds the next document's first
 // tokens, masked rows whatever they hold); otherwise the producer warpgroup copies with
-// cp.async and zero-fills padding and masked rows itself.
+// cp.async and zero-fills padding and masked rows itself, and the chunks past a dim that is
+// not a multiple of 16 bytes; rows whose starts sit on 4 or 8 bytes only (dim 100 in 16-bit,
+// a view shifted off 16 bytes) are copied in pieces of LOAD_BYTES (codecs.cuh, copy_chunk).
 //
 // Masks, non-finite inputs, int8 scales and the argmax follow maxsim_fwd.cu exactly: the
 // consumers replace the similarities of padding, masked and past-the-document columns by
@@ -67,7 +69,7 @@
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
-// and <= 8; not pairs mode.
+// and <= 8, LOAD_BYTES at least 4 (cp.async's smallest piece); not pairs mode.
 
 #ifndef MAXSIM_WARPGROUPS
 #define MAXSIM_WARPGROUPS 3
@@ -192,6 +194,7 @@ __device__ __forceinline__ int group_row_of(int row) { return !HALF_ROWS ? row :
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slots: one multiplying, one loading");
 static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
+static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 }  // namespace wg
 
 // wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout: 8-row groups
@@ -733,9 +736,11 @@ struct Block {
 #pragma unroll
                     for (int atom = 0; atom < ATOMS; ++atom) {
                         const int chunk = atom * 8 + my_chunk;
-                        const int bytes = real && chunk < CHUNKS && chunk * ELEMS < args.dim ? 16 : 0;
-                        cp_async_16(line + atom * ATOM_BYTES, bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d,
-                                    bytes);
+                        // A dim's last chunk may be partial (dim 100 in 16-bit: 8 bytes), rows
+                        // 4- or 8-byte aligned come in pieces (LOAD_BYTES); the rest is zeros.
+                        const int bytes = real && chunk < CHUNKS ? chunk_bytes<T>(args.dim, chunk * ELEMS) : 0;
+                        copy_chunk<LOAD_BYTES>(line + atom * ATOM_BYTES,
+                                               bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d, bytes);
                     }
                     if (my_chunk == 0) copy_scale(r, real);
                     src += 4 * args.d_row_stride;

@@ -263,3 +263,107 @@ def test_odd_ksteps_on_the_hopper_kernel(dtype, dim, nq):
     q64, d64, q, d = _inputs(rng, nq, 32, 40, 70, dim, dtype)
     got = cm.score(q, d)
     assert_scores_match(got, reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
+
+
+@pytest.fixture
+def families(monkeypatch):
+    """The kernel families the forwards of a test fetch (plans and replays emptied first, so
+    that each new plan fetches its kernel)."""
+    from cupy_maxsim import _forward, _replay
+    from cupy_maxsim._gpu import compile as gpu_compile
+
+    _forward._plans.clear()
+    _replay.replays.clear()
+    fetch, seen = gpu_compile.get_kernel, []
+
+    def spy(device, family, name, *args, **kwargs):
+        seen.append(family)
+        return fetch(device, family, name, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_compile, "get_kernel", spy)
+    return seen
+
+
+def _on_hopper() -> bool:
+    import cupy
+
+    return cupy.cuda.Device().compute_capability == "90"
+
+
+@pytest.mark.parametrize("dtype,shift", [("float16", 2), ("float16", 4), ("int8", 4), ("int8", 8)])
+@pytest.mark.parametrize("nq", [1, 3, 12])  # split documents, queries on M, documents on M
+def test_rows_off_16_bytes_on_the_hopper_kernel(dtype, shift, nq, families):
+    """Rows whose starts sit on 4 or 8 bytes take the Hopper kernel's cp.async pieces and score
+    bitwise as the same rows on 16 bytes (TMA), winners too, masked and not; and match float64."""
+    import cupy
+
+    rng = np.random.default_rng(nq * 10 + shift)
+    q = unit_rows(rng, (nq, 32, 128), np.float32)
+    d = unit_rows(rng, (20, 45, 128), np.float32)
+    d_mask = holey_mask(rng, (20, 45), 0.7)
+    extra = {}
+    if dtype == "int8":
+        (q, qs), (d, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+        extra = dict(q_scale=cupy.asarray(qs), d_scale=cupy.asarray(ds))
+        expected = reference.maxsim_reference(q * qs[..., None].astype(np.float64),
+                                              d * ds[..., None].astype(np.float64), None, d_mask)
+    else:
+        q, d = q.astype(dtype), d.astype(dtype)
+        expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), None, d_mask)
+    results = []
+    for s in (0, shift):
+        for mask in (None, cupy.asarray(d_mask)):
+            got, winners = cm.score(_shifted(q, s), _shifted(d, s), d_mask=mask, return_argmax=True, **extra)
+            results.append((to_numpy(got), to_numpy(winners)))
+    for aligned, shifted in zip(results[:2], results[2:]):
+        np.testing.assert_array_equal(shifted[0], aligned[0])
+        np.testing.assert_array_equal(shifted[1], aligned[1])
+    assert_scores_match(results[3][0], expected, atol=1e-3 if dtype == "int8" else NOISE[dtype] * 32, rtol=1e-5)
+    if _on_hopper():
+        assert families and set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+@pytest.mark.parametrize("nq", [1, 12])
+def test_dim_100_on_the_hopper_kernel(dtype, nq, families):
+    """dim 100: contiguous rows of 200 bytes (16-bit; int8 100) start on 8 (4) bytes, and the last
+    chunk is part zeros: cp.async pieces on the Hopper kernel, bitwise as the same rows cut from
+    wider 16-byte rows (TMA, zeros past the dim), and against float64."""
+    import cupy
+
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(100 + nq)
+    q = cupy.asarray(unit_rows(rng, (nq, 32, 128), np.float32))
+    d = cupy.asarray(unit_rows(rng, (30, 50, 128), np.float32))
+    d_mask = cupy.asarray(holey_mask(rng, (30, 50), 0.7))
+    if dtype == "int8":
+        (q8, qs), (d8, ds) = cm.quantize_int8(q[..., :100]), cm.quantize_int8(d[..., :100])
+        wide_q, wide_d = cupy.zeros((nq, 32, 128), cupy.int8), cupy.zeros((30, 50, 128), cupy.int8)
+        wide_q[..., :100], wide_d[..., :100] = q8, d8
+        cut, contiguous = (wide_q[..., :100], wide_d[..., :100]), (q8, d8)
+        extra = dict(q_scale=qs, d_scale=ds)
+        expected = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None].astype(np.float64),
+                                              to_numpy(d8) * to_numpy(ds)[..., None].astype(np.float64), None,
+                                              to_numpy(d_mask))
+        atol = 1e-3
+    else:
+        if dtype == "bfloat16":
+            import torch
+
+            q, d = torch.as_tensor(q, device="cuda").bfloat16(), torch.as_tensor(d, device="cuda").bfloat16()
+        else:
+            q, d = q.astype(dtype), d.astype(dtype)
+        cut = (q[..., :100], d[..., :100])
+        contiguous = tuple(x.contiguous() if dtype == "bfloat16" else cupy.ascontiguousarray(x) for x in cut)
+        extra = {}
+        expected = reference.maxsim_reference(*(to_numpy(x).astype(np.float64) for x in cut), None, to_numpy(d_mask))
+        atol = NOISE[dtype] * 32
+    mask = _like(contiguous[0], to_numpy(d_mask))
+    got_cut, winners_cut = cm.score(*cut, d_mask=mask, return_argmax=True, **extra)
+    got, winners = cm.score(*contiguous, d_mask=mask, return_argmax=True, **extra)
+    np.testing.assert_array_equal(to_numpy(got), to_numpy(got_cut))
+    np.testing.assert_array_equal(to_numpy(winners), to_numpy(winners_cut))
+    assert_scores_match(got, expected, atol=atol, rtol=1e-5)
+    if _on_hopper():
+        assert families and set(families) == {"maxsim_fwd_wgmma"}, families

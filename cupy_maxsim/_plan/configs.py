@@ -88,6 +88,9 @@ class WgmmaConfig:
     split_docs: int = 0  # one query group: the warpgroups share it and split the documents
     half_rows: int = 0  # splitting, at most 32 query rows: each thread folds one row, not two
     docs_on_m: int = 0  # many queries: document tiles are the MMA's A, 128 query rows its B
+    #: The alignment of every row start in bytes, 4 to 16 (forward.load_alignment): below 16
+    #: the producer copies rows in cp.async pieces of this size (no TMA).
+    load_bytes: int = dataclasses.field(default=16, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:

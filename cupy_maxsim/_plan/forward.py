@@ -109,8 +109,9 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
     corpus_elements = num_docs * mean_doc_length * dim
     scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
-    # The Hopper kernel's TMA tiles want 16-byte row starts and whole chunks a row.
-    hopper = load_bytes == 16 and dim * ITEMSIZE[suffix] % 16 == 0
+    # The Hopper kernel copies rows by TMA where they start on 16 bytes, else in cp.async pieces
+    # of 4 or 8 bytes (dim 100 in 16-bit); below 4 the mma.sync kernel's plain loads take them.
+    hopper = load_bytes >= 4
     if (tunables.use_wgmma and hopper and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
@@ -128,6 +129,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         config = wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
                               docs_on_m, scaled, tunables=tunables)
         if config is not None and config.shared_bytes <= smem_limit:
+            if load_bytes != 16:
+                config = dataclasses.replace(config, load_bytes=load_bytes)
             return KernelChoice("maxsim_fwd_wgmma", f"maxsim_fwd_wgmma_{suffix}", config)
     resident_max = tunables.fp32_resident_max_ksteps if suffix == "fp32" else tunables.mma_resident_max_ksteps
     stream = ksteps > resident_max

@@ -70,7 +70,8 @@ ARCH_PROPERTIES = {
 def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     """Every (family, defines) variant the dispatcher can ask for on ARCH_PROPERTIES' devices
     at dims 16 to 256 (whole 16-byte rows) with every query stacking, streaming k (fatter
-    dims), rows at each alignment below 16 bytes (dim 100-ish), with and without the argmax;
+    dims), rows at each alignment below 16 bytes (dim 100-ish; 4 and 8 bytes on the Hopper
+    kernel too), with and without the argmax;
     the tensor-core forwards' with their shared memory checked. (tests/test_planners.py holds
     the planners to this list over a grid of shapes.)"""
     variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ()), ("maxsim_topk", ()),
@@ -108,6 +109,14 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for argmax in (False, True):
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8))
+    for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
+        for ksteps in (4, 8):
+            configs = [wgmma_config(ksteps, argmax, 1, tile_n, 32) for tile_n in (64, 128) for argmax in (False, True)]
+            configs = [c for c in configs if not (c.tile_n == 128 and long_tiles_spill(1, ksteps, c.argmax, 1))]
+            configs += [wgmma_config(ksteps, False, warpgroups, docs_on_m=True, int8=int8)
+                        for warpgroups in (2, 3) for int8 in (False, True)]
+            for config in configs:
+                add("maxsim_fwd_wgmma", replace(config, load_bytes=load_bytes))
     return variants
 
 
