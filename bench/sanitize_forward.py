@@ -76,6 +76,21 @@ for dtype, shifts in ((cupy.float16, (1, 2, 4)), (cupy.float32, (1, 2)), (cupy.i
         if dtype == cupy.int8:
             extra = dict(q_scale=cupy.ones((4, 32), cupy.float32), d_scale=cupy.ones((6, 45), cupy.float32))
         cm.score(q, d, return_argmax=True, **extra)
+# The Hopper kernel's cp.async pieces (rows on 4 or 8 bytes): one query against long documents
+# (split documents, 128-row tiles), many queries (documents on M), masks, winners, packed.
+for dtype, shift in ((cupy.float16, 2), (cupy.float16, 4), (cupy.int8, 4), (cupy.int8, 8)):
+    for nq in (1, 12):
+        q, d = shifted((nq, 32, 128), dtype, shift), shifted((7, 300, 128), dtype, shift)
+        extra = {}
+        if dtype == cupy.int8:
+            extra = dict(q_scale=cupy.ones((nq, 32), cupy.float32), d_scale=cupy.ones((7, 300), cupy.float32))
+        cm.score(q, d, d_mask=cupy.asarray(rng.random((7, 300)) < 0.8), return_argmax=True, **extra)
+        cm.score(q, d, **extra)
+        tokens = d.reshape(-1, 128)[: 7 * 300 - 1]  # ends where its allocation does
+        offsets = cupy.asarray([0, 1, 300, 300, 2099], dtype=cupy.int64)
+        if dtype == cupy.int8:
+            extra["d_scale"] = cupy.ones((2099,), cupy.float32)
+        cm.score_packed(q, tokens, offsets, **extra)
 for dim in (100, 101, 3):
     qv, qs = cm.quantize_int8(rows((3, 32, dim), cupy.float32))
     dv, ds = cm.quantize_int8(rows((5, 40, dim), cupy.float32))
