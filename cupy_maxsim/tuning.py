@@ -43,6 +43,10 @@ class Tunables:
     #: Splitting with at most 32 query rows, each thread folds one accumulator row, not two
     #: (int8 corpus-10k spent 30% of its time folding: ablation-wgmma-2026-11-30-b91374a.log).
     wgmma_half_rows: bool = True
+    #: One query of at most 32 tokens at dims past the Hopper kernel's 8 resident k-steps (fp16
+    #: dims 136 to 2560, int8 to 5120): its documents' atoms streamed slot by slot through the
+    #: split rings (maxsim_fwd_wgmma.cu, STREAM_K). False: the mma.sync kernel streaming k.
+    wgmma_stream_k: bool = True
     #: 128-row tiles where they pad documents by at most this much more than 64-row tiles
     #: (colpali-32q 7.48 -> 6.75 ms, inbatch-128 0.235 -> 0.250: tune-wgmma-2026-11-30-462151b.log).
     wgmma_long_tile_padding: float = 1.1

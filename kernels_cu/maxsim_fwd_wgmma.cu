@@ -95,6 +95,9 @@
 #ifndef MAXSIM_DOCS_ON_M
 #define MAXSIM_DOCS_ON_M 0
 #endif
+#ifndef MAXSIM_STREAM_K
+#define MAXSIM_STREAM_K 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -141,6 +144,12 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // tile's MMAs before it would overlap the two, but ptxas then serializes every wgmma of the
 // kernel (a wgmma in flight across the close's divergent code: C7518), which measured slower.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
+// STREAM_K (one query of at most 32 tokens, dims past 8 k-steps: fat embeddings): a ring slot
+// holds one swizzle atom of a tile (128 bytes of each row's k) instead of the whole tile, and a
+// tile's atoms follow each other through the ring into one accumulator set; the query stays in
+// shared memory (its 32 real rows only, HALF_ROWS), its fragments loaded per atom (ldmatrix).
+// KSTEPS is then a capacity (the query block's width); the dim's atoms are counted at run time.
+constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -170,12 +179,15 @@ constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix 
 // 128 int8 of k), the rows' 16-byte chunks permuted by (chunk ^ row % 8).
 constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
-constexpr int TILE_BYTES = ATOMS * ATOM_BYTES;
+constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring slot
+constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes of a ring slot
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
-constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : QUERY_ROWS * LDS * 2;
+// STREAM_K keeps only the 32 real rows (HALF_ROWS) of the 64.
+constexpr int STORED_QUERY_ROWS = STREAM_K ? 32 : QUERY_ROWS;
+constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : STORED_QUERY_ROWS * LDS * 2;
 static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document scales (after the ring and the "
               "query) are written by TMA: 128-byte aligned");
 // Dynamic shared memory the kernel needs (the formula in the header comment).
@@ -193,9 +205,17 @@ __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f 
 __device__ __forceinline__ int group_row_of(int row) { return !HALF_ROWS ? row : row % 16 < 8 ? row / 16 * 8 + row % 16 : -1; }
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slots: one multiplying, one loading");
-static_assert(KSTEPS <= 8 && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
+static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
+static_assert(!STREAM_K || (SPLIT_DOCS && HALF_ROWS && KSTEPS % 4 == 0), "streaming k: one query, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 }  // namespace wg
+
+// Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
+__device__ __forceinline__ void ldmatrix_x2(u32 (&r)[2], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_address(smem)));
+}
 
 // wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle layout: 8-row groups
 // 1024 bytes apart (stride byte offset), the leading byte offset unused (k never leaves an
@@ -580,8 +600,12 @@ struct Block {
     __device__ __forceinline__ unsigned char* query_line(int row) const {
         return (unsigned char*)sQ() + (row / QUERY_COLS) * QUERY_BLOCK_BYTES + (row % QUERY_COLS) * 128;
     }
+    // A query row's storage (STREAM_K: the real rows only, by group row; a padding row has none).
+    __device__ __forceinline__ u16* query_row(int row) const {
+        return sQ() + (STREAM_K ? group_row_of(row) : row) * LDS;
+    }
     __device__ __forceinline__ u16* query_chunk(int row, int chunk) const {
-        if constexpr (!DOCS_ON_M) return sQ() + row * LDS + chunk * 8;
+        if constexpr (!DOCS_ON_M) return query_row(row) + chunk * 8;
         return (u16*)(query_line(row) + (chunk / 8) * QUERY_ATOM_BYTES + (((chunk % 8) ^ (row % 8)) << 4));
     }
     // Whether row r of a tile that starts at token `first` of document `doc`, with `count` of
@@ -625,6 +649,11 @@ struct Block {
             const int j = f < 0 ? queries_per_warpgroup : f / query_length, token = f < 0 ? 0 : f % query_length;
             const int g = (row / GROUP_ROWS) * queries_per_warpgroup + j;
             const i64 query = first_query + g;
+            if (STREAM_K && f < 0) {  // a padding row: no storage, its fragments are zero registers
+                if (chunk == 0) sRowQuery()[row] = -1;
+                if (SCALED && chunk == 0) sRowScale()[row] = 0.f;
+                continue;
+            }
             const bool real = stage_query_chunk<T>(args, query_chunk(row, chunk), query, token, chunk,
                                                    j < queries_per_warpgroup && g < group_size);
             if (chunk == 0) {
@@ -640,8 +669,9 @@ struct Block {
         for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
             bool bad = false;
             if constexpr (!SCALED)
-                bad = DOCS_ON_M ? zero_if_non_finite<T>((u16*)query_line(row), CHUNKS, row, QUERY_ATOM_BYTES)
-                                : zero_if_non_finite<T>(sQ() + row * LDS, CHUNKS);
+                if (!STREAM_K || group_row_of(row) >= 0)
+                    bad = DOCS_ON_M ? zero_if_non_finite<T>((u16*)query_line(row), CHUNKS, row, QUERY_ATOM_BYTES)
+                                    : zero_if_non_finite<T>(query_row(row), CHUNKS);
             sRowBad()[row] = bad;
         }
         consumers_sync();
@@ -689,9 +719,14 @@ struct Block {
         int stage = ring_first;  // the ring slot
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
+        // Ring slots a tile takes: one, or streaming k one per atom of the dim.
+        const int slots_per_tile = STREAM_K ? (args.dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
         auto produce = [&](const bool tma) {
         int t = 0;
-        for (; load.position < doc_count; ++t) {
+        for (; load.position < doc_count;) {
+        for (int k_atom = 0; k_atom < slots_per_tile; ++k_atom, ++t) {
+            // The tile's last slot carries its int8 scales (the fold reads them there).
+            const bool tile_end = k_atom + 1 == slots_per_tile;
             if (t >= RING) mbarrier_wait(empty() + stage, phase ^ 1);
             if (SPLIT_DOCS && lane == 0)  // published by lane 0's arrival
                 sSlotDoc()[stage] = load.position, sSlotLength()[stage] = load.length;
@@ -710,22 +745,25 @@ struct Block {
             };
             if (tma) {
                 if (lane == 0) {
-                    mbarrier_arrive_expect_tx(full() + stage, TILE_BYTES + (scales_by_tma ? TILE_N * 4 : 0));
+                    mbarrier_arrive_expect_tx(full() + stage,
+                                              TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
                     const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                     const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
-                    for (int atom = 0; atom < ATOMS; ++atom)
-                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, atom * 8 * ELEMS, y, z, full() + stage);
+                    for (int atom = 0; atom < SLOT_ATOMS; ++atom)
+                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
                     // Rows past the document hold the next document's scales, or zeros past the
                     // tensor: their columns are not real, whatever they hold.
-                    if (scales_by_tma) tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
+                    if (scales_by_tma && tile_end)
+                        tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
                 }
-                if (scales_by_lanes) {
-                    for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
+                if (scales_by_lanes) {  // (their arrivals are counted in every slot)
+                    if (tile_end)
+                        for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
                     cp_async_mbarrier_arrive(full() + stage);
                 }
             } else {
-                const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + my_chunk * ELEMS;
+                const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
 #pragma unroll 4
                 for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
                     const int r = my_row + 4 * pass;
@@ -734,15 +772,15 @@ struct Block {
                         real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
                     unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
 #pragma unroll
-                    for (int atom = 0; atom < ATOMS; ++atom) {
-                        const int chunk = atom * 8 + my_chunk;
+                    for (int atom = 0; atom < SLOT_ATOMS; ++atom) {
+                        const int chunk = (k_atom + atom) * 8 + my_chunk;
                         // A dim's last chunk may be partial (dim 100 in 16-bit: 8 bytes), rows
                         // 4- or 8-byte aligned come in pieces (LOAD_BYTES); the rest is zeros.
                         const int bytes = real && chunk < CHUNKS ? chunk_bytes<T>(args.dim, chunk * ELEMS) : 0;
                         copy_chunk<LOAD_BYTES>(line + atom * ATOM_BYTES,
                                                bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d, bytes);
                     }
-                    if (my_chunk == 0) copy_scale(r, real);
+                    if (my_chunk == 0 && tile_end) copy_scale(r, real);
                     src += 4 * args.d_row_stride;
                 }
                 // Each lane's arrival on the tile's barrier fires once its copies have landed.
@@ -750,6 +788,7 @@ struct Block {
                 if (SPLIT_DOCS && lane == 0) mbarrier_arrive(full() + stage);
             }
             if (++stage == ring_end) stage = ring_first, phase ^= 1;
+        }
             if constexpr (SPLIT_DOCS) {
                 if (++load.tile == load.tiles) {
                     load.position = ahead, load.tile = 0;
@@ -789,6 +828,7 @@ struct TileInfo {
     i64 doc;
     int stage, first_column, columns;  // columns: real-or-masked tokens of the tile (<= 64)
     bool biased, last;
+    bool tile_end;  // streaming k: the tile's last atom (its accumulators are whole); else true
 };
 
 
@@ -1051,11 +1091,15 @@ struct Consumer : Block {
     template <typename T> __device__ __forceinline__ void consume_queries_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
-        // The warpgroup's query fragments, in registers for the block's lifetime.
-        u32 a_regs[KSTEPS][4];
+        // The warpgroup's query fragments, in registers for the block's lifetime (streaming k:
+        // an atom's, loaded with each slot).
+        u32 a_regs[STREAM_K ? 4 : KSTEPS][4];
+        if constexpr (!STREAM_K) {
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks)
-            ldmatrix_x4(a_regs[ks], sQ() + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+            for (int ks = 0; ks < KSTEPS; ++ks)
+                ldmatrix_x4(a_regs[ks], sQ() + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+        }
+        const int slots_per_tile = STREAM_K ? (args.dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
         // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
         // (splitting documents, each document's first slot says which it is).
         DocCursor cursor;
@@ -1098,12 +1142,21 @@ struct Consumer : Block {
             close_document<T>(args, info.doc);
         };
 
+        // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
+        // slot's document scales.
+        auto release = [&](int slot) {
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty() + slot);
+        };
         // Hand the next tile to the tensor cores (asynchronously) and move the cursor on; false at
-        // the end of a split ring.
+        // the end of a split ring. Streaming k, a call hands one atom of the tile (its slot), into
+        // the same accumulators as the tile's atoms before it. (One atom a call, not a loop over
+        // them: a wgmma in a loop of run-time length makes ptxas serialize every wgmma, C7518.)
+        int k_atom = 0;
         auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
             mbarrier_wait(full() + stage, phase);
             if constexpr (SPLIT_DOCS) {
-                if (cursor.tile == 0) {
+                if (cursor.tile == 0 && k_atom == 0) {
                     const i64 position = sSlotDoc()[stage];
                     if (position < 0) return false;
                     cursor.position = position, cursor.doc = doc_at(position);
@@ -1114,29 +1167,45 @@ struct Consumer : Block {
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
-            wgmma_fence();
+            if constexpr (STREAM_K) {
+                // The atom's query fragments: the warp's 8 real rows (its accumulator rows 0-7;
+                // rows 8-15 are padding, zero registers), k-steps 4 k_atom to 4 k_atom + 3.
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
+                for (int ks = 0; ks < 4; ++ks) {
+                    u32 half[2];
+                    ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 +
+                                          ((lane >> 3) & 1) * 8);
+                    a_regs[ks][0] = half[0], a_regs[ks][1] = 0u, a_regs[ks][2] = half[1], a_regs[ks][3] = 0u;
+                }
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), 4 * k_atom + ks);
+            } else {
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
+            }
             wgmma_commit();
+            const int slot = stage;
+            if (++stage == ring_end) stage = ring_first, phase ^= 1;
+            in_flight.tile_end = ++k_atom == slots_per_tile;
+            if (!in_flight.tile_end) {
+                in_flight.stage = slot;
+                return true;
+            }
+            k_atom = 0;
             in_flight.doc = cursor.doc;
-            in_flight.stage = stage;
+            in_flight.stage = slot;
             in_flight.first_column = cursor.tile * TILE_N;
             in_flight.columns = (int)min(cursor.length - cursor.tile * TILE_N, (i64)TILE_N);
             in_flight.biased = args.d_mask != nullptr || (i64)(cursor.tile + 1) * TILE_N > cursor.length;
             in_flight.last = cursor.tile + 1 == cursor.tiles;
-            if (++stage == ring_end) stage = ring_first, phase ^= 1;
             if constexpr (SPLIT_DOCS) {
                 if (++cursor.tile == cursor.tiles) cursor.tile = 0;  // the next document comes from its slot
             } else {
                 next_tile(cursor);
             }
             return true;
-        };
-        // This warp is done with a tile's slot: at once, or (int8) after the fold has read the
-        // slot's document scales.
-        auto release = [&](int slot) {
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(empty() + slot);
         };
         if constexpr (DOUBLE_BUFFERED) {
             // One step: tile t goes to the tensor cores while tile t-1 is folded. The two
@@ -1180,6 +1249,10 @@ struct Consumer : Block {
                 const TileInfo folding = in_flight;
                 wgmma_wait<0>();
                 pin(acc);
+                if (STREAM_K && !folding.tile_end) {  // the tile's next atom comes first
+                    release(folding.stage);
+                    continue;
+                }
                 if constexpr (!SCALED) release(folding.stage);
                 fold(acc, folding);
                 if constexpr (SCALED) release(folding.stage);

@@ -367,3 +367,49 @@ def test_dim_100_on_the_hopper_kernel(dtype, nq, families):
     assert_scores_match(got, expected, atol=atol, rtol=1e-5)
     if _on_hopper():
         assert families and set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dim", [136, 320, 1000, 2560])
+def test_one_query_streams_k_on_the_hopper_kernel(dtype, dim, families):
+    """One query at dims past 8 resident k-steps: the documents' atoms stream through the split
+    rings (a part-zero last atom at 136 and 1000), masked (cp.async) and not (TMA), winners,
+    an empty document, bitwise reproducible, against float64."""
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, 1, 32, 7, 150, dim, seed=dim)
+    rng = np.random.default_rng(dim)
+    q64, d64, q, d = _inputs(rng, 1, 32, 11, 130, dim, dtype)
+    assert_scores_match(cm.score(q, d), reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
+    if _on_hopper():
+        assert families and set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+@pytest.mark.parametrize("dim", [320, 2560])
+def test_one_query_streams_k_int8_and_packed(dim, families):
+    """int8 (its scales in a tile's last slot) and a packed corpus (tiles that start anywhere,
+    empty documents) through the Hopper kernel's streamed atoms, with winners."""
+    import cupy
+
+    rng = np.random.default_rng(dim + 1)
+    q = cupy.asarray(unit_rows(rng, (1, 32, dim), np.float32))
+    d = cupy.asarray(unit_rows(rng, (9, 140, dim), np.float32))
+    d_mask = holey_mask(rng, (9, 140), 0.7)
+    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+    expected = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None],
+                                          None, d_mask)
+    for mask in (None, cupy.asarray(d_mask)):
+        got, winners = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=mask, return_argmax=True)
+        if mask is not None:
+            assert_scores_match(got, expected, atol=1e-3, rtol=1e-5)
+    tokens = cupy.asarray(unit_rows(rng, (700, dim), np.float32)).astype(cupy.float16)
+    offsets = cupy.asarray([0, 65, 65, 300, 301, 700], dtype=cupy.int64)
+    got, winners = cm.score_packed(q.astype(cupy.float16), tokens, offsets, return_argmax=True)
+    t64, q64 = to_numpy(tokens), to_numpy(q.astype(cupy.float16))
+    bounds = to_numpy(offsets).astype(int)
+    for n in range(5):
+        rows = t64[bounds[n]:bounds[n + 1]]
+        want = -np.inf if len(rows) == 0 else (q64[0] @ rows.T).max(axis=1).sum()
+        assert np.isclose(to_numpy(got)[0, n], want, atol=NOISE["float16"] * 32) or want == to_numpy(got)[0, n]
+    if _on_hopper():
+        assert families and set(families) == {"maxsim_fwd_wgmma"}, families

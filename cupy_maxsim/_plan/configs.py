@@ -91,6 +91,9 @@ class WgmmaConfig:
     #: The alignment of every row start in bytes, 4 to 16 (forward.load_alignment): below 16
     #: the producer copies rows in cp.async pieces of this size (no TMA).
     load_bytes: int = dataclasses.field(default=16, metadata=OPTIONAL)
+    #: One query, fat dims: a ring slot per atom (128 bytes of k) of a tile; ksteps is then the
+    #: query block's capacity (WGMMA_STREAM_CAPACITIES).
+    stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -117,8 +120,10 @@ class WgmmaConfig:
         query_rows = 64 if self.split_docs else rows
         max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows
         atoms = -(-self.ksteps // 4)
-        query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else query_rows * (kpad + 8) * 2
-        return (1024 + self.stages * atoms * n * 128 + query_bytes
+        slot_atoms = 1 if self.stream_k else atoms
+        stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
+        query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
+        return (1024 + self.stages * slot_atoms * n * 128 + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
 
@@ -169,6 +174,26 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages - step >= max(3, 2 * step):
         config = dataclasses.replace(config, stages=config.stages - step)
     return config
+
+
+#: Query block capacities of the Hopper kernel streaming k, in k-steps of 32 bytes (fp16 dims
+#: 256, 512, 768, 1024, 1536, 2048, 2560; int8 twice that): one build serves every dim up to it.
+WGMMA_STREAM_CAPACITIES = (16, 32, 48, 64, 96, 128, 160)
+
+
+def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = DEFAULT) -> WgmmaConfig | None:
+    """The Hopper kernel streaming k for one query of at most 32 tokens at ``ksteps`` past
+    WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
+    atom), or None past the largest capacity or where two slots per ring do not fit."""
+    capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
+    if capacity is None:
+        return None
+    warpgroups = WGMMA_SHAPE["warpgroups"]
+    config = WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages // warpgroups * warpgroups,
+                         argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1)
+    while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 2 * warpgroups:
+        config = dataclasses.replace(config, stages=config.stages - warpgroups)
+    return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 
 def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:

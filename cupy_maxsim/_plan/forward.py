@@ -13,7 +13,7 @@ import typing
 from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
 from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, STREAM_KSTEPS, choose_stages, mma_config,
-                      simt_shared_bytes, wgmma_config, wgmma_tile_rows)
+                      simt_shared_bytes, wgmma_config, wgmma_stream_config, wgmma_tile_rows)
 
 #: Bytes per element by kernel suffix (registry.FORMATS).
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
@@ -128,6 +128,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             half_rows=bool(tunables.wgmma_half_rows) and num_queries * query_length <= 32)
         config = wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
                               docs_on_m, scaled, tunables=tunables)
+        if (config is None and warpgroups < 2 and num_queries * query_length <= 32 and tunables.wgmma_stream_k
+                and tunables.wgmma_split_docs and tunables.wgmma_half_rows):
+            # One query at a fat dim: the documents' atoms streamed through the split rings.
+            config = wgmma_stream_config(ksteps, bool(argmax), tunables)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)

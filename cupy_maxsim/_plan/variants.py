@@ -15,7 +15,8 @@ from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
 from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
-                      int8_long_tiles, long_tiles_spill, mma_config, wgmma_config)
+                      int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_stream_config,
+                      WGMMA_STREAM_CAPACITIES)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
@@ -109,6 +110,9 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for argmax in (False, True):
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8))
+    for capacity in WGMMA_STREAM_CAPACITIES:  # one query at fat dims on the Hopper kernel (streaming k)
+        for argmax in (False, True):
+            add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             configs = [wgmma_config(ksteps, argmax, 1, tile_n, 32) for tile_n in (64, 128) for argmax in (False, True)]
