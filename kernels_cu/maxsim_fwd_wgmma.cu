@@ -59,8 +59,9 @@
 // lowest document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
-// the tile ring, QUERY_BYTES for the query block (QUERY_ROWS * LDS * 2, read once into
-// registers; or with DOCS_ON_M held there in the swizzled layout, WARPGROUPS * ATOMS * 16384), then
+// the tile ring (a slot: a tile's ATOMS atoms, or streaming k one), QUERY_BYTES for the query
+// block (QUERY_ROWS * LDS * 2, read once into registers; streaming k its 32 real rows, read per
+// atom; or with DOCS_ON_M held there in the swizzled layout, WARPGROUPS * ATOMS * 16384), then
 // 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) for
 // document scales, the row (DOCS_ON_M: per-warp column) maxima and argmax of two documents in
 // flight, per-row query index, scale and non-finite flag, and per-warp document
@@ -69,7 +70,8 @@
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
-// and <= 8, LOAD_BYTES at least 4 (cp.async's smallest piece); not pairs mode.
+// and <= 8 (streaming k: a multiple of 4, at least the dim's), LOAD_BYTES at least 4 (cp.async's
+// smallest piece); not pairs mode.
 
 #ifndef MAXSIM_WARPGROUPS
 #define MAXSIM_WARPGROUPS 3
@@ -722,73 +724,73 @@ struct Block {
         // Ring slots a tile takes: one, or streaming k one per atom of the dim.
         const int slots_per_tile = STREAM_K ? (args.dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
         auto produce = [&](const bool tma) {
-        int t = 0;
+        int t = 0;  // slots filled
         for (; load.position < doc_count;) {
-        for (int k_atom = 0; k_atom < slots_per_tile; ++k_atom, ++t) {
-            // The tile's last slot carries its int8 scales (the fold reads them there).
-            const bool tile_end = k_atom + 1 == slots_per_tile;
-            if (t >= RING) mbarrier_wait(empty() + stage, phase ^ 1);
-            if (SPLIT_DOCS && lane == 0)  // published by lane 0's arrival
-                sSlotDoc()[stage] = load.position, sSlotLength()[stage] = load.length;
-            const int first_row = load.tile * TILE_N;
-            const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
-            unsigned char* tile = sD() + stage * TILE_BYTES;
-            const i64 scale_base = args.offsets == nullptr ? load.doc * args.d_scale_doc_stride
-                                                           : load.first_token * args.d_scale_row_stride;
-            // int8: the document scale of tile row r (0 past the document's end).
-            auto copy_scale = [&](int r, bool real) {
-                if constexpr (SCALED)
-                    cp_async_4(sScale() + stage * TILE_N + r,
-                               real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
-                                    : (const void*)args.d_scale,
-                               real ? 4 : 0);
-            };
-            if (tma) {
-                if (lane == 0) {
-                    mbarrier_arrive_expect_tx(full() + stage,
-                                              TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
-                    const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
-                    const int z = tile_map.packed ? 0 : (int)load.doc;
-#pragma unroll
-                    for (int atom = 0; atom < SLOT_ATOMS; ++atom)
-                        tma_load_3d(tile + atom * ATOM_BYTES, tile_map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
-                    // Rows past the document hold the next document's scales, or zeros past the
-                    // tensor: their columns are not real, whatever they hold.
-                    if (scales_by_tma && tile_end)
-                        tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
-                }
-                if (scales_by_lanes) {  // (their arrivals are counted in every slot)
-                    if (tile_end)
-                        for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
-                    cp_async_mbarrier_arrive(full() + stage);
-                }
-            } else {
-                const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
-#pragma unroll 4
-                for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
-                    const int r = my_row + 4 * pass;
-                    bool real = r < rows_left;
-                    if (real && args.d_mask != nullptr)
-                        real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
-                    unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
-#pragma unroll
-                    for (int atom = 0; atom < SLOT_ATOMS; ++atom) {
-                        const int chunk = (k_atom + atom) * 8 + my_chunk;
-                        // A dim's last chunk may be partial (dim 100 in 16-bit: 8 bytes), rows
-                        // 4- or 8-byte aligned come in pieces (LOAD_BYTES); the rest is zeros.
-                        const int bytes = real && chunk < CHUNKS ? chunk_bytes<T>(args.dim, chunk * ELEMS) : 0;
-                        copy_chunk<LOAD_BYTES>(line + atom * ATOM_BYTES,
-                                               bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d, bytes);
+            for (int k_atom = 0; k_atom < slots_per_tile; ++k_atom, ++t) {
+                // The tile's last slot carries its int8 scales (the fold reads them there).
+                const bool tile_end = k_atom + 1 == slots_per_tile;
+                if (t >= RING) mbarrier_wait(empty() + stage, phase ^ 1);
+                if (SPLIT_DOCS && lane == 0)  // published by lane 0's arrival
+                    sSlotDoc()[stage] = load.position, sSlotLength()[stage] = load.length;
+                const int first_row = load.tile * TILE_N;
+                const int rows_left = (int)min(load.length - first_row, (i64)TILE_N);
+                unsigned char* tile = sD() + stage * TILE_BYTES;
+                const i64 scale_base = args.offsets == nullptr ? load.doc * args.d_scale_doc_stride
+                                                               : load.first_token * args.d_scale_row_stride;
+                // int8: the document scale of tile row r (0 past the document's end).
+                auto copy_scale = [&](int r, bool real) {
+                    if constexpr (SCALED)
+                        cp_async_4(sScale() + stage * TILE_N + r,
+                                   real ? (const void*)(args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride)
+                                        : (const void*)args.d_scale,
+                                   real ? 4 : 0);
+                };
+                if (tma) {
+                    if (lane == 0) {
+                        mbarrier_arrive_expect_tx(full() + stage,
+                                                  TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
+                        const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
+                        const int z = tile_map.packed ? 0 : (int)load.doc;
+    #pragma unroll
+                        for (int atom = 0; atom < SLOT_ATOMS; ++atom)
+                            tma_load_3d(tile + atom * ATOM_BYTES, tile_map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
+                        // Rows past the document hold the next document's scales, or zeros past the
+                        // tensor: their columns are not real, whatever they hold.
+                        if (scales_by_tma && tile_end)
+                            tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
                     }
-                    if (my_chunk == 0 && tile_end) copy_scale(r, real);
-                    src += 4 * args.d_row_stride;
+                    if (scales_by_lanes) {  // (their arrivals are counted in every slot)
+                        if (tile_end)
+                            for (int r = lane; r < TILE_N; r += 32) copy_scale(r, r < rows_left);
+                        cp_async_mbarrier_arrive(full() + stage);
+                    }
+                } else {
+                    const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
+    #pragma unroll 4
+                    for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
+                        const int r = my_row + 4 * pass;
+                        bool real = r < rows_left;
+                        if (real && args.d_mask != nullptr)
+                            real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+                        unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
+    #pragma unroll
+                        for (int atom = 0; atom < SLOT_ATOMS; ++atom) {
+                            const int chunk = (k_atom + atom) * 8 + my_chunk;
+                            // A dim's last chunk may be partial (dim 100 in 16-bit: 8 bytes), rows
+                            // 4- or 8-byte aligned come in pieces (LOAD_BYTES); the rest is zeros.
+                            const int bytes = real && chunk < CHUNKS ? chunk_bytes<T>(args.dim, chunk * ELEMS) : 0;
+                            copy_chunk<LOAD_BYTES>(line + atom * ATOM_BYTES,
+                                                   bytes ? (const void*)(src + atom * 8 * ELEMS) : (const void*)d, bytes);
+                        }
+                        if (my_chunk == 0 && tile_end) copy_scale(r, real);
+                        src += 4 * args.d_row_stride;
+                    }
+                    // Each lane's arrival on the tile's barrier fires once its copies have landed.
+                    cp_async_mbarrier_arrive(full() + stage);
+                    if (SPLIT_DOCS && lane == 0) mbarrier_arrive(full() + stage);
                 }
-                // Each lane's arrival on the tile's barrier fires once its copies have landed.
-                cp_async_mbarrier_arrive(full() + stage);
-                if (SPLIT_DOCS && lane == 0) mbarrier_arrive(full() + stage);
+                if (++stage == ring_end) stage = ring_first, phase ^= 1;
             }
-            if (++stage == ring_end) stage = ring_first, phase ^= 1;
-        }
             if constexpr (SPLIT_DOCS) {
                 if (++load.tile == load.tiles) {
                     load.position = ahead, load.tile = 0;
