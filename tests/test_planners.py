@@ -165,6 +165,18 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     assert plan(32, 300, num_docs=128, argmax_bits=32)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
+    # One query at fat dims streams k on the Hopper kernel (a slot per atom, the query block's
+    # capacity the next of WGMMA_STREAM_CAPACITIES); two queries there, or past the largest
+    # capacity, take the mma.sync kernel's streaming k.
+    for suffix, dim, capacity in (("fp16", 136, "16"), ("fp16", 320, "32"), ("fp16", 2560, "160"), ("int8", 320, "16"),
+                                  ("int8", 5120, "160")):
+        streamed, defines, name = plan(1, 768, num_docs=1_000, suffix=suffix, dim=dim)
+        assert name == f"maxsim_fwd_wgmma_{suffix}" and defines["MAXSIM_STREAM_K"] == "1"
+        assert (defines["MAXSIM_KSTEPS"], defines["MAXSIM_SPLIT_DOCS"], defines["MAXSIM_HALF_ROWS"]) == (capacity, "1", "1")
+        assert streamed.tile_rows == 64
+    assert plan(2, 768, num_docs=1_000, dim=320)[2] == "maxsim_fwd_fp16"
+    assert plan(1, 768, num_docs=1_000, dim=2568)[2] == "maxsim_fwd_fp16"
+    assert "MAXSIM_STREAM_K" not in plan(1, 768, num_docs=1_000, dim=128)[1]
 
 
 
