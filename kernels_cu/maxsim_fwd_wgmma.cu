@@ -751,7 +751,7 @@ struct Block {
                                                   TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
                         const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                         const int z = tile_map.packed ? 0 : (int)load.doc;
-    #pragma unroll
+#pragma unroll
                         for (int atom = 0; atom < SLOT_ATOMS; ++atom)
                             tma_load_3d(tile + atom * ATOM_BYTES, tile_map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
                         // Rows past the document hold the next document's scales, or zeros past the
@@ -766,14 +766,14 @@ struct Block {
                     }
                 } else {
                     const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
-    #pragma unroll 4
+#pragma unroll 4
                     for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
                         const int r = my_row + 4 * pass;
                         bool real = r < rows_left;
                         if (real && args.d_mask != nullptr)
                             real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
                         unsigned char* line = tile + r * 128 + ((my_chunk ^ (r & 7)) << 4);
-    #pragma unroll
+#pragma unroll
                         for (int atom = 0; atom < SLOT_ATOMS; ++atom) {
                             const int chunk = (k_atom + atom) * 8 + my_chunk;
                             // A dim's last chunk may be partial (dim 100 in 16-bit: 8 bytes), rows
