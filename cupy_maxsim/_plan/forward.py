@@ -110,8 +110,12 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     corpus_elements = num_docs * mean_doc_length * dim
     scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
     # The Hopper kernel copies rows by TMA where they start on 16 bytes, else in cp.async pieces
-    # of 4 or 8 bytes (dim 100 in 16-bit); below 4 the mma.sync kernel's plain loads take them.
-    hopper = load_bytes >= 4
+    # of 4 or 8 bytes (dim 100 in 16-bit), but only with queries for two warpgroups or more (its
+    # four copy warps): one query's split rings have a copy warp each, and there the pieces
+    # measured slower than the mma.sync kernel (fp16 dim 100: 0.38 of the floor against 0.50;
+    # 32 queries 0.54 against 0.21: bench/results/cliffs-2026-12-03-b8ce1b9-odd.json). Below 4
+    # bytes, plain loads: the mma.sync kernel.
+    hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
     if (tunables.use_wgmma and hopper and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
