@@ -113,7 +113,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     # of 4 or 8 bytes (dim 100 in 16-bit), but only with queries for two warpgroups or more (its
     # four copy warps): one query's split rings have a copy warp each, and there the pieces
     # measured slower than the mma.sync kernel (fp16 dim 100: 0.38 of the floor against 0.50;
-    # 32 queries 0.54 against 0.21: bench/results/cliffs-2026-12-03-b8ce1b9-odd.json). Below 4
+    # 32 queries 0.54 against 0.21: bench/results/cliffs-2026-12-03-b8ce1b9-odd.txt). Below 4
     # bytes, plain loads: the mma.sync kernel.
     hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
     if (tunables.use_wgmma and hopper and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs
