@@ -526,6 +526,10 @@ struct DocCursor {
     int tiles, tile;
 };
 __device__ __forceinline__ int doc_tiles(i64 length) { return max(1, (int)((length + TILE_N - 1) / TILE_N)); }
+// Ring slots a tile takes: one, or streaming k one per atom (128 bytes) of the dim.
+template <typename T> __device__ __forceinline__ int slots_per_tile(int dim) {
+    return STREAM_K ? (dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
+}
 
 // What every warp of a block shares: the arguments, shared memory (as the header comment lays
 // it out), the block's documents and queries. The producer and consumer pieces below are its
@@ -721,14 +725,13 @@ struct Block {
         int stage = ring_first;  // the ring slot
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
-        // Ring slots a tile takes: one, or streaming k one per atom of the dim.
-        const int slots_per_tile = STREAM_K ? (args.dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
+        const int tile_slots = slots_per_tile<T>(args.dim);
         auto produce = [&](const bool tma) {
         int t = 0;  // slots filled
         for (; load.position < doc_count;) {
-            for (int k_atom = 0; k_atom < slots_per_tile; ++k_atom, ++t) {
+            for (int k_atom = 0; k_atom < tile_slots; ++k_atom, ++t) {
                 // The tile's last slot carries its int8 scales (the fold reads them there).
-                const bool tile_end = k_atom + 1 == slots_per_tile;
+                const bool tile_end = k_atom + 1 == tile_slots;
                 if (t >= RING) mbarrier_wait(empty() + stage, phase ^ 1);
                 if (SPLIT_DOCS && lane == 0)  // published by lane 0's arrival
                     sSlotDoc()[stage] = load.position, sSlotLength()[stage] = load.length;
@@ -1101,7 +1104,7 @@ struct Consumer : Block {
             for (int ks = 0; ks < KSTEPS; ++ks)
                 ldmatrix_x4(a_regs[ks], sQ() + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
         }
-        const int slots_per_tile = STREAM_K ? (args.dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
+        const int tile_slots = slots_per_tile<T>(args.dim);
         // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
         // (splitting documents, each document's first slot says which it is).
         DocCursor cursor;
@@ -1190,7 +1193,7 @@ struct Consumer : Block {
             wgmma_commit();
             const int slot = stage;
             if (++stage == ring_end) stage = ring_first, phase ^= 1;
-            in_flight.tile_end = ++k_atom == slots_per_tile;
+            in_flight.tile_end = ++k_atom == tile_slots;
             if (!in_flight.tile_end) {
                 in_flight.stage = slot;
                 return true;

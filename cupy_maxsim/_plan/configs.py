@@ -167,8 +167,12 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
                      half_rows=int(tunables.wgmma_half_rows and query_rows <= 32))
     else:
         shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
-    config = WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape)
-    # Split documents: every warpgroup has a ring of its own, of at least two slots.
+    return _fitted(WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape))
+
+
+def _fitted(config: WgmmaConfig) -> WgmmaConfig:
+    """``config`` with its ring cut to whole rings (splitting documents: a ring a warpgroup, of
+    at least two slots) and then a ring's worth at a time while it exceeds WGMMA_SHARED_LIMIT."""
     step = config.warpgroups if config.split_docs else 1
     config = dataclasses.replace(config, stages=config.stages // step * step)
     while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages - step >= max(3, 2 * step):
@@ -188,11 +192,8 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
-    warpgroups = WGMMA_SHAPE["warpgroups"]
-    config = WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages // warpgroups * warpgroups,
-                         argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1)
-    while config.shared_bytes > WGMMA_SHARED_LIMIT and config.stages > 2 * warpgroups:
-        config = dataclasses.replace(config, stages=config.stages - warpgroups)
+    config = _fitted(WgmmaConfig(warpgroups=WGMMA_SHAPE["warpgroups"], ksteps=capacity, stages=tunables.wgmma_split_stages,
+                                 argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1))
     return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 
