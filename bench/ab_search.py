@@ -1,9 +1,11 @@
-"""Search's cost over scoring alone, measured interleaved: 1 query of 32 tokens against 1M
-documents of 128 x 128 fp16 (CuPy arrays), rounds of score / search k=10 / search k=1000 in
-turn, each timed by CUDA events over 5 back-to-back calls; medians of the rounds and the
-ratios (issue 25: k=1000 at most 7.9 ms; the top-k at most 3% over scoring).
+"""Search's cost over scoring alone, measured interleaved: queries of 32 tokens (1 by
+default) against 1M documents of 128 x 128 fp16 (CuPy arrays), rounds of score and search at
+each k in turn, each timed by CUDA events over back-to-back calls; medians of the rounds and
+the ratios (issue 25: k=1000 at most 7.9 ms; the top-k at most 3% over scoring). With
+--merge-ab each k runs twice, with tuning.search_merge_kernel off and on.
 
-    python bench/ab_search.py [--rounds 15] > bench/results/ab-search-<date>-<commit>.txt
+    python bench/ab_search.py [--rounds 15] [--queries 1] [--ks 10,1000] [--merge-ab] \
+        > bench/results/ab-search-<date>-<commit>.txt
 """
 
 import argparse
@@ -12,6 +14,7 @@ import cupy
 import numpy as np
 
 import cupy_maxsim as cm
+from cupy_maxsim import tuning
 
 
 def timed(fn, calls=5):
@@ -27,21 +30,40 @@ def timed(fn, calls=5):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
-    rounds = parser.parse_args().rounds
+    parser.add_argument("--queries", type=int, default=1)
+    parser.add_argument("--ks", default="10,1000")
+    parser.add_argument("--merge-ab", action="store_true", help="each k with the merge kernel off and on")
+    options = parser.parse_args()
+    rounds, calls = options.rounds, 5 if options.queries == 1 else 1
     rng = cupy.random.default_rng(0)
     d = cupy.empty((1_000_000, 128, 128), cupy.float16)  # filled in slices: no float32 corpus
     for s in range(0, d.shape[0], 50_000):
         d[s:s + 50_000] = rng.standard_normal((50_000, 128, 128), dtype=cupy.float32).astype(cupy.float16)
-    q = rng.standard_normal((1, 32, 128), dtype=cupy.float32).astype(cupy.float16)
-    cells = {"score": lambda: cm.score(q, d), "search k=10": lambda: cm.search(q, d, 10),
-             "search k=1000": lambda: cm.search(q, d, 1000)}
+    q = rng.standard_normal((options.queries, 32, 128), dtype=cupy.float32).astype(cupy.float16)
+
+    def search(k, merge=None):
+        if merge is None:
+            return lambda: cm.search(q, d, k)
+
+        def run():
+            with tuning.override(search_merge_kernel=merge):
+                return cm.search(q, d, k)
+        return run
+
+    cells = {"score": lambda: cm.score(q, d)}
+    for k in map(int, options.ks.split(",")):
+        if options.merge_ab:
+            cells.update({f"search k={k} merge off": search(k, False), f"search k={k} merge on": search(k, True)})
+        else:
+            cells[f"search k={k}"] = search(k)
     for fn in cells.values():
-        timed(fn, 3)  # compile, warm
+        timed(fn, min(3, calls))  # compile, warm
     times = {name: [] for name in cells}
     for _ in range(rounds):
         for name, fn in cells.items():
-            times[name].append(timed(fn))
-    print(f"# {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cupy {cupy.__version__}, {rounds} rounds")
+            times[name].append(timed(fn, calls))
+    print(f"# {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cupy {cupy.__version__}, "
+          f"{rounds} rounds, {options.queries} queries, {calls} calls a timing")
     base = float(np.median(times["score"]))
     print("| cell | median ms | min ms | x scoring alone |")
     print("|---|---|---|---|")

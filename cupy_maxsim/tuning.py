@@ -47,6 +47,9 @@ class Tunables:
     #: dims 136 to 2560, int8 to 5120): its documents' atoms streamed slot by slot through the
     #: split rings (maxsim_fwd_wgmma.cu, STREAM_K). False: the mma.sync kernel streaming k.
     wgmma_stream_k: bool = True
+    #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three); 2 or 3
+    #: forces (an A/B: fewer, longer rings where the query block leaves few slots).
+    wgmma_stream_warpgroups: int = 0
     #: 128-row tiles where they pad documents by at most this much more than 64-row tiles
     #: (colpali-32q 7.48 -> 6.75 ms, inbatch-128 0.235 -> 0.250: tune-wgmma-2026-11-30-462151b.log).
     wgmma_long_tile_padding: float = 1.1

@@ -192,7 +192,8 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
-    config = _fitted(WgmmaConfig(warpgroups=WGMMA_SHAPE["warpgroups"], ksteps=capacity, stages=tunables.wgmma_split_stages,
+    warpgroups = tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"]
+    config = _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                  argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1))
     return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
