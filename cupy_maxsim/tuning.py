@@ -47,8 +47,8 @@ class Tunables:
     #: dims 136 to 2560, int8 to 5120): its documents' atoms streamed slot by slot through the
     #: split rings (maxsim_fwd_wgmma.cu, STREAM_K). False: the mma.sync kernel streaming k.
     wgmma_stream_k: bool = True
-    #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three); 2 or 3
-    #: forces (an A/B: fewer, longer rings where the query block leaves few slots).
+    #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
+    #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces.
     wgmma_stream_warpgroups: int = 0
     #: 128-row tiles where they pad documents by at most this much more than 64-row tiles
     #: (colpali-32q 7.48 -> 6.75 ms, inbatch-128 0.235 -> 0.250: tune-wgmma-2026-11-30-462151b.log).
@@ -82,9 +82,9 @@ class Tunables:
     stream_ksteps: int = 8
     #: search merges each block's candidates into the best so far with maxsim_topk_merge (one
     #: launch, no wait) instead of CuPy's argsort of their concatenation (a sort that waits for
-    #: the stream). Off until its first GPU run: written and checked against a NumPy model on
-    #: 2026-12-03 when no device time was left (tests/test_topk.py, test_search.py hold both).
-    search_merge_kernel: bool = False
+    #: the stream): 1,000 queries against 1M x 128 x 128, k=100, 0.966 -> 0.955 of scoring alone
+    #: (bench/results/ab-search-merge-2026-12-03-9bc7498.txt).
+    search_merge_kernel: bool = True
 
 
     def __post_init__(self):

@@ -183,6 +183,9 @@ def _fitted(config: WgmmaConfig) -> WgmmaConfig:
 #: Query block capacities of the Hopper kernel streaming k, in k-steps of 32 bytes (fp16 dims
 #: 256, 512, 768, 1024, 1536, 2048, 2560; int8 twice that): one build serves every dim up to it.
 WGMMA_STREAM_CAPACITIES = (16, 32, 48, 64, 96, 128, 160)
+#: Streaming k, the fewest slots a ring of three warpgroups' rings may have before two
+#: warpgroups (longer rings) take the capacity.
+STREAM_MIN_RING = 3
 
 
 def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = DEFAULT) -> WgmmaConfig | None:
@@ -192,9 +195,16 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
-    warpgroups = tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"]
-    config = _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
-                                 argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1))
+    def fitted(warpgroups):
+        return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
+                                   argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1))
+    config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
+    if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:
+        # Rings of two slots hold one loading while one multiplies: two longer rings keep more
+        # bytes in flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536
+        # and 2048, with rings of 5 and 3, three warpgroups stayed faster: 0.96 against 0.92:
+        # bench/results/cliffs-2026-12-03-9bc7498-stream-wg-fp32.txt).
+        config = fitted(2)
     return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 
