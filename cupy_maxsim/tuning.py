@@ -47,6 +47,9 @@ class Tunables:
     #: dims 136 to 2560, int8 to 5120): its documents' atoms streamed slot by slot through the
     #: split rings (maxsim_fwd_wgmma.cu, STREAM_K). False: the mma.sync kernel streaming k.
     wgmma_stream_k: bool = True
+    #: fp32, one query of at most 32 tokens: the Hopper kernel's TF32 builds (big and small
+    #: TF32 halves of both operands, streaming k). False: the mma.sync kernel's 3xTF32.
+    wgmma_tf32: bool = True
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces.
     wgmma_stream_warpgroups: int = 0

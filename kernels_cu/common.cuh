@@ -306,6 +306,13 @@ __device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(__uint_as_float(x)));
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(__uint_as_float(x) - __uint_as_float(big)));
 }
+// ... for a document element in shared memory (the Hopper kernel's TF32 builds): a non-finite
+// x keeps its value in big and 0 in small (inf - inf would make a NaN of an inf).
+__device__ __forceinline__ void split_tf32_finite(float x, float& big, float& small) {
+    u32 b, t;
+    split_tf32(__float_as_uint(x), b, t);
+    big = __uint_as_float(b), small = isfinite(x) ? __uint_as_float(t) : 0.f;
+}
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

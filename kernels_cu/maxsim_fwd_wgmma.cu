@@ -66,7 +66,9 @@
 // document scales, the row (DOCS_ON_M: per-warp column) maxima and argmax of two documents in
 // flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
-// (splitting documents: each slot's document position and length, the block's counter);
+// (splitting documents: each slot's document position and length, the block's counter), and
+// for TF32 builds (fp32) twice the slot bytes (the small halves) and 8 * STAGES for the slots'
+// ready barriers;
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
@@ -99,6 +101,9 @@
 #endif
 #ifndef MAXSIM_STREAM_K
 #define MAXSIM_STREAM_K 0
+#endif
+#ifndef MAXSIM_TF32
+#define MAXSIM_TF32 0
 #endif
 
 namespace wg {
@@ -152,6 +157,18 @@ constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 // shared memory (its 32 real rows only, HALF_ROWS), its fragments loaded per atom (ldmatrix).
 // KSTEPS is then a capacity (the query block's width); the dim's atoms are counted at run time.
 constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
+// TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
+// element x is taken as big + small, both exact TF32 values (big = x rounded to TF32, small =
+// x - big rounded again; x - big is exact), and every product of the four is taken:
+// |x y - (xb + xs)(yb + ys)| <= 2^-21 |x y| or so, the 3xTF32 of maxsim_fwd.cu with the small
+// x small term too, which here costs nothing. The query's halves go to the accumulator rows
+// that half rows leave padding: a thread's row lane/4 takes big, its row lane/4 + 8 small (the
+// A registers), so that one wgmma multiplies both; two wgmmas per k-step take the document's
+// big and small halves, which a producer warp of each ring writes into the slot (big in place
+// of the copied atom, small in a second atom beside it) before publishing it on the slot's
+// "ready" barrier. Each atom's products go into fresh accumulators, added to the tile's sums
+// by rounding FADDs (the accumulators' own additions truncate: a bias over a long k).
+constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -182,7 +199,8 @@ constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix 
 constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring slot
-constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes of a ring slot
+constexpr int LOAD_TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes copied into a ring slot
+constexpr int TILE_BYTES = (TF32 ? 2 : 1) * LOAD_TILE_BYTES;  // bytes of a ring slot (TF32: + the small halves)
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
@@ -195,7 +213,7 @@ static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document sca
 // Dynamic shared memory the kernel needs (the formula in the header comment).
 constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
-                             16 * STAGES + 16 * STAGES + 8;
+                             16 * STAGES + 16 * STAGES + 8 + (TF32 ? 8 * STAGES : 0);
 #ifdef MAXSIM_EXPECT_SHARED_BYTES  // the compile checks: _plan.configs.WgmmaConfig.shared_bytes
 static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaConfig.shared_bytes disagrees");
 #endif
@@ -210,6 +228,8 @@ static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slo
 static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 static_assert(!STREAM_K || (SPLIT_DOCS && HALF_ROWS && KSTEPS % 4 == 0), "streaming k: one query, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
+static_assert(!TF32 || (STREAM_K && WARPGROUPS == 2), "TF32: streaming k, two rings (their splitting warps are "
+              "the producer warpgroup's other two)");
 }  // namespace wg
 
 // Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
@@ -293,6 +313,18 @@ template <typename T> struct WgmmaTile;
     };
 MAXSIM_WGMMA_F32(fp16_t, "f16.f16")
 MAXSIM_WGMMA_F32(bf16_t, "bf16.bf16")
+// fp32 (TF32 builds): k-steps of 32 bytes are 8 elements; A's registers hold exact TF32 values
+// (see TF32); scales 1, no transpose immediate (TF32 operands are K-major only).
+template <> struct WgmmaTile<float> {
+    typedef float acc_t;
+    static __device__ __forceinline__ void run(float (&d)[wg::ACC], const u32 (&a)[4], unsigned long long desc,
+                                               int accumulate) {
+        asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N "k8.f32.tf32.tf32 "
+                     MAXSIM_WGMMA_REGS ", 1, 1;\n}\n"
+                     : MAXSIM_WGMMA_D("+f")
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    }
+};
 // int8: k-steps of 32 bytes, exact int32 accumulation, no scale or transpose immediates.
 template <> struct WgmmaTile<i8> {
     typedef int acc_t;
@@ -517,7 +549,8 @@ constexpr int OFF_EMPTY = OFF_FULL + 8 * STAGES;                // [STAGES] mbar
 constexpr int OFF_SLOT_DOC = OFF_EMPTY + 8 * STAGES;
 constexpr int OFF_SLOT_LENGTH = OFF_SLOT_DOC + 8 * STAGES;
 constexpr int OFF_NEXT_DOC = OFF_SLOT_LENGTH + 8 * STAGES;
-static_assert(OFF_NEXT_DOC + 8 + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
+constexpr int OFF_READY = OFF_NEXT_DOC + 8;  // TF32: [STAGES] mbarriers: a slot's halves are written
+static_assert(OFF_READY + (TF32 ? 8 * STAGES : 0) + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
 
 // A walk over a ring's documents in the block's order, a tile at a time: its producer and each
 // of its consumer warpgroups keep one (their ring slots follow the same sequence of tiles).
@@ -551,6 +584,7 @@ struct Block {
     __device__ __forceinline__ long long* sSlotDoc() const { return (long long*)(smem + OFF_SLOT_DOC); }
     __device__ __forceinline__ long long* sSlotLength() const { return (long long*)(smem + OFF_SLOT_LENGTH); }
     __device__ __forceinline__ unsigned* sNextDoc() const { return (unsigned*)(smem + OFF_NEXT_DOC); }
+    __device__ __forceinline__ unsigned long long* ready() const { return (unsigned long long*)(smem + OFF_READY); }
     int tid, lane, warp, quad;
     bool scales_by_tma, scales_by_lanes;  // int8 with a TMA map: the tiles' scales by TMA too, or by lanes
     i64 doc_begin, doc_end, doc_count, rotation, first_query;
@@ -635,6 +669,7 @@ struct Block {
             // publishes the slot's document position (a release, as the TMA lane's is).
             mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
+            if constexpr (TF32) mbarrier_init(ready() + s, 1);  // the splitting warp's first lane
         }
         *sNextDoc() = 0;
     } else if (tid == CONSUMER_THREADS && tile_map.use_tma) {
@@ -684,6 +719,35 @@ struct Block {
     }
 
     // ---- Producer warpgroup ------------------------------------------------------------
+    // TF32: warp RINGS + r splits ring r's slots in ring order as they land (x -> big in place,
+    // small in the slot's second atom; non-finite x: small 0, so that inf stays inf), and
+    // publishes each on its ready barrier; the ring's end (a slot with no document) too.
+    __device__ __forceinline__ void split_ring(int ring) {
+        const int ring_first = ring * RING, ring_end = ring_first + RING;
+        int stage = ring_first;
+        u32 phase = 0;
+        for (;;) {
+            mbarrier_wait(full() + stage, phase);
+            const bool end = sSlotDoc()[stage] < 0;
+            if (!end) {
+                float4* big = (float4*)(sD() + stage * TILE_BYTES);
+                float4* small = (float4*)(sD() + stage * TILE_BYTES + LOAD_TILE_BYTES);
+#pragma unroll 4
+                for (int i = lane; i < LOAD_TILE_BYTES / 16; i += 32) {
+                    float4 x = big[i], b, t;
+                    split_tf32_finite(x.x, b.x, t.x), split_tf32_finite(x.y, b.y, t.y);
+                    split_tf32_finite(x.z, b.z, t.z), split_tf32_finite(x.w, b.w, t.w);
+                    big[i] = b, small[i] = t;
+                }
+            }
+            fence_proxy_async();  // the tensor cores read the halves through the async proxy
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(ready() + stage);
+            if (end) return;
+            if (++stage == ring_end) stage = ring_first, phase ^= 1;
+        }
+    }
+
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -696,6 +760,12 @@ struct Block {
         // Splitting documents, warp r feeds ring r (a fourth warp idles); otherwise TMA needs
         // only the first warp.
         const int producer_warp = warp - CONSUMER_WARPS;
+        if constexpr (TF32) {
+            if (producer_warp >= RINGS) {
+                split_ring(producer_warp - RINGS);
+                return;
+            }
+        }
         if (SPLIT_DOCS ? producer_warp >= RINGS : tile_map.use_tma && producer_warp != 0) return;
         const int ring_first = (SPLIT_DOCS ? producer_warp : 0) * RING, ring_end = ring_first + RING;
         constexpr int ROWS_PER_WARP = TILE_N / COPY_WARPS;
@@ -751,7 +821,7 @@ struct Block {
                 if (tma) {
                     if (lane == 0) {
                         mbarrier_arrive_expect_tx(full() + stage,
-                                                  TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
+                                                  LOAD_TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
                         const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                         const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
@@ -1159,7 +1229,7 @@ struct Consumer : Block {
         // them: a wgmma in a loop of run-time length makes ptxas serialize every wgmma, C7518.)
         int k_atom = 0;
         auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
-            mbarrier_wait(full() + stage, phase);
+            mbarrier_wait((TF32 ? ready() : full()) + stage, phase);
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
                     const i64 position = sSlotDoc()[stage];
@@ -1180,11 +1250,21 @@ struct Consumer : Block {
                     u32 half[2];
                     ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 +
                                           ((lane >> 3) & 1) * 8);
-                    a_regs[ks][0] = half[0], a_regs[ks][1] = 0u, a_regs[ks][2] = half[1], a_regs[ks][3] = 0u;
+                    if constexpr (TF32) {  // rows 8-15 take the small halves (see TF32)
+                        split_tf32(half[0], a_regs[ks][0], a_regs[ks][1]);
+                        split_tf32(half[1], a_regs[ks][2], a_regs[ks][3]);
+                    } else {
+                        a_regs[ks][0] = half[0], a_regs[ks][1] = 0u, a_regs[ks][2] = half[1], a_regs[ks][3] = 0u;
+                    }
                 }
                 wgmma_fence();
 #pragma unroll
-                for (int ks = 0; ks < 4; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), 4 * k_atom + ks);
+                for (int ks = 0; ks < 4; ++ks) {
+                    // TF32: fresh accumulators each atom; the document's big halves, then its small.
+                    WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), TF32 ? ks : 4 * k_atom + ks);
+                    if constexpr (TF32)
+                        WgmmaTile<T>::run(acc, a_regs[ks], desc + (LOAD_TILE_BYTES >> 4) + kstep_offset(ks), 1);
+                }
             } else {
                 wgmma_fence();
 #pragma unroll
@@ -1248,18 +1328,31 @@ struct Consumer : Block {
             // One accumulator set: each tile multiplies, then folds; the tensor cores meanwhile
             // work for the block's other warpgroups.
             Acc acc[ACC];
+            // TF32: the tile's sums so far, its rows lane/4 only (rows + 8 hold the query's small
+            // halves' products, added in here); whether the next atom starts a tile.
+            Acc sums[ACC];
+            bool tile_start = true;
 #pragma unroll 1
             while (SPLIT_DOCS || cursor.position < doc_count) {
                 if (!issue_mma(acc)) break;
                 const TileInfo folding = in_flight;
                 wgmma_wait<0>();
                 pin(acc);
+                if constexpr (TF32) {
+#pragma unroll
+                    for (int i = 0; i < ACC; i += 4) {
+                        const float a0 = acc[i] + acc[i + 2], a1 = acc[i + 1] + acc[i + 3];
+                        sums[i] = tile_start ? a0 : sums[i] + a0;
+                        sums[i + 1] = tile_start ? a1 : sums[i + 1] + a1;
+                    }
+                    tile_start = folding.tile_end;
+                }
                 if (STREAM_K && !folding.tile_end) {  // the tile's next atom comes first
                     release(folding.stage);
                     continue;
                 }
                 if constexpr (!SCALED) release(folding.stage);
-                fold(acc, folding);
+                fold(TF32 ? sums : acc, folding);
                 if constexpr (SCALED) release(folding.stage);
             }
         }
@@ -1294,6 +1387,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         maxsim_fwd_wgmma<T>(args, tile_map);                                                                  \
     }
 
+#if MAXSIM_TF32
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp32, float)
+#else
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
 // int8 takes 128-row tiles only splitting documents (one accumulator set) of dim <= 128: with
@@ -1304,4 +1400,5 @@ MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_bf16, bf16_t)
 #if (MAXSIM_TILE_N == 64 || (MAXSIM_SPLIT_DOCS && MAXSIM_KSTEPS <= 4)) && \
     !(MAXSIM_DOCS_ON_M && (MAXSIM_ARGMAX || MAXSIM_KSTEPS > 6) && MAXSIM_WARPGROUPS == 3)
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_int8, i8)
+#endif
 #endif

@@ -415,3 +415,51 @@ def test_one_query_streams_k_int8_and_packed(dim, families):
         assert np.isclose(to_numpy(got)[0, n], want, atol=NOISE["float16"] * 32) or want == to_numpy(got)[0, n]
     if _on_hopper():
         assert families and set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+@pytest.mark.parametrize("dim", [64, 128, 200, 256, 1000])
+def test_fp32_one_query_on_the_hopper_kernel(dim, families):
+    """fp32, one query: the Hopper kernel's TF32 builds (big and small halves of both operands,
+    the document's split in shared memory) at fp32 accuracy against float64: masks (cp.async)
+    and not (TMA), winners, an empty document, near-ties, a packed corpus, bitwise
+    reproducible; a part-zero last atom at 200 and 1000."""
+    import cupy
+
+    _check_padded("float32", 1, 32, 7, 150, dim, seed=dim + 5)
+    rng = np.random.default_rng(dim)
+    q = unit_rows(rng, (1, 32, dim), np.float64).astype(np.float32)
+    d = unit_rows(rng, (13, 130, dim), np.float64)
+    d[:, 1::2] = d[:, 0::2] + 1e-6 * rng.standard_normal(d[:, 0::2].shape)  # near-ties
+    d = d.astype(np.float32)
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    tokens = d.reshape(-1, dim)[:900]
+    offsets = np.array([0, 65, 65, 300, 301, 900])
+    got = to_numpy(cm.score_packed(cupy.asarray(q), cupy.asarray(tokens), cupy.asarray(offsets)))
+    for n in range(5):
+        rows = tokens[offsets[n]:offsets[n + 1]].astype(np.float64)
+        want = -np.inf if len(rows) == 0 else (q[0].astype(np.float64) @ rows.T).max(axis=1).sum()
+        assert got[0, n] == want or abs(got[0, n] - want) <= 1e-5 * abs(want)
+    if _on_hopper():
+        assert families and set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+def test_fp32_one_query_non_finite_on_the_hopper_kernel(families):
+    """The TF32 builds keep the non-finite policy: a NaN or inf document element makes its
+    documents' scores NaN, a non-finite query token its own query's."""
+    import cupy
+
+    rng = np.random.default_rng(29)
+    q = unit_rows(rng, (1, 32, 128), np.float32)
+    d = unit_rows(rng, (4, 40, 128), np.float32)
+    d[0, 5, 100] = np.nan
+    d[1, 39, 0] = -np.inf
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))
+    assert np.isnan(got[:, :2]).all()
+    assert_scores_match(got[:, 2:], expected[:, 2:], atol=1e-5)
+    q[0, 4, 3] = np.inf
+    assert np.isnan(to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))).all()
+    if _on_hopper():
+        assert set(families) == {"maxsim_fwd_wgmma"}, families

@@ -41,7 +41,8 @@ SUFFIX_FORMAT = {f.suffix: f for f in FORMATS.values()}
 FAMILIES = {
     "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_fp32", "maxsim_fwd_int8")),
     "maxsim_fwd_wgmma": (
-        "maxsim_fwd_wgmma.cu", ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8"),
+        "maxsim_fwd_wgmma.cu",
+        ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8", "maxsim_fwd_wgmma_fp32"),
     ),
     "maxsim_fwd_simt": (
         "maxsim_fwd_simt.cu",

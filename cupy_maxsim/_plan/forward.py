@@ -116,7 +116,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     # 32 queries 0.54 against 0.21: bench/results/cliffs-2026-12-03-b8ce1b9-odd.txt). Below 4
     # bytes, plain loads: the mma.sync kernel.
     hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
-    if (tunables.use_wgmma and hopper and capability == 90 and suffix in HOPPER_SUFFIXES and not pairs
+    # fp32 takes the Hopper kernel for one query (its TF32 builds, streaming k); many queries
+    # stay on mma.sync's 3xTF32.
+    tf32 = suffix == "fp32" and tunables.wgmma_tf32
+    if (tunables.use_wgmma and hopper and capability == 90 and (suffix in HOPPER_SUFFIXES or tf32) and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
         # 64 // Lq whole queries on the MMA's M, or, with queries enough for two warpgroups of
@@ -130,12 +133,12 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
             tunables=tunables, argmax=bool(argmax),
             half_rows=bool(tunables.wgmma_half_rows) and num_queries * query_length <= 32)
-        config = wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length,
-                              docs_on_m, scaled, tunables=tunables)
+        config = None if tf32 else wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows,
+                                                num_queries * query_length, docs_on_m, scaled, tunables=tunables)
         if (config is None and warpgroups < 2 and num_queries * query_length <= 32 and tunables.wgmma_stream_k
                 and tunables.wgmma_split_docs and tunables.wgmma_half_rows):
-            # One query at a fat dim: the documents' atoms streamed through the split rings.
-            config = wgmma_stream_config(ksteps, bool(argmax), tunables)
+            # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
+            config = wgmma_stream_config(ksteps, bool(argmax), tunables, tf32)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)
