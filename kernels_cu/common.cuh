@@ -306,12 +306,14 @@ __device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(__uint_as_float(x)));
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(__uint_as_float(x) - __uint_as_float(big)));
 }
-// ... for a document element in shared memory (the Hopper kernel's TF32 builds): a non-finite
-// x keeps its value in big and 0 in small (inf - inf would make a NaN of an inf).
-__device__ __forceinline__ void split_tf32_finite(float x, float& big, float& small) {
-    u32 b, t;
-    split_tf32(__float_as_uint(x), b, t);
-    big = __uint_as_float(b), small = isfinite(x) ? __uint_as_float(t) : 0.f;
+// ... by integer ops (the Hopper kernel's TF32 builds split documents in shared memory at full
+// issue rate): big = x rounded to TF32, half-ulp away from zero (adding 2^12 to the bit pattern
+// carries into the exponent where it should), small = x - big, exact, whose low bits the tensor
+// cores drop (at most 2^-10 of small: 2^-21 of x). A non-finite x makes small NaN, and the
+// document's scores NaN, as with every non-finite document element.
+__device__ __forceinline__ void split_tf32_bits(u32 x, u32& big, u32& small) {
+    big = (x + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(__uint_as_float(x) - __uint_as_float(big));
 }
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm volatile(

@@ -720,8 +720,10 @@ struct Block {
 
     // ---- Producer warpgroup ------------------------------------------------------------
     // TF32: warp RINGS + r splits ring r's slots in ring order as they land (x -> big in place,
-    // small in the slot's second atom; non-finite x: small 0, so that inf stays inf), and
-    // publishes each on its ready barrier; the ring's end (a slot with no document) too.
+    // small in the slot's second atom) and publishes each on its ready barrier; the ring's end
+    // (a slot with no document) too. One warp splits 8 KB a slot: by integer ops, not cvt
+    // (cvt.rna.tf32 issues at a quarter of the rate: a warp split a slot in about the time the
+    // ring's HBM share takes to fill three; see split_tf32_bits).
     __device__ __forceinline__ void split_ring(int ring) {
         const int ring_first = ring * RING, ring_end = ring_first + RING;
         int stage = ring_first;
@@ -730,13 +732,14 @@ struct Block {
             mbarrier_wait(full() + stage, phase);
             const bool end = sSlotDoc()[stage] < 0;
             if (!end) {
-                float4* big = (float4*)(sD() + stage * TILE_BYTES);
-                float4* small = (float4*)(sD() + stage * TILE_BYTES + LOAD_TILE_BYTES);
-#pragma unroll 4
+                uint4* big = (uint4*)(sD() + stage * TILE_BYTES);
+                uint4* small = (uint4*)(sD() + stage * TILE_BYTES + LOAD_TILE_BYTES);
+#pragma unroll 8
                 for (int i = lane; i < LOAD_TILE_BYTES / 16; i += 32) {
-                    float4 x = big[i], b, t;
-                    split_tf32_finite(x.x, b.x, t.x), split_tf32_finite(x.y, b.y, t.y);
-                    split_tf32_finite(x.z, b.z, t.z), split_tf32_finite(x.w, b.w, t.w);
+                    const uint4 x = big[i];
+                    uint4 b, t;
+                    split_tf32_bits(x.x, b.x, t.x), split_tf32_bits(x.y, b.y, t.y);
+                    split_tf32_bits(x.z, b.z, t.z), split_tf32_bits(x.w, b.w, t.w);
                     big[i] = b, small[i] = t;
                 }
             }
