@@ -306,8 +306,8 @@ __device__ __forceinline__ void split_tf32(u32 x, u32& big, u32& small) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(__uint_as_float(x)));
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(__uint_as_float(x) - __uint_as_float(big)));
 }
-// ... by integer ops (the Hopper kernel's TF32 builds split documents in shared memory at full
-// issue rate): big = x rounded to TF32, half-ulp away from zero (adding 2^12 to the bit pattern
+// ... by integer ops (the Hopper kernel's TF32 builds split every document element in shared
+// memory: cvt.rna.tf32 issues at a quarter of the rate): big = x rounded to TF32, half-ulp away from zero (adding 2^12 to the bit pattern
 // carries into the exponent where it should), small = x - big, exact, whose low bits the tensor
 // cores drop (at most 2^-10 of small: 2^-21 of x). A non-finite x makes small NaN, and the
 // document's scores NaN, as with every non-finite document element.

@@ -67,8 +67,8 @@
 // flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
 // (splitting documents: each slot's document position and length, the block's counter), and
-// for TF32 builds (fp32) twice the slot bytes (the small halves) and 8 * STAGES for the slots'
-// ready barriers;
+// for TF32 builds (fp32) WARPGROUPS * ATOM_BYTES after the ring (each warpgroup's small
+// halves of its atom);
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
@@ -158,16 +158,16 @@ constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 // KSTEPS is then a capacity (the query block's width); the dim's atoms are counted at run time.
 constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
-// element x is taken as big + small, both exact TF32 values (big = x rounded to TF32, small =
-// x - big rounded again; x - big is exact), and every product of the four is taken:
-// |x y - (xb + xs)(yb + ys)| <= 2^-21 |x y| or so, the 3xTF32 of maxsim_fwd.cu with the small
-// x small term too, which here costs nothing. The query's halves go to the accumulator rows
-// that half rows leave padding: a thread's row lane/4 takes big, its row lane/4 + 8 small (the
-// A registers), so that one wgmma multiplies both; two wgmmas per k-step take the document's
-// big and small halves, which a producer warp of each ring writes into the slot (big in place
-// of the copied atom, small in a second atom beside it) before publishing it on the slot's
-// "ready" barrier. Each atom's products go into fresh accumulators, added to the tile's sums
-// by rounding FADDs (the accumulators' own additions truncate: a bias over a long k).
+// element x is taken as big + small, both exact TF32 values (big = x rounded to TF32 by
+// integer ops, small = x - big, exact; common.cuh split_tf32_bits), and every product of the
+// four is taken: |x y - (xb + xs)(yb + ys)| <= 2^-20 |x y| or so (the tensor cores drop the low
+// bits of small). The query's halves go to the accumulator rows that half rows leave padding:
+// a thread's row lane/4 takes big, its row lane/4 + 8 small (the A registers), so that one
+// wgmma multiplies both; two wgmmas per k-step take the document's big and small halves, which
+// the consuming warpgroup writes itself once the atom lands (big in place, small into a buffer
+// of its own, which the atom's wgmmas have finished with before the next atom's split). Each
+// atom's products go into fresh accumulators, added to the tile's sums by rounding FADDs (the
+// accumulators' own additions truncate: a bias over a long k).
 constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
@@ -199,8 +199,8 @@ constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix 
 constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring slot
-constexpr int LOAD_TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes copied into a ring slot
-constexpr int TILE_BYTES = (TF32 ? 2 : 1) * LOAD_TILE_BYTES;  // bytes of a ring slot (TF32: + the small halves)
+constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes of a ring slot
+constexpr int SMALL_BYTES = TF32 ? WARPGROUPS * ATOM_BYTES : 0;  // TF32: each warpgroup's small halves
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
@@ -211,9 +211,9 @@ constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : STORED_
 static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document scales (after the ring and the "
               "query) are written by TMA: 128-byte aligned");
 // Dynamic shared memory the kernel needs (the formula in the header comment).
-constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + QUERY_BYTES +
+constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + SMALL_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
-                             16 * STAGES + 16 * STAGES + 8 + (TF32 ? 8 * STAGES : 0);
+                             16 * STAGES + 16 * STAGES + 8;
 #ifdef MAXSIM_EXPECT_SHARED_BYTES  // the compile checks: _plan.configs.WgmmaConfig.shared_bytes
 static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaConfig.shared_bytes disagrees");
 #endif
@@ -228,8 +228,7 @@ static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slo
 static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 static_assert(!STREAM_K || (SPLIT_DOCS && HALF_ROWS && KSTEPS % 4 == 0), "streaming k: one query, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
-static_assert(!TF32 || (STREAM_K && WARPGROUPS == 2), "TF32: streaming k, two rings (their splitting warps are "
-              "the producer warpgroup's other two)");
+static_assert(!TF32 || STREAM_K, "TF32: streaming k (one atom a slot)");
 }  // namespace wg
 
 // Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
@@ -530,7 +529,8 @@ namespace wg {
 // the header comment; SHARED_BYTES adds the alignment slack). Pieces address them from the one
 // base pointer, so that the compiler rematerialises each as base + constant instead of keeping
 // a register pair per region live across the consumer loops.
-constexpr int OFF_Q = STAGES * TILE_BYTES;                      // [QUERY_BYTES]
+constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][ATOM_BYTES]
+constexpr int OFF_Q = OFF_SMALL + SMALL_BYTES;                  // [QUERY_BYTES]
 constexpr int OFF_SCALE = OFF_Q + QUERY_BYTES;                  // int8: [STAGES][TILE_N] document scales
 constexpr int OFF_ROW_SCALE = OFF_SCALE + 4 * STAGES * TILE_N;  // int8: per query row, its scale
 constexpr int OFF_ROW_MAX = OFF_ROW_SCALE + 4 * QUERY_ROWS;     // [MAX_SLOTS]: a document's maxima
@@ -549,8 +549,7 @@ constexpr int OFF_EMPTY = OFF_FULL + 8 * STAGES;                // [STAGES] mbar
 constexpr int OFF_SLOT_DOC = OFF_EMPTY + 8 * STAGES;
 constexpr int OFF_SLOT_LENGTH = OFF_SLOT_DOC + 8 * STAGES;
 constexpr int OFF_NEXT_DOC = OFF_SLOT_LENGTH + 8 * STAGES;
-constexpr int OFF_READY = OFF_NEXT_DOC + 8;  // TF32: [STAGES] mbarriers: a slot's halves are written
-static_assert(OFF_READY + (TF32 ? 8 * STAGES : 0) + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
+static_assert(OFF_NEXT_DOC + 8 + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
 
 // A walk over a ring's documents in the block's order, a tile at a time: its producer and each
 // of its consumer warpgroups keep one (their ring slots follow the same sequence of tiles).
@@ -584,7 +583,7 @@ struct Block {
     __device__ __forceinline__ long long* sSlotDoc() const { return (long long*)(smem + OFF_SLOT_DOC); }
     __device__ __forceinline__ long long* sSlotLength() const { return (long long*)(smem + OFF_SLOT_LENGTH); }
     __device__ __forceinline__ unsigned* sNextDoc() const { return (unsigned*)(smem + OFF_NEXT_DOC); }
-    __device__ __forceinline__ unsigned long long* ready() const { return (unsigned long long*)(smem + OFF_READY); }
+    __device__ __forceinline__ unsigned char* sSmall() const { return smem + OFF_SMALL; }
     int tid, lane, warp, quad;
     bool scales_by_tma, scales_by_lanes;  // int8 with a TMA map: the tiles' scales by TMA too, or by lanes
     i64 doc_begin, doc_end, doc_count, rotation, first_query;
@@ -669,7 +668,6 @@ struct Block {
             // publishes the slot's document position (a release, as the TMA lane's is).
             mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
-            if constexpr (TF32) mbarrier_init(ready() + s, 1);  // the splitting warp's first lane
         }
         *sNextDoc() = 0;
     } else if (tid == CONSUMER_THREADS && tile_map.use_tma) {
@@ -719,38 +717,6 @@ struct Block {
     }
 
     // ---- Producer warpgroup ------------------------------------------------------------
-    // TF32: warp RINGS + r splits ring r's slots in ring order as they land (x -> big in place,
-    // small in the slot's second atom) and publishes each on its ready barrier; the ring's end
-    // (a slot with no document) too. One warp splits 8 KB a slot: by integer ops, not cvt
-    // (cvt.rna.tf32 issues at a quarter of the rate: a warp split a slot in about the time the
-    // ring's HBM share takes to fill three; see split_tf32_bits).
-    __device__ __forceinline__ void split_ring(int ring) {
-        const int ring_first = ring * RING, ring_end = ring_first + RING;
-        int stage = ring_first;
-        u32 phase = 0;
-        for (;;) {
-            mbarrier_wait(full() + stage, phase);
-            const bool end = sSlotDoc()[stage] < 0;
-            if (!end) {
-                uint4* big = (uint4*)(sD() + stage * TILE_BYTES);
-                uint4* small = (uint4*)(sD() + stage * TILE_BYTES + LOAD_TILE_BYTES);
-#pragma unroll 8
-                for (int i = lane; i < LOAD_TILE_BYTES / 16; i += 32) {
-                    const uint4 x = big[i];
-                    uint4 b, t;
-                    split_tf32_bits(x.x, b.x, t.x), split_tf32_bits(x.y, b.y, t.y);
-                    split_tf32_bits(x.z, b.z, t.z), split_tf32_bits(x.w, b.w, t.w);
-                    big[i] = b, small[i] = t;
-                }
-            }
-            fence_proxy_async();  // the tensor cores read the halves through the async proxy
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(ready() + stage);
-            if (end) return;
-            if (++stage == ring_end) stage = ring_first, phase ^= 1;
-        }
-    }
-
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -763,12 +729,6 @@ struct Block {
         // Splitting documents, warp r feeds ring r (a fourth warp idles); otherwise TMA needs
         // only the first warp.
         const int producer_warp = warp - CONSUMER_WARPS;
-        if constexpr (TF32) {
-            if (producer_warp >= RINGS) {
-                split_ring(producer_warp - RINGS);
-                return;
-            }
-        }
         if (SPLIT_DOCS ? producer_warp >= RINGS : tile_map.use_tma && producer_warp != 0) return;
         const int ring_first = (SPLIT_DOCS ? producer_warp : 0) * RING, ring_end = ring_first + RING;
         constexpr int ROWS_PER_WARP = TILE_N / COPY_WARPS;
@@ -824,7 +784,7 @@ struct Block {
                 if (tma) {
                     if (lane == 0) {
                         mbarrier_arrive_expect_tx(full() + stage,
-                                                  LOAD_TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
+                                                  TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
                         const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                         const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
@@ -1232,7 +1192,7 @@ struct Consumer : Block {
         // them: a wgmma in a loop of run-time length makes ptxas serialize every wgmma, C7518.)
         int k_atom = 0;
         auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
-            mbarrier_wait((TF32 ? ready() : full()) + stage, phase);
+            mbarrier_wait(full() + stage, phase);
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
                     const i64 position = sSlotDoc()[stage];
@@ -1244,7 +1204,24 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
+            if constexpr (TF32) {
+                // The atom's big halves in place, its small into the warpgroup's buffer (the
+                // last atom's wgmmas are done with it: waited for before this issue).
+                uint4* big = (uint4*)(sD() + stage * TILE_BYTES);
+                uint4* small = (uint4*)(sSmall() + warpgroup * ATOM_BYTES);
+#pragma unroll
+                for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
+                    const uint4 x = big[i];
+                    uint4 b, t;
+                    split_tf32_bits(x.x, b.x, t.x), split_tf32_bits(x.y, b.y, t.y);
+                    split_tf32_bits(x.z, b.z, t.z), split_tf32_bits(x.w, b.w, t.w);
+                    big[i] = b, small[i] = t;
+                }
+                fence_proxy_async();  // the tensor cores read them through the async proxy
+                warpgroup_sync();
+            }
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
+            const unsigned long long small_desc = TF32 ? tile_descriptor(sSmall() + warpgroup * ATOM_BYTES) : 0;
             if constexpr (STREAM_K) {
                 // The atom's query fragments: the warp's 8 real rows (its accumulator rows 0-7;
                 // rows 8-15 are padding, zero registers), k-steps 4 k_atom to 4 k_atom + 3.
@@ -1254,8 +1231,8 @@ struct Consumer : Block {
                     ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 +
                                           ((lane >> 3) & 1) * 8);
                     if constexpr (TF32) {  // rows 8-15 take the small halves (see TF32)
-                        split_tf32(half[0], a_regs[ks][0], a_regs[ks][1]);
-                        split_tf32(half[1], a_regs[ks][2], a_regs[ks][3]);
+                        split_tf32_bits(half[0], a_regs[ks][0], a_regs[ks][1]);
+                        split_tf32_bits(half[1], a_regs[ks][2], a_regs[ks][3]);
                     } else {
                         a_regs[ks][0] = half[0], a_regs[ks][1] = 0u, a_regs[ks][2] = half[1], a_regs[ks][3] = 0u;
                     }
@@ -1266,7 +1243,7 @@ struct Consumer : Block {
                     // TF32: fresh accumulators each atom; the document's big halves, then its small.
                     WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), TF32 ? ks : 4 * k_atom + ks);
                     if constexpr (TF32)
-                        WgmmaTile<T>::run(acc, a_regs[ks], desc + (LOAD_TILE_BYTES >> 4) + kstep_offset(ks), 1);
+                        WgmmaTile<T>::run(acc, a_regs[ks], small_desc + kstep_offset(ks), 1);
                 }
             } else {
                 wgmma_fence();

@@ -94,8 +94,8 @@ class WgmmaConfig:
     #: One query, fat dims: a ring slot per atom (128 bytes of k) of a tile; ksteps is then the
     #: query block's capacity (WGMMA_STREAM_CAPACITIES).
     stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
-    #: fp32 at fp32 accuracy (streaming k, two warpgroups): each slot also holds its atom's small
-    #: TF32 halves, published on a barrier of its own (maxsim_fwd_wgmma.cu, TF32).
+    #: fp32 at fp32 accuracy (streaming k): each warpgroup splits its atoms into TF32 halves,
+    #: the small ones in a buffer of its own (maxsim_fwd_wgmma.cu, TF32).
     tf32: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
@@ -126,10 +126,10 @@ class WgmmaConfig:
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
-        slot_copies = 2 if self.tf32 else 1
-        return (1024 + self.stages * slot_copies * slot_atoms * n * 128 + query_bytes
+        small_bytes = self.warpgroups * n * 128 if self.tf32 else 0
+        return (1024 + self.stages * slot_atoms * n * 128 + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
-                + 16 * self.stages + 16 * self.stages + 8 + (8 * self.stages if self.tf32 else 0))
+                + 16 * self.stages + 16 * self.stages + 8)
 
     def defines(self) -> tuple[str, ...]:
         return compile_defines(self)
@@ -197,7 +197,7 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     """The Hopper kernel streaming k for one query of at most 32 tokens at ``ksteps`` past
     WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
     atom), or None past the largest capacity or where two slots per ring do not fit; ``tf32``:
-    fp32 at any ksteps (two warpgroups, whose rings the producer's other two warps split)."""
+    fp32 (its TF32 builds)."""
     capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
@@ -205,8 +205,8 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                    argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
                                    tf32=int(tf32)))
-    config = fitted(2 if tf32 else tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
-    if not (tf32 or tunables.wgmma_stream_warpgroups) and config.stages // config.warpgroups < STREAM_MIN_RING:
+    config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
+    if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:
         # Rings of two slots hold one loading while one multiplies: two longer rings keep more
         # bytes in flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536
         # and 2048, with rings of 5 and 3, three warpgroups stayed faster: 0.96 against 0.92:
