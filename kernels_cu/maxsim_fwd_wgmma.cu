@@ -1126,6 +1126,33 @@ struct Consumer : Block {
     }
 
     // ---- Queries on M: the accumulators' rows are query rows -----------------------------
+    // TF32: the atom in ring slot `stage` split by the warpgroup, big halves in place, small
+    // into its buffer (the last atom's wgmmas are done with it: waited for before this issue).
+    __device__ __forceinline__ void split_atom(int stage) {
+        uint4* big = (uint4*)(sD() + stage * TILE_BYTES);
+        uint4* small = (uint4*)(sSmall() + warpgroup * ATOM_BYTES);
+#pragma unroll
+        for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
+            const uint4 x = big[i];
+            uint4 b, t;
+            split_tf32_bits(x.x, b.x, t.x), split_tf32_bits(x.y, b.y, t.y);
+            split_tf32_bits(x.z, b.z, t.z), split_tf32_bits(x.w, b.w, t.w);
+            big[i] = b, small[i] = t;
+        }
+        fence_proxy_async();  // the tensor cores read them through the async proxy
+        warpgroup_sync();
+    }
+    // TF32: an atom's products into the tile's sums (rows lane/4: the query's big halves' row
+    // plus its small halves' row lane/4 + 8), by rounding FADDs; the tile's first atom sets them.
+    __device__ __forceinline__ static void add_atom(float (&sums)[ACC], const float (&acc)[ACC], bool first) {
+#pragma unroll
+        for (int i = 0; i < ACC; i += 4) {
+            const float a0 = acc[i] + acc[i + 2], a1 = acc[i + 1] + acc[i + 3];
+            sums[i] = first ? a0 : sums[i] + a0;
+            sums[i + 1] = first ? a1 : sums[i + 1] + a1;
+        }
+    }
+
     template <typename T> __device__ __forceinline__ void consume_queries_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
@@ -1204,22 +1231,7 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
-            if constexpr (TF32) {
-                // The atom's big halves in place, its small into the warpgroup's buffer (the
-                // last atom's wgmmas are done with it: waited for before this issue).
-                uint4* big = (uint4*)(sD() + stage * TILE_BYTES);
-                uint4* small = (uint4*)(sSmall() + warpgroup * ATOM_BYTES);
-#pragma unroll
-                for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
-                    const uint4 x = big[i];
-                    uint4 b, t;
-                    split_tf32_bits(x.x, b.x, t.x), split_tf32_bits(x.y, b.y, t.y);
-                    split_tf32_bits(x.z, b.z, t.z), split_tf32_bits(x.w, b.w, t.w);
-                    big[i] = b, small[i] = t;
-                }
-                fence_proxy_async();  // the tensor cores read them through the async proxy
-                warpgroup_sync();
-            }
+            if constexpr (TF32) split_atom(stage);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
             const unsigned long long small_desc = TF32 ? tile_descriptor(sSmall() + warpgroup * ATOM_BYTES) : 0;
             if constexpr (STREAM_K) {
@@ -1319,12 +1331,7 @@ struct Consumer : Block {
                 wgmma_wait<0>();
                 pin(acc);
                 if constexpr (TF32) {
-#pragma unroll
-                    for (int i = 0; i < ACC; i += 4) {
-                        const float a0 = acc[i] + acc[i + 2], a1 = acc[i + 1] + acc[i + 3];
-                        sums[i] = tile_start ? a0 : sums[i] + a0;
-                        sums[i + 1] = tile_start ? a1 : sums[i + 1] + a1;
-                    }
+                    add_atom(sums, acc, tile_start);
                     tile_start = folding.tile_end;
                 }
                 if (STREAM_K && !folding.tile_end) {  // the tile's next atom comes first
