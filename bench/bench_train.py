@@ -19,6 +19,7 @@ in-batch run (128 queries x 128 pages x 1030 patches) with our peak extra memory
 PyTorch's.
 
     python bench/bench_train.py --out bench/results/train-2026-11-29.json
+    python bench/bench_train.py --shapes fat --out bench/results/train-fat-<date>-<commit>.json
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ from bench_forward import _median_ms, measure_ceilings, provenance  # noqa: E402
 SHAPES = {
     "inbatch-colbert: 128x32 vs 128x300": (128, 32, 128, 300, 128),
     "inbatch-colpali: 32x32 vs 128x1030": (32, 32, 128, 1030, 128),
+}
+#: Issue 24's training line, fat embedding dims (``--shapes fat``): at least 2x flash-maxsim's step.
+FAT_SHAPES = {
+    "fat-320: 32x32 vs 128x768, dim 320": (32, 32, 128, 768, 320),
+    "fat-2560: 32x32 vs 128x768, dim 2560": (32, 32, 128, 768, 2560),
 }
 #: The provider that is no MaxSim: torch autograd's own floor for a step on this host.
 AUTOGRAD_FLOOR = "autograd_floor_allocations_only"
@@ -167,7 +173,8 @@ def run(args):
     ceilings = measure_ceilings(torch)
     found, notes = providers(torch)
     rows = []
-    for name, (nq, lq, nd, ld, dim) in SHAPES.items():
+    shapes = FAT_SHAPES if args.shapes == "fat" else SHAPES
+    for name, (nq, lq, nd, ld, dim) in shapes.items():
         q0, d0 = _unit(torch, (nq, lq, dim), 1), _unit(torch, (nd, ld, dim), 2)
         grad = torch.randn(nq, nd, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
         flops = 2 * nq * lq * nd * ld * dim  # the forward's products; the backward gathers
@@ -218,7 +225,7 @@ def run(args):
         del q0, d0, grad
         torch.cuda.empty_cache()
 
-    colpali = colpali_inbatch(torch, found)
+    colpali = colpali_inbatch(torch, found) if args.shapes == "default" else {}
     return {"provenance": provenance(), "ceilings": ceilings, "notes": notes, "rows": rows,
             "colpali_inbatch_128x128x1030": colpali}
 
@@ -291,6 +298,9 @@ def table(report) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="JSON report path")
+    parser.add_argument("--shapes", choices=("default", "fat"), default="default",
+                        help="default: ColBERT and ColPali in-batch (and the 128-query ColPali run); "
+                             "fat: dims 320 and 2560, 32x32 vs 128x768 (issue 24)")
     args = parser.parse_args(argv)
     report = run(args)
     if args.out:

@@ -245,7 +245,8 @@ def main(argv=None) -> int:
 
     from cupy_maxsim import tuning
 
-    changes = {key: int(value) for key, value in (item.split("=") for item in options.tunables.split(",") if item)}
+    changes = {key: int(value) if value.lstrip("-").isdigit() else value
+               for key, value in (item.split("=") for item in options.tunables.split(",") if item)}
     with tuning.override(**changes):
         return _sweep(torch, options)
 

@@ -50,6 +50,11 @@ class Tunables:
     #: fp32, one query of at most 32 tokens: the Hopper kernel's TF32 builds (big and small
     #: TF32 halves of both operands, streaming k). False: the mma.sync kernel's 3xTF32.
     wgmma_tf32: bool = True
+    #: float32 products: "highest" (fp32 accuracy, the contract) or "high" (opt-in, as
+    #: torch.set_float32_matmul_precision names it: the document's elements may be read as TF32,
+    #: 2^-10 relative; one query on Hopper only, elsewhere still "highest"). Set with
+    #: :func:`float32_matmul_precision`.
+    float32_precision: str = "highest"
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces.
     wgmma_stream_warpgroups: int = 0
@@ -112,6 +117,22 @@ _current: contextvars.ContextVar[Tunables] = contextvars.ContextVar("cupy_maxsim
 def current() -> Tunables:
     """The tunables calls made now plan under (DEFAULT unless an :func:`override` is active)."""
     return _current.get()
+
+
+#: The float32 precisions :func:`float32_matmul_precision` takes (torch's names).
+FLOAT32_PRECISIONS = ("highest", "high")
+
+
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str):
+    """Score float32 inputs inside the ``with`` block at ``precision``: "highest" (the default:
+    fp32 accuracy, relative error at most 1e-5 against float64) or "high" (the documents'
+    elements may be read as TF32, about 1e-3 relative, where that is faster: one query on
+    Hopper; elsewhere the scores stay at "highest"). Other dtypes are not affected."""
+    if precision not in FLOAT32_PRECISIONS:
+        raise ValueError(f"precision must be one of {FLOAT32_PRECISIONS}, got {precision!r}")
+    with override(float32_precision=precision) as tunables:
+        yield tunables
 
 
 @contextlib.contextmanager

@@ -167,8 +167,11 @@ constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // the consuming warpgroup writes itself once the atom lands (big in place, small into a buffer
 // of its own, which the atom's wgmmas have finished with before the next atom's split). Each
 // atom's products go into fresh accumulators, added to the tile's sums by rounding FADDs (the
-// accumulators' own additions truncate: a bias over a long k).
+// accumulators' own additions truncate: a bias over a long k). MAXSIM_TF32 == 2 (precision
+// "high", opt-in): the document as the tensor cores read fp32 (TF32, at most 2^-10 off an
+// element), the query still split: one wgmma a k-step, no split of the atom.
 constexpr bool TF32 = MAXSIM_TF32 != 0;
+constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -200,7 +203,7 @@ constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring slot
 constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes of a ring slot
-constexpr int SMALL_BYTES = TF32 ? WARPGROUPS * ATOM_BYTES : 0;  // TF32: each warpgroup's small halves
+constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's small halves
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
@@ -1231,9 +1234,9 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
-            if constexpr (TF32) split_atom(stage);
+            if constexpr (SPLIT_DOCUMENT) split_atom(stage);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
-            const unsigned long long small_desc = TF32 ? tile_descriptor(sSmall() + warpgroup * ATOM_BYTES) : 0;
+            const unsigned long long small_desc = SPLIT_DOCUMENT ? tile_descriptor(sSmall() + warpgroup * ATOM_BYTES) : 0;
             if constexpr (STREAM_K) {
                 // The atom's query fragments: the warp's 8 real rows (its accumulator rows 0-7;
                 // rows 8-15 are padding, zero registers), k-steps 4 k_atom to 4 k_atom + 3.
@@ -1254,7 +1257,7 @@ struct Consumer : Block {
                 for (int ks = 0; ks < 4; ++ks) {
                     // TF32: fresh accumulators each atom; the document's big halves, then its small.
                     WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), TF32 ? ks : 4 * k_atom + ks);
-                    if constexpr (TF32)
+                    if constexpr (SPLIT_DOCUMENT)
                         WgmmaTile<T>::run(acc, a_regs[ks], small_desc + kstep_offset(ks), 1);
                 }
             } else {

@@ -463,3 +463,28 @@ def test_fp32_one_query_non_finite_on_the_hopper_kernel(families):
     assert np.isnan(to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))).all()
     if _on_hopper():
         assert set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+@pytest.mark.parametrize("dim", [128, 1000])
+def test_fp32_one_query_at_precision_high(dim, families):
+    """float32_matmul_precision("high"): one fp32 query reads the documents as TF32 (within
+    2^-10 of each element: |error| <= 2^-9 sum |q||d| a token pair), masks and winners as ever;
+    the default stays within 1e-5."""
+    import cupy
+
+    rng = np.random.default_rng(dim + 7)
+    q = unit_rows(rng, (1, 32, dim), np.float32)
+    d = unit_rows(rng, (9, 140, dim), np.float32)
+    d_mask = holey_mask(rng, (9, 140), 0.7)
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), None, d_mask)
+    bound = 2.0 ** -9 * reference.maxsim_reference(np.abs(q).astype(np.float64), np.abs(d).astype(np.float64))
+    with cm.float32_matmul_precision("high"):
+        got, winners = cm.score(cupy.asarray(q), cupy.asarray(d), d_mask=cupy.asarray(d_mask), return_argmax=True)
+    got = to_numpy(got)
+    finite = np.isfinite(expected)
+    assert np.all(np.abs(got[finite] - expected[finite]) <= bound[finite] + 1e-6)
+    assert np.array_equal(np.isfinite(got), finite)
+    exact = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d), d_mask=cupy.asarray(d_mask)))
+    assert np.abs(exact[finite] - expected[finite]).max() <= 1e-5 * np.abs(expected[finite]).max()
+    if _on_hopper():
+        assert set(families) == {"maxsim_fwd_wgmma"}, families

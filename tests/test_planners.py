@@ -458,3 +458,33 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch):
         if choice is not None and (choice.family, choice.config.defines()) not in known:
             missing.add((choice.family, choice.config.defines(), (suffix, dim, nq, lq, ld, argmax, packed, pairs)))
     assert not missing, sorted(missing)[:5]
+
+
+def test_float32_precision_high_on_the_planner():
+    """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
+    reads the documents as TF32 (tf32=2, no small halves); many queries and other dtypes plan
+    as under "highest"; a precision torch does not name for this is a ValueError."""
+    import cupy_maxsim as cm
+    from cupy_maxsim import tuning
+    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
+    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
+
+    properties = ARCH_PROPERTIES["sm_90"]
+    known = set(runtime_variants())
+    one, many = ForwardShape("fp32", 1, 32, 128, 1000, False, 0, 300, False), ForwardShape(
+        "fp32", 32, 32, 128, 1000, False, 0, 300, False)
+    with cm.float32_matmul_precision("high") as high:
+        assert tuning.current().float32_precision == "high"
+    highest = tuning.current()
+    assert highest.float32_precision == "highest"
+    assert choose_kernel(one, properties, highest).config.tf32 == 1
+    choice = choose_kernel(one, properties, high)
+    assert choice.config.tf32 == 2 and (choice.family, choice.config.defines()) in known
+    assert choice.config.stages > choose_kernel(one, properties, highest).config.stages  # no small halves
+    assert choose_kernel(many, properties, high) == choose_kernel(many, properties, highest)
+    fp16 = ForwardShape("fp16", 1, 32, 128, 1000, False, 0, 300, False)
+    assert choose_kernel(fp16, properties, high) == choose_kernel(fp16, properties, highest)
+    for bad in ("medium", "HIGH", None):
+        with pytest.raises(ValueError, match="precision"):
+            with cm.float32_matmul_precision(bad):
+                pass

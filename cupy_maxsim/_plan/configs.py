@@ -94,8 +94,9 @@ class WgmmaConfig:
     #: One query, fat dims: a ring slot per atom (128 bytes of k) of a tile; ksteps is then the
     #: query block's capacity (WGMMA_STREAM_CAPACITIES).
     stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
-    #: fp32 at fp32 accuracy (streaming k): each warpgroup splits its atoms into TF32 halves,
-    #: the small ones in a buffer of its own (maxsim_fwd_wgmma.cu, TF32).
+    #: fp32 (streaming k; maxsim_fwd_wgmma.cu, TF32): 1 at fp32 accuracy, each warpgroup
+    #: splitting its atoms into TF32 halves (the small ones in a buffer of its own); 2 precision
+    #: "high", the document as TF32.
     tf32: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
@@ -126,7 +127,7 @@ class WgmmaConfig:
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
-        small_bytes = self.warpgroups * n * 128 if self.tf32 else 0
+        small_bytes = self.warpgroups * n * 128 if self.tf32 == 1 else 0
         return (1024 + self.stages * slot_atoms * n * 128 + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
@@ -193,11 +194,11 @@ STREAM_MIN_RING = 3
 
 
 def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = DEFAULT,
-                        tf32: bool = False) -> WgmmaConfig | None:
+                        tf32: int = 0) -> WgmmaConfig | None:
     """The Hopper kernel streaming k for one query of at most 32 tokens at ``ksteps`` past
     WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
     atom), or None past the largest capacity or where two slots per ring do not fit; ``tf32``:
-    fp32 (its TF32 builds)."""
+    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high")."""
     capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None

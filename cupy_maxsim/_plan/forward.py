@@ -116,9 +116,9 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     # 32 queries 0.54 against 0.21: bench/results/cliffs-2026-12-03-b8ce1b9-odd.txt). Below 4
     # bytes, plain loads: the mma.sync kernel.
     hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
-    # fp32 takes the Hopper kernel for one query (its TF32 builds, streaming k); many queries
-    # stay on mma.sync's 3xTF32.
-    tf32 = suffix == "fp32" and tunables.wgmma_tf32
+    # fp32 takes the Hopper kernel for one query (its TF32 builds, streaming k: the document as
+    # TF32 under precision "high"); many queries stay on mma.sync's 3xTF32 either way.
+    tf32 = (2 if tunables.float32_precision == "high" else 1) if suffix == "fp32" and tunables.wgmma_tf32 else 0
     if (tunables.use_wgmma and hopper and capability == 90 and (suffix in HOPPER_SUFFIXES or tf32) and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning

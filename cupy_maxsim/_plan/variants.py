@@ -113,7 +113,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     for capacity in WGMMA_STREAM_CAPACITIES:  # one query at fat dims on the Hopper kernel (streaming k)
         for argmax in (False, True):
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
-            add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax, tf32=True))  # fp32, one query
+            for tf32 in (1, 2):  # fp32, one query: at fp32 accuracy, and precision "high"
+                add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax, tf32=tf32))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
