@@ -196,7 +196,7 @@ def run(args):
             entry["providers"][provider] = result
             entry["providers"][provider]["_grads"] = grads
             steps[provider] = make_step(fn, q0, d0, grad)[0]
-        for _ in range(ROUNDS - 1):  # the later rounds, round-robin
+        for _ in range(args.rounds - 1):  # the later rounds, round-robin
             for provider, step in steps.items():
                 entry["providers"][provider]["ms_rounds"].append(_median_ms(torch, step, reps=30, warmup=3))
         for provider in steps:
@@ -298,6 +298,7 @@ def table(report) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="JSON report path")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of every provider, round-robin")
     parser.add_argument("--shapes", choices=("default", "fat"), default="default",
                         help="default: ColBERT and ColPali in-batch (and the 128-query ColPali run); "
                              "fat: dims 320 and 2560, 32x32 vs 128x768 (issue 24)")
