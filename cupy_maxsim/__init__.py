@@ -11,8 +11,7 @@ from .quantize import pack, quantize_int8
 from .scoring import score, score_candidates, score_packed, score_pairs
 from .search import search, search_packed
 from .training import score_backward
-from .tuning import float32_matmul_precision
 
 __version__ = "0.1.0"
 __all__ = ["score", "score_pairs", "score_packed", "score_candidates", "search", "search_packed", "Index", "ShardedIndex", "score_backward", "pack", "quantize_int8",
-           "float32_matmul_precision", "tuning", "__version__"]
+           "tuning", "__version__"]

@@ -128,7 +128,11 @@ def float32_matmul_precision(precision: str):
     """Score float32 inputs inside the ``with`` block at ``precision``: "highest" (the default:
     fp32 accuracy, relative error at most 1e-5 against float64) or "high" (the documents'
     elements may be read as TF32, about 1e-3 relative, where that is faster: one query on
-    Hopper; elsewhere the scores stay at "highest"). Other dtypes are not affected."""
+    Hopper; elsewhere the scores stay at "highest"). Other dtypes are not affected.
+
+    Not yet public (not in ``cupy_maxsim.__all__`` nor the README): its "high" build has not
+    run on a GPU (2026-12-03, the device time was spent); tests/test_no_cliffs.py holds its
+    GPU test."""
     if precision not in FLOAT32_PRECISIONS:
         raise ValueError(f"precision must be one of {FLOAT32_PRECISIONS}, got {precision!r}")
     with override(float32_precision=precision) as tunables:

@@ -478,7 +478,7 @@ def test_fp32_one_query_at_precision_high(dim, families):
     d_mask = holey_mask(rng, (9, 140), 0.7)
     expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), None, d_mask)
     bound = 2.0 ** -9 * reference.maxsim_reference(np.abs(q).astype(np.float64), np.abs(d).astype(np.float64))
-    with cm.float32_matmul_precision("high"):
+    with tuning.float32_matmul_precision("high"):
         got, winners = cm.score(cupy.asarray(q), cupy.asarray(d), d_mask=cupy.asarray(d_mask), return_argmax=True)
     got = to_numpy(got)
     finite = np.isfinite(expected)

@@ -464,7 +464,6 @@ def test_float32_precision_high_on_the_planner():
     """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
     reads the documents as TF32 (tf32=2, no small halves); many queries and other dtypes plan
     as under "highest"; a precision torch does not name for this is a ValueError."""
-    import cupy_maxsim as cm
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
@@ -473,7 +472,7 @@ def test_float32_precision_high_on_the_planner():
     known = set(runtime_variants())
     one, many = ForwardShape("fp32", 1, 32, 128, 1000, False, 0, 300, False), ForwardShape(
         "fp32", 32, 32, 128, 1000, False, 0, 300, False)
-    with cm.float32_matmul_precision("high") as high:
+    with tuning.float32_matmul_precision("high") as high:
         assert tuning.current().float32_precision == "high"
     highest = tuning.current()
     assert highest.float32_precision == "highest"
@@ -486,5 +485,5 @@ def test_float32_precision_high_on_the_planner():
     assert choose_kernel(fp16, properties, high) == choose_kernel(fp16, properties, highest)
     for bad in ("medium", "HIGH", None):
         with pytest.raises(ValueError, match="precision"):
-            with cm.float32_matmul_precision(bad):
+            with tuning.float32_matmul_precision(bad):
                 pass
