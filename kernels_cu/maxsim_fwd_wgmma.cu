@@ -299,45 +299,27 @@ __device__ __forceinline__ void pin(int (&acc)[wg::ACC]) {
 #define MAXSIM_WGMMA_N "n128"
 #endif
 
-// D (64 x N) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step;
-// the immediates after the predicate: scale A by 1, scale B by 1, B not transposed (K-major).
+// D (64 x N) = or += A (64 x 32 bytes of k, registers) * B (tile descriptor), one k-step, for
+// each format: its accumulator type and asm constraint, its shape and types, the immediates
+// after the predicate (16-bit: scale A by 1, scale B by 1, B not transposed (K-major); fp32
+// (TF32 builds: k-steps of 8 elements, A's registers exact TF32 values, see TF32): the scales
+// only, TF32 operands being K-major only; int8: exact int32 accumulation, none).
 template <typename T> struct WgmmaTile;
-#define MAXSIM_WGMMA_F32(T, TYPES)                                                                   \
+#define MAXSIM_WGMMA_RS(T, ACC_T, C, SHAPE_TYPES, IMMEDIATES)                                        \
     template <> struct WgmmaTile<T> {                                                                \
-        typedef float acc_t;                                                                         \
-        static __device__ __forceinline__ void run(float (&d)[wg::ACC], const u32 (&a)[4],           \
+        typedef ACC_T acc_t;                                                                         \
+        static __device__ __forceinline__ void run(ACC_T (&d)[wg::ACC], const u32 (&a)[4],           \
                                                    unsigned long long desc, int accumulate) {        \
-            asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N "k16.f32." TYPES \
-                         " " MAXSIM_WGMMA_REGS ", 1, 1, 0;\n}\n"                                     \
-                         : MAXSIM_WGMMA_D("+f")                                                      \
+            asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N SHAPE_TYPES \
+                         " " MAXSIM_WGMMA_REGS IMMEDIATES ";\n}\n"                                   \
+                         : MAXSIM_WGMMA_D(C)                                                         \
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));  \
         }                                                                                            \
     };
-MAXSIM_WGMMA_F32(fp16_t, "f16.f16")
-MAXSIM_WGMMA_F32(bf16_t, "bf16.bf16")
-// fp32 (TF32 builds): k-steps of 32 bytes are 8 elements; A's registers hold exact TF32 values
-// (see TF32); scales 1, no transpose immediate (TF32 operands are K-major only).
-template <> struct WgmmaTile<float> {
-    typedef float acc_t;
-    static __device__ __forceinline__ void run(float (&d)[wg::ACC], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N "k8.f32.tf32.tf32 "
-                     MAXSIM_WGMMA_REGS ", 1, 1;\n}\n"
-                     : MAXSIM_WGMMA_D("+f")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
-// int8: k-steps of 32 bytes, exact int32 accumulation, no scale or transpose immediates.
-template <> struct WgmmaTile<i8> {
-    typedef int acc_t;
-    static __device__ __forceinline__ void run(int (&d)[wg::ACC], const u32 (&a)[4], unsigned long long desc,
-                                               int accumulate) {
-        asm volatile(MAXSIM_WGMMA_PRED "wgmma.mma_async.sync.aligned.m64" MAXSIM_WGMMA_N "k32.s32.s8.s8 "
-                     MAXSIM_WGMMA_REGS ";\n}\n"
-                     : MAXSIM_WGMMA_D("+r")
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-    }
-};
+MAXSIM_WGMMA_RS(fp16_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0")
+MAXSIM_WGMMA_RS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0")
+MAXSIM_WGMMA_RS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
+MAXSIM_WGMMA_RS(i8, int, "+r", "k32.s32.s8.s8", "")
 
 // DOCS_ON_M: D (64 document rows x 128 query rows) = or += A (document tile descriptor) * B
 // (query block descriptor), one k-step; both K-major (no transpose), scales 1.

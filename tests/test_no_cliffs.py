@@ -75,17 +75,23 @@ def test_streaming_k_at_small_dims(dtype, nq, lq, nd, ld, dim):
         _check_padded(dtype, nq, lq, nd, ld, dim, seed=nq * 7 + lq + dim)
 
 
+def near_tied_fp32(seed, q_shape, d_shape):
+    """Unit fp32 queries and documents whose odd rows sit 1e-6 from the even ones, and their
+    float64 reference scores."""
+    rng = np.random.default_rng(seed)
+    q = unit_rows(rng, q_shape, np.float64).astype(np.float32)
+    d = unit_rows(rng, d_shape, np.float64)
+    d[:, 1::2] = d[:, 0::2] + 1e-6 * rng.standard_normal(d[:, 0::2].shape)
+    d = d.astype(np.float32)
+    return q, d, reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+
+
 @pytest.mark.parametrize("dim", [128, 2560])
 def test_fp32_resident_and_streamed_agree_with_float64(dim):
     """fp32 at fp32 accuracy either way (relative error <= 1e-5), near-tied rows included."""
     import cupy
 
-    rng = np.random.default_rng(dim)
-    q = unit_rows(rng, (4, 32, dim), np.float64).astype(np.float32)
-    d = unit_rows(rng, (30, 60, dim), np.float64)
-    d[:, 1::2] = d[:, 0::2] + 1e-6 * rng.standard_normal(d[:, 0::2].shape)  # near-ties
-    d = d.astype(np.float32)
-    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    q, d, expected = near_tied_fp32(dim, (4, 32, dim), (30, 60, dim))
     for overrides in ({}, STREAM_EVERYTHING):
         with tuning.override(**overrides):
             got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))
@@ -426,12 +432,7 @@ def test_fp32_one_query_on_the_hopper_kernel(dim, families):
     import cupy
 
     _check_padded("float32", 1, 32, 7, 150, dim, seed=dim + 5)
-    rng = np.random.default_rng(dim)
-    q = unit_rows(rng, (1, 32, dim), np.float64).astype(np.float32)
-    d = unit_rows(rng, (13, 130, dim), np.float64)
-    d[:, 1::2] = d[:, 0::2] + 1e-6 * rng.standard_normal(d[:, 0::2].shape)  # near-ties
-    d = d.astype(np.float32)
-    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    q, d, expected = near_tied_fp32(dim, (1, 32, dim), (13, 130, dim))
     got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
     tokens = d.reshape(-1, dim)[:900]
