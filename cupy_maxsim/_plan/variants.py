@@ -21,7 +21,8 @@ from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choos
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
     """The kernels a family's source defines under ``defines`` (the Hopper kernel's int8 entry:
-    see int8_long_tiles; the mma.sync kernel's fp32 entry: see fp32_entry)."""
+    see int8_long_tiles, its fp32 entry: its TF32 builds; the mma.sync kernel's fp32 entry: see
+    fp32_entry)."""
     names = FAMILIES[family][1]
     value = dict(d[len("-D"):].split("=", 1) for d in defines)
     if family == "maxsim_fwd" and defines and not fp32_entry(
@@ -29,6 +30,9 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
             int(value.get("MAXSIM_STREAM_K", 0))):
         names = tuple(name for name in names if not name.endswith("_fp32"))
     if family == "maxsim_fwd_wgmma":
+        # Its TF32 builds (fp32, MAXSIM_TF32) define the fp32 entry alone; the others every entry but it.
+        tf32 = value.get("MAXSIM_TF32", "0") != "0"
+        names = tuple(name for name in names if name.endswith("_fp32") == tf32)
         if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
                 value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
                 value.get("MAXSIM_DOCS_ON_M") == "1" and int(value["MAXSIM_WARPGROUPS"]) > int8_docs_on_m_warpgroups(
