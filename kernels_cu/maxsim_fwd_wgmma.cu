@@ -158,10 +158,10 @@ constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 // KSTEPS is then a capacity (the query block's width); the dim's atoms are counted at run time.
 constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
-// element x is taken as big + small, both exact TF32 values (big = x rounded to TF32 by
-// integer ops, small = x - big, exact; common.cuh split_tf32_bits), and every product of the
-// four is taken: |x y - (xb + xs)(yb + ys)| <= 2^-20 |x y| or so (the tensor cores drop the low
-// bits of small). The query's halves go to the accumulator rows that half rows leave padding:
+// element x is taken as big + small (big = x rounded to TF32 by integer ops, an exact TF32
+// value; small = x - big, exact in fp32, of which the tensor cores keep the TF32 bits: common.cuh
+// split_tf32_bits), and every product of the four is taken: |x y - (xb + xs)(yb + ys)| <=
+// 2^-20 |x y| or so. The query's halves go to the accumulator rows that half rows leave padding:
 // a thread's row lane/4 takes big, its row lane/4 + 8 small (the A registers), so that one
 // wgmma multiplies both; two wgmmas per k-step take the document's big and small halves, which
 // the consuming warpgroup writes itself once the atom lands (big in place, small into a buffer
