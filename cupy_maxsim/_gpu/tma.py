@@ -25,6 +25,11 @@ def _cuda_driver() -> ctypes.CDLL | None:
         return None
 
 
+#: The tensor map's element type by element size in bytes (CU_TENSOR_MAP_DATA_TYPE_UINT8, UINT16,
+#: UINT32: the bits are copied, not interpreted); the sizes the Hopper kernel takes by TMA.
+_ELEMENT_TYPES = {1: 0, 2: 1, 4: 2}
+
+
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
                  doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None,
                  use_tma: bool = True) -> bytes:
@@ -45,13 +50,13 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     result = NO_DOC_TILE_MAP
     if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
             and (doc_stride > 0 or docs == 1) and rows + tile_rows < 2**31 and docs < 2**31
-            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in (1, 2, 4)):
+            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in _ELEMENT_TYPES):
         driver = _cuda_driver()
         if driver is not None:
             encoded = (ctypes.c_uint64 * 16)()
             u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
             status = driver.cuTensorMapEncodeTiled(
-                encoded, ctypes.c_int({1: 0, 2: 1, 4: 2}[itemsize]),  # CU_TENSOR_MAP_DATA_TYPE_UINT8 / 16 / 32
+                encoded, ctypes.c_int(_ELEMENT_TYPES[itemsize]),
                 ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
                 (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, tile_rows, 1),
                 u32s(1, 1, 1),
