@@ -1,13 +1,13 @@
 """One call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
 compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
 
-    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward]
+    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward] [float32] [dim=N]
 
 ``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
 with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
 the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then three
 ``score_backward`` calls (the same launch-skip profiles the third backward's kernels; padded
-fp16 documents only).
+fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N.
 """
 
 import sys
@@ -17,17 +17,19 @@ import cupy
 import cupy_maxsim as cm
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
-flags = set(sys.argv[5:])
+flags = {flag for flag in sys.argv[5:] if not flag.startswith("dim=")}
+dim = next((int(flag[4:]) for flag in sys.argv[5:] if flag.startswith("dim=")), 128)
+dtype = cupy.float32 if "float32" in flags else cupy.float16
 if "backward" in flags and flags & {"int8", "packed"}:
     raise SystemExit("backward: padded fp16 documents only")
 rng = cupy.random.default_rng(0)
-q = (rng.standard_normal((nq, lq, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
-d = (rng.standard_normal((nd, ld, 128), dtype=cupy.float32) / 11).astype(cupy.float16)
+q = (rng.standard_normal((nq, lq, dim), dtype=cupy.float32) / 11).astype(dtype)
+d = (rng.standard_normal((nd, ld, dim), dtype=cupy.float32) / 11).astype(dtype)
 extra = {}
 if "packed" in flags:
     lengths = rng.integers(16, ld + 1, nd)
     offsets = cupy.concatenate([cupy.zeros(1, cupy.int64), cupy.cumsum(lengths)])
-    d = cupy.ascontiguousarray(d.reshape(-1, 128)[: int(offsets[-1])])
+    d = cupy.ascontiguousarray(d.reshape(-1, dim)[: int(offsets[-1])])
 if "int8" in flags:
     (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
     extra = dict(q_scale=q_scale, d_scale=d_scale)
