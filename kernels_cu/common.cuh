@@ -315,6 +315,13 @@ __device__ __forceinline__ void split_tf32_bits(u32 x, u32& big, u32& small) {
     big = (x + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(__uint_as_float(x) - __uint_as_float(big));
 }
+// ... or where the tensor cores read x itself as big (an fp32 operand in shared memory, of which
+// they keep the TF32 bits: big = x truncated to TF32), the small half alone: x - big, exact, at
+// most 2^-10 |x|, of which they again keep the TF32 bits (at most 2^-21 of x lost). A
+// non-finite x makes it NaN (inf - inf, or NaN).
+__device__ __forceinline__ u32 truncate_tf32_bits(u32 x) {
+    return __float_as_uint(__uint_as_float(x) - __uint_as_float(x & 0xffffe000u));
+}
 __device__ __forceinline__ void mma_tf32(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

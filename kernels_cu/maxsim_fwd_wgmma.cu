@@ -67,8 +67,8 @@
 // flight, per-row query index, scale and non-finite flag, and per-warp document
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
 // (splitting documents: each slot's document position and length, the block's counter), and
-// for TF32 builds (fp32) WARPGROUPS * ATOM_BYTES after the ring (each warpgroup's small
-// halves of its atom);
+// for TF32 builds (fp32) 2 * WARPGROUPS * ATOM_BYTES after the ring (each warpgroup's two
+// buffers of an atom's small halves);
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
@@ -158,15 +158,17 @@ constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 // KSTEPS is then a capacity (the query block's width); the dim's atoms are counted at run time.
 constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
-// element x is taken as big + small (big = x rounded to TF32 by integer ops, an exact TF32
-// value; small = x - big, exact in fp32, of which the tensor cores keep the TF32 bits: common.cuh
-// split_tf32_bits), and every product of the four is taken: |x y - (xb + xs)(yb + ys)| <=
-// 2^-20 |x y| or so. The query's halves go to the accumulator rows that half rows leave padding:
-// a thread's row lane/4 takes big, its row lane/4 + 8 small (the A registers), so that one
-// wgmma multiplies both; two wgmmas per k-step take the document's big and small halves, which
-// the consuming warpgroup writes itself once the atom lands (big in place, small into a buffer
-// of its own, which the atom's wgmmas have finished with before the next atom's split). Each
-// atom's products go into fresh accumulators, added to the tile's sums by rounding FADDs (the
+// element x is taken as big + small, and every product of the four is taken: |x y - (xb +
+// xs)(yb + ys)| <= 2^-20 |x y| or so. The query's halves (big = x rounded to TF32 by integer
+// ops, an exact TF32 value; small = x - big, exact in fp32, of which the tensor cores keep the
+// TF32 bits: common.cuh split_tf32_bits) go to the accumulator rows that half rows leave
+// padding: a thread's row lane/4 takes big, its row lane/4 + 8 small (the A registers), so that
+// one wgmma multiplies both. Two wgmmas per k-step take the document's halves: big is the atom
+// as it landed (the tensor cores read an fp32 operand as TF32 by dropping its 13 low bits), small
+// = x - big (truncate_tf32_bits), which the consuming warpgroup writes into a buffer of its own
+// once the atom lands. Each warpgroup has two such buffers and two accumulator sets: atom i+1
+// is split and handed to the tensor cores while atom i's products are added. Each atom's
+// products go into fresh accumulators, added to the tile's sums by rounding FADDs (the
 // accumulators' own additions truncate: a bias over a long k). MAXSIM_TF32 == 2 (precision
 // "high", opt-in): the document as the tensor cores read fp32 (TF32, at most 2^-10 off an
 // element), the query still split: one wgmma a k-step, no split of the atom.
@@ -203,7 +205,7 @@ constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring slot
 constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes of a ring slot
-constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's small halves
+constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's two of small halves
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
@@ -231,7 +233,7 @@ static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slo
 static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
 static_assert(!STREAM_K || (SPLIT_DOCS && HALF_ROWS && KSTEPS % 4 == 0), "streaming k: one query, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
-static_assert(!TF32 || STREAM_K, "TF32: streaming k (one atom a slot)");
+static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
 }  // namespace wg
 
 // Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
@@ -514,7 +516,7 @@ namespace wg {
 // the header comment; SHARED_BYTES adds the alignment slack). Pieces address them from the one
 // base pointer, so that the compiler rematerialises each as base + constant instead of keeping
 // a register pair per region live across the consumer loops.
-constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][ATOM_BYTES]
+constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][2][ATOM_BYTES]
 constexpr int OFF_Q = OFF_SMALL + SMALL_BYTES;                  // [QUERY_BYTES]
 constexpr int OFF_SCALE = OFF_Q + QUERY_BYTES;                  // int8: [STAGES][TILE_N] document scales
 constexpr int OFF_ROW_SCALE = OFF_SCALE + 4 * STAGES * TILE_N;  // int8: per query row, its scale
@@ -1111,30 +1113,76 @@ struct Consumer : Block {
     }
 
     // ---- Queries on M: the accumulators' rows are query rows -----------------------------
-    // TF32: the atom in ring slot `stage` split by the warpgroup, big halves in place, small
-    // into its buffer (the last atom's wgmmas are done with it: waited for before this issue).
-    __device__ __forceinline__ void split_atom(int stage) {
-        uint4* big = (uint4*)(sD() + stage * TILE_BYTES);
-        uint4* small = (uint4*)(sSmall() + warpgroup * ATOM_BYTES);
+    // TF32: the small halves of the atom in ring slot `stage` into the warpgroup's buffer
+    // `buffer` (the wgmmas of the atom two before, which read it, are done: waited for before
+    // this issue). The atom itself stays as it landed: the tensor cores read its big halves.
+    __device__ __forceinline__ void split_atom(int stage, int buffer) {
+        const uint4* atom = (const uint4*)(sD() + stage * TILE_BYTES);
+        uint4* small = (uint4*)(sSmall() + (2 * warpgroup + buffer) * ATOM_BYTES);
 #pragma unroll
         for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
-            const uint4 x = big[i];
-            uint4 b, t;
-            split_tf32_bits(x.x, b.x, t.x), split_tf32_bits(x.y, b.y, t.y);
-            split_tf32_bits(x.z, b.z, t.z), split_tf32_bits(x.w, b.w, t.w);
-            big[i] = b, small[i] = t;
+            const uint4 x = atom[i];
+            small[i] = make_uint4(truncate_tf32_bits(x.x), truncate_tf32_bits(x.y), truncate_tf32_bits(x.z),
+                                  truncate_tf32_bits(x.w));
         }
         fence_proxy_async();  // the tensor cores read them through the async proxy
         warpgroup_sync();
     }
-    // TF32: an atom's products into the tile's sums (rows lane/4: the query's big halves' row
-    // plus its small halves' row lane/4 + 8), by rounding FADDs; the tile's first atom sets them.
-    __device__ __forceinline__ static void add_atom(float (&sums)[ACC], const float (&acc)[ACC], bool first) {
+    // TF32: an atom's products added to the tile's sums (rows lane/4: the query's big halves'
+    // row plus its small halves' row lane/4 + 8), by rounding FADDs.
+    __device__ __forceinline__ static void add_atom(float (&sums)[ACC], const float (&acc)[ACC]) {
 #pragma unroll
         for (int i = 0; i < ACC; i += 4) {
-            const float a0 = acc[i] + acc[i + 2], a1 = acc[i + 1] + acc[i + 3];
-            sums[i] = first ? a0 : sums[i] + a0;
-            sums[i + 1] = first ? a1 : sums[i + 1] + a1;
+            sums[i] += acc[i] + acc[i + 2];
+            sums[i + 1] += acc[i + 1] + acc[i + 3];
+        }
+    }
+    __device__ __forceinline__ static void clear(float (&sums)[ACC]) {
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) sums[i] = 0.f;
+    }
+    // Streaming k, atom k_atom's query fragments: the warp's 8 real rows (its accumulator rows
+    // 0-7; rows 8-15 are padding, zero registers, or TF32 the small halves), k-steps 4 k_atom to
+    // 4 k_atom + 3.
+    __device__ __forceinline__ void stream_query_frags(u32 (&frags)[4][4], int k_atom) const {
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            u32 half[2];
+            ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 + ((lane >> 3) & 1) * 8);
+            if constexpr (TF32) {  // rows 8-15 take the small halves (see TF32)
+                split_tf32_bits(half[0], frags[ks][0], frags[ks][1]);
+                split_tf32_bits(half[1], frags[ks][2], frags[ks][3]);
+            } else {
+                frags[ks][0] = half[0], frags[ks][1] = 0u, frags[ks][2] = half[1], frags[ks][3] = 0u;
+            }
+        }
+    }
+    // TF32 (see TF32): two accumulator sets, fragment sets and small-half buffers; atom i+1 is
+    // split and goes to the tensor cores (issue) while atom i's products are added (retire).
+    template <typename Issue, typename Retire>
+    __device__ __forceinline__ static void pipeline_atoms(Issue&& issue, Retire&& retire, const TileInfo& in_flight,
+                                                          u32 (&frags0)[4][4]) {
+        float acc0[ACC], acc1[ACC];
+        u32 frags1[4][4];
+        if (!issue(acc0, frags0, 0)) return;
+#pragma unroll 1
+        for (;;) {
+            const TileInfo first = in_flight;
+            if (!issue(acc1, frags1, 1)) {
+                wgmma_wait<0>();
+                retire(acc0, first);
+                return;
+            }
+            wgmma_wait<1>();
+            retire(acc0, first);
+            const TileInfo second = in_flight;
+            if (!issue(acc0, frags0, 0)) {
+                wgmma_wait<0>();
+                retire(acc1, second);
+                return;
+            }
+            wgmma_wait<1>();
+            retire(acc1, second);
         }
     }
 
@@ -1202,8 +1250,15 @@ struct Consumer : Block {
         // the end of a split ring. Streaming k, a call hands one atom of the tile (its slot), into
         // the same accumulators as the tile's atoms before it. (One atom a call, not a loop over
         // them: a wgmma in a loop of run-time length makes ptxas serialize every wgmma, C7518.)
+        // TF32: `frags` and `buffer` (the small halves') alternate with the accumulators: the
+        // wgmmas of the atom before may still be reading the other ones.
         int k_atom = 0;
-        auto issue_mma = [&](Acc (&acc)[ACC]) -> bool {
+        const unsigned long long small_desc = SPLIT_DOCUMENT ? tile_descriptor(sSmall() + 2 * warpgroup * ATOM_BYTES) : 0;
+        auto issue_mma = [&](Acc (&acc)[ACC], u32 (&frags)[STREAM_K ? 4 : KSTEPS][4], int buffer) -> bool {
+            // Streaming k, the atom's query fragments: splitting the document, before the slot's
+            // wait (they need only k_atom); otherwise after its branches: registers of the wgmmas
+            // set before a branch made ptxas fence them (C7519/C7520).
+            if constexpr (SPLIT_DOCUMENT) stream_query_frags(frags, k_atom);
             mbarrier_wait(full() + stage, phase);
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
@@ -1216,36 +1271,21 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
-            if constexpr (SPLIT_DOCUMENT) split_atom(stage);
+            if constexpr (STREAM_K && !SPLIT_DOCUMENT) stream_query_frags(frags, k_atom);
+            if constexpr (SPLIT_DOCUMENT) split_atom(stage, buffer);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
-            const unsigned long long small_desc = SPLIT_DOCUMENT ? tile_descriptor(sSmall() + warpgroup * ATOM_BYTES) : 0;
+            wgmma_fence();
             if constexpr (STREAM_K) {
-                // The atom's query fragments: the warp's 8 real rows (its accumulator rows 0-7;
-                // rows 8-15 are padding, zero registers), k-steps 4 k_atom to 4 k_atom + 3.
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) {
-                    u32 half[2];
-                    ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 +
-                                          ((lane >> 3) & 1) * 8);
-                    if constexpr (TF32) {  // rows 8-15 take the small halves (see TF32)
-                        split_tf32_bits(half[0], a_regs[ks][0], a_regs[ks][1]);
-                        split_tf32_bits(half[1], a_regs[ks][2], a_regs[ks][3]);
-                    } else {
-                        a_regs[ks][0] = half[0], a_regs[ks][1] = 0u, a_regs[ks][2] = half[1], a_regs[ks][3] = 0u;
-                    }
-                }
-                wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < 4; ++ks) {
                     // TF32: fresh accumulators each atom; the document's big halves, then its small.
-                    WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), TF32 ? ks : 4 * k_atom + ks);
+                    WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), TF32 ? ks : 4 * k_atom + ks);
                     if constexpr (SPLIT_DOCUMENT)
-                        WgmmaTile<T>::run(acc, a_regs[ks], small_desc + kstep_offset(ks), 1);
+                        WgmmaTile<T>::run(acc, frags[ks], small_desc + buffer * (ATOM_BYTES >> 4) + kstep_offset(ks), 1);
                 }
             } else {
-                wgmma_fence();
 #pragma unroll
-                for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, a_regs[ks], desc + kstep_offset(ks), ks);
+                for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), ks);
             }
             wgmma_commit();
             const int slot = stage;
@@ -1276,7 +1316,7 @@ struct Consumer : Block {
             auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
                 if (cursor.position >= doc_count) return false;
                 const TileInfo folding = in_flight;
-                issue_mma(acc_new);
+                issue_mma(acc_new, a_regs, 0);
                 wgmma_wait<1>();
                 if constexpr (!SCALED) release(folding.stage);
                 pin(acc_old);
@@ -1285,7 +1325,7 @@ struct Consumer : Block {
                 return true;
             };
             Acc acc0[ACC], acc1[ACC];
-            issue_mma(acc0);  // every block has at least one tile
+            issue_mma(acc0, a_regs, 0);  // every block has at least one tile
 #pragma unroll 1
             for (;;) {
                 if (!step(acc1, acc0)) {
@@ -1301,24 +1341,33 @@ struct Consumer : Block {
                     break;
                 }
             }
+        } else if constexpr (SPLIT_DOCUMENT) {
+            // The tile's sums (rows lane/4 only: rows + 8 hold the query's small halves' products,
+            // added in there), which a tile's end folds and clears.
+            Acc sums[ACC];
+            clear(sums);
+            pipeline_atoms(issue_mma, [&](Acc (&acc)[ACC], const TileInfo& info) {
+                pin(acc);
+                add_atom(sums, acc);
+                release(info.stage);
+                if (!info.tile_end) return;
+                fold(sums, info);
+                clear(sums);
+            }, in_flight, a_regs);
         } else {
             // One accumulator set: each tile multiplies, then folds; the tensor cores meanwhile
-            // work for the block's other warpgroups.
+            // work for the block's other warpgroups. (Precision "high" too: it has no split to
+            // hide.)
             Acc acc[ACC];
-            // TF32: the tile's sums so far, its rows lane/4 only (rows + 8 hold the query's small
-            // halves' products, added in here); whether the next atom starts a tile.
-            Acc sums[ACC];
-            bool tile_start = true;
+            Acc sums[ACC];  // TF32 (precision "high"): as above
+            if constexpr (TF32) clear(sums);
 #pragma unroll 1
             while (SPLIT_DOCS || cursor.position < doc_count) {
-                if (!issue_mma(acc)) break;
+                if (!issue_mma(acc, a_regs, 0)) break;
                 const TileInfo folding = in_flight;
                 wgmma_wait<0>();
                 pin(acc);
-                if constexpr (TF32) {
-                    add_atom(sums, acc, tile_start);
-                    tile_start = folding.tile_end;
-                }
+                if constexpr (TF32) add_atom(sums, acc);
                 if (STREAM_K && !folding.tile_end) {  // the tile's next atom comes first
                     release(folding.stage);
                     continue;
@@ -1326,6 +1375,7 @@ struct Consumer : Block {
                 if constexpr (!SCALED) release(folding.stage);
                 fold(TF32 ? sums : acc, folding);
                 if constexpr (SCALED) release(folding.stage);
+                if constexpr (TF32) clear(sums);
             }
         }
     }

@@ -95,7 +95,7 @@ class WgmmaConfig:
     #: query block's capacity (WGMMA_STREAM_CAPACITIES).
     stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
     #: fp32 (streaming k; maxsim_fwd_wgmma.cu, TF32): 1 at fp32 accuracy, each warpgroup
-    #: splitting its atoms into TF32 halves (the small ones in a buffer of its own); 2 precision
+    #: splitting its atoms into TF32 halves (the small ones in two buffers of its own); 2 precision
     #: "high", the document as TF32.
     tf32: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
@@ -127,7 +127,7 @@ class WgmmaConfig:
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
-        small_bytes = self.warpgroups * n * 128 if self.tf32 == 1 else 0
+        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 0  # two buffers a warpgroup
         return (1024 + self.stages * slot_atoms * n * 128 + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
@@ -206,7 +206,9 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                    argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
                                    tf32=int(tf32)))
-    config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
+    # fp32 at fp32 accuracy: two warpgroups, whose consumers hold two accumulator and fragment
+    # sets each (maxsim_fwd_wgmma.cu, TF32): in the 128 registers of three they spill.
+    config = fitted(tunables.wgmma_stream_warpgroups or (2 if tf32 == 1 else WGMMA_SHAPE["warpgroups"]))
     if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:
         # Rings of two slots hold one loading while one multiplies: two longer rings keep more
         # bytes in flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536
