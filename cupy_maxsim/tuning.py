@@ -130,9 +130,9 @@ def float32_matmul_precision(precision: str):
     elements may be read as TF32, about 1e-3 relative, where that is faster: one query on
     Hopper; elsewhere the scores stay at "highest"). Other dtypes are not affected.
 
-    Not yet public (not in ``cupy_maxsim.__all__`` nor the README): its "high" build has not
-    run on a GPU (2026-12-03, the device time was spent); tests/test_no_cliffs.py holds its
-    GPU test."""
+    >>> with cupy_maxsim.tuning.float32_matmul_precision("high"):
+    ...     scores = cupy_maxsim.score(q, d)  # doctest: +SKIP
+    """
     if precision not in FLOAT32_PRECISIONS:
         raise ValueError(f"precision must be one of {FLOAT32_PRECISIONS}, got {precision!r}")
     with override(float32_precision=precision) as tunables:
