@@ -21,6 +21,9 @@ import contextvars
 import dataclasses
 import os
 
+#: The float32 precisions :func:`float32_matmul_precision` takes (torch's names).
+FLOAT32_PRECISIONS = ("highest", "high")
+
 
 @dataclasses.dataclass(frozen=True)
 class Tunables:
@@ -96,6 +99,10 @@ class Tunables:
 
 
     def __post_init__(self):
+        # The one field a planner reads by value (its other values would plan as "highest"
+        # without a word).
+        if self.float32_precision not in FLOAT32_PRECISIONS:
+            raise ValueError(f"float32_precision must be one of {FLOAT32_PRECISIONS}, got {self.float32_precision!r}")
         # Every cache of plans is keyed by the tunables: their hash is computed once, not per
         # call (a frozen dataclass's own __hash__ hashes all fields each time).
         object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))
@@ -117,10 +124,6 @@ _current: contextvars.ContextVar[Tunables] = contextvars.ContextVar("cupy_maxsim
 def current() -> Tunables:
     """The tunables calls made now plan under (DEFAULT unless an :func:`override` is active)."""
     return _current.get()
-
-
-#: The float32 precisions :func:`float32_matmul_precision` takes (torch's names).
-FLOAT32_PRECISIONS = ("highest", "high")
 
 
 @contextlib.contextmanager

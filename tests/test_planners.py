@@ -487,3 +487,6 @@ def test_float32_precision_high_on_the_planner():
         with pytest.raises(ValueError, match="precision"):
             with tuning.float32_matmul_precision(bad):
                 pass
+        with pytest.raises(ValueError, match="float32_precision"):  # the override door too
+            with tuning.override(float32_precision=bad):
+                pass
