@@ -68,7 +68,7 @@
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
 // (splitting documents: each slot's document position and length, the block's counter), and
 // for TF32 builds (fp32) 2 * WARPGROUPS * ATOM_BYTES after the ring (each warpgroup's two
-// buffers of an atom's small halves) and 32 * WARPGROUPS at the end (their mbarriers);
+// buffers of an atom's small halves);
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
@@ -126,9 +126,8 @@ constexpr int THREADS = 32 * WARPS;
 // must fit in fewer (it copies fewer bytes per row): 32 leaves the consumers their 160.
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
-    // consumers with one accumulator set; TF32 at fp32 accuracy, beside its splitter warps (80
-    // spilled).
-    return MAXSIM_TF32 == 1 ? 96 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
+    // consumers with one accumulator set.
+    return SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -166,10 +165,9 @@ constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // padding: a thread's row lane/4 takes big, its row lane/4 + 8 small (the A registers), so that
 // one wgmma multiplies both. Two wgmmas per k-step take the document's halves: big is the atom
 // as it landed (the tensor cores read an fp32 operand as TF32 by dropping its 13 low bits), small
-// = x - big (truncate_tf32_bits), which a producer warp of the ring's own (the splitter: the
-// warpgroup's fourth warp idled, so RINGS <= 2) writes into one of the consuming warpgroup's two
-// buffers once the atom lands; the consumers hold two accumulator sets: atom i+1 goes to the
-// tensor cores while atom i's products are added, and the splitter works ahead. Each atom's
+// = x - big (truncate_tf32_bits), which the consuming warpgroup writes into a buffer of its own
+// once the atom lands. Each warpgroup has two such buffers and two accumulator sets: atom i+1
+// is split and handed to the tensor cores while atom i's products are added. Each atom's
 // products go into fresh accumulators, added to the tile's sums by rounding FADDs (the
 // accumulators' own additions truncate: a bias over a long k). MAXSIM_TF32 == 2 (precision
 // "high", opt-in): the document as the tensor cores read fp32 (TF32, at most 2^-10 off an
@@ -218,8 +216,7 @@ constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : STORED_
 static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document scales (after the ring and the "
               "query) are written by TMA: 128-byte aligned");
 // Dynamic shared memory the kernel needs (the formula in the header comment).
-constexpr int SMALL_BARRIER_BYTES = SPLIT_DOCUMENT ? 32 * WARPGROUPS : 0;  // [WARPGROUPS][2] full, then empty
-constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + SMALL_BYTES + SMALL_BARRIER_BYTES + QUERY_BYTES +
+constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + SMALL_BYTES + QUERY_BYTES +
                              4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) +
                              16 * STAGES + 16 * STAGES + 8;
 #ifdef MAXSIM_EXPECT_SHARED_BYTES  // the compile checks: _plan.configs.WgmmaConfig.shared_bytes
@@ -237,7 +234,6 @@ static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments liv
 static_assert(!STREAM_K || (SPLIT_DOCS && HALF_ROWS && KSTEPS % 4 == 0), "streaming k: one query, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
-static_assert(!SPLIT_DOCUMENT || WARPGROUPS <= 2, "TF32: a splitter warp beside each ring's producer warp");
 }  // namespace wg
 
 // Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
@@ -540,10 +536,7 @@ constexpr int OFF_EMPTY = OFF_FULL + 8 * STAGES;                // [STAGES] mbar
 constexpr int OFF_SLOT_DOC = OFF_EMPTY + 8 * STAGES;
 constexpr int OFF_SLOT_LENGTH = OFF_SLOT_DOC + 8 * STAGES;
 constexpr int OFF_NEXT_DOC = OFF_SLOT_LENGTH + 8 * STAGES;
-// TF32 at fp32 accuracy: each warpgroup's two small-half buffers' mbarriers: split, and read.
-constexpr int OFF_SMALL_FULL = OFF_NEXT_DOC + 8;
-constexpr int OFF_SMALL_EMPTY = OFF_SMALL_FULL + SMALL_BARRIER_BYTES / 2;
-static_assert(OFF_SMALL_EMPTY + SMALL_BARRIER_BYTES / 2 + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
+static_assert(OFF_NEXT_DOC + 8 + 1024 == SHARED_BYTES, "the regions fill SHARED_BYTES");
 
 // A walk over a ring's documents in the block's order, a tile at a time: its producer and each
 // of its consumer warpgroups keep one (their ring slots follow the same sequence of tiles).
@@ -578,8 +571,6 @@ struct Block {
     __device__ __forceinline__ long long* sSlotLength() const { return (long long*)(smem + OFF_SLOT_LENGTH); }
     __device__ __forceinline__ unsigned* sNextDoc() const { return (unsigned*)(smem + OFF_NEXT_DOC); }
     __device__ __forceinline__ unsigned char* sSmall() const { return smem + OFF_SMALL; }
-    __device__ __forceinline__ unsigned long long* small_full() const { return (unsigned long long*)(smem + OFF_SMALL_FULL); }
-    __device__ __forceinline__ unsigned long long* small_empty() const { return (unsigned long long*)(smem + OFF_SMALL_EMPTY); }
     int tid, lane, warp, quad;
     bool scales_by_tma, scales_by_lanes;  // int8 with a TMA map: the tiles' scales by TMA too, or by lanes
     i64 doc_begin, doc_end, doc_count, rotation, first_query;
@@ -666,10 +657,6 @@ struct Block {
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc() = 0;
-        for (int b = 0; b < (SPLIT_DOCUMENT ? 2 * WARPGROUPS : 0); ++b) {
-            mbarrier_init(small_full() + b, 1);   // the splitter's first lane
-            mbarrier_init(small_empty() + b, 4);  // the consumer warps that read it
-        }
     } else if (tid == CONSUMER_THREADS && tile_map.use_tma) {
         // The producer's first lane fetches the tile maps while the barriers are set up.
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.map) : "memory");
@@ -717,34 +704,6 @@ struct Block {
     }
 
     // ---- Producer warpgroup ------------------------------------------------------------
-    // TF32 at fp32 accuracy, the splitter of ring `ring`: each atom's small halves, as it lands,
-    // into its consumer warpgroup's buffer (atom i: buffer i % 2, once the wgmmas of atom i - 2
-    // are done with it). The atom itself stays as it landed: the tensor cores read its big halves.
-    __device__ __forceinline__ void split_ring(int ring) {
-        const int ring_first = ring * RING, ring_end = ring_first + RING;
-        int stage = ring_first;
-        u32 phase = 0;
-#pragma unroll 1
-        for (int i = 0;; ++i) {
-            mbarrier_wait(full() + stage, phase);
-            if (sSlotDoc()[stage] < 0) return;  // the ring's end
-            const int buffer = i & 1;
-            if (i >= 2) mbarrier_wait(small_empty() + 2 * ring + buffer, ((i >> 1) - 1) & 1);
-            const uint4* atom = (const uint4*)(sD() + stage * TILE_BYTES);
-            uint4* small = (uint4*)(sSmall() + (2 * ring + buffer) * ATOM_BYTES);
-#pragma unroll 4
-            for (int j = lane; j < ATOM_BYTES / 16; j += 32) {
-                const uint4 x = atom[j];
-                small[j] = make_uint4(truncate_tf32_bits(x.x), truncate_tf32_bits(x.y), truncate_tf32_bits(x.z),
-                                      truncate_tf32_bits(x.w));
-            }
-            fence_proxy_async();  // the tensor cores read them through the async proxy
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(small_full() + 2 * ring + buffer);
-            if (++stage == ring_end) stage = ring_first, phase ^= 1;
-        }
-    }
-
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -757,8 +716,6 @@ struct Block {
         // Splitting documents, warp r feeds ring r (a fourth warp idles); otherwise TMA needs
         // only the first warp.
         const int producer_warp = warp - CONSUMER_WARPS;
-        if constexpr (SPLIT_DOCUMENT)
-            if (producer_warp >= RINGS && producer_warp < 2 * RINGS) return split_ring(producer_warp - RINGS);
         if (SPLIT_DOCS ? producer_warp >= RINGS : tile_map.use_tma && producer_warp != 0) return;
         const int ring_first = (SPLIT_DOCS ? producer_warp : 0) * RING, ring_end = ring_first + RING;
         constexpr int ROWS_PER_WARP = TILE_N / COPY_WARPS;
@@ -1156,6 +1113,21 @@ struct Consumer : Block {
     }
 
     // ---- Queries on M: the accumulators' rows are query rows -----------------------------
+    // TF32: the small halves of the atom in ring slot `stage` into the warpgroup's buffer
+    // `buffer` (the wgmmas of the atom two before, which read it, are done: waited for before
+    // this issue). The atom itself stays as it landed: the tensor cores read its big halves.
+    __device__ __forceinline__ void split_atom(int stage, int buffer) {
+        const uint4* atom = (const uint4*)(sD() + stage * TILE_BYTES);
+        uint4* small = (uint4*)(sSmall() + (2 * warpgroup + buffer) * ATOM_BYTES);
+#pragma unroll
+        for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
+            const uint4 x = atom[i];
+            small[i] = make_uint4(truncate_tf32_bits(x.x), truncate_tf32_bits(x.y), truncate_tf32_bits(x.z),
+                                  truncate_tf32_bits(x.w));
+        }
+        fence_proxy_async();  // the tensor cores read them through the async proxy
+        warpgroup_sync();
+    }
     // TF32: an atom's products added to the tile's sums (rows lane/4: the query's big halves'
     // row plus its small halves' row lane/4 + 8), by rounding FADDs.
     __device__ __forceinline__ static void add_atom(float (&sums)[ACC], const float (&acc)[ACC]) {
@@ -1185,8 +1157,8 @@ struct Consumer : Block {
             }
         }
     }
-    // TF32 (see TF32): two accumulator sets, fragment sets and small-half buffers; atom i+1
-    // goes to the tensor cores (issue) while atom i's products are added (retire).
+    // TF32 (see TF32): two accumulator sets, fragment sets and small-half buffers; atom i+1 is
+    // split and goes to the tensor cores (issue) while atom i's products are added (retire).
     template <typename Issue, typename Retire>
     __device__ __forceinline__ static void pipeline_atoms(Issue&& issue, Retire&& retire, const TileInfo& in_flight,
                                                           u32 (&frags0)[4][4]) {
@@ -1198,19 +1170,19 @@ struct Consumer : Block {
             const TileInfo first = in_flight;
             if (!issue(acc1, frags1, 1)) {
                 wgmma_wait<0>();
-                retire(acc0, first, 0);
+                retire(acc0, first);
                 return;
             }
             wgmma_wait<1>();
-            retire(acc0, first, 0);
+            retire(acc0, first);
             const TileInfo second = in_flight;
             if (!issue(acc0, frags0, 0)) {
                 wgmma_wait<0>();
-                retire(acc1, second, 1);
+                retire(acc1, second);
                 return;
             }
             wgmma_wait<1>();
-            retire(acc1, second, 1);
+            retire(acc1, second);
         }
     }
 
@@ -1281,7 +1253,6 @@ struct Consumer : Block {
         // TF32: `frags` and `buffer` (the small halves') alternate with the accumulators: the
         // wgmmas of the atom before may still be reading the other ones.
         int k_atom = 0;
-        u32 small_phases = 0;  // TF32: the parity each small-half buffer's next split completes
         const unsigned long long small_desc = SPLIT_DOCUMENT ? tile_descriptor(sSmall() + 2 * warpgroup * ATOM_BYTES) : 0;
         auto issue_mma = [&](Acc (&acc)[ACC], u32 (&frags)[STREAM_K ? 4 : KSTEPS][4], int buffer) -> bool {
             // Streaming k, the atom's query fragments: splitting the document, before the slot's
@@ -1301,10 +1272,7 @@ struct Consumer : Block {
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
             if constexpr (STREAM_K && !SPLIT_DOCUMENT) stream_query_frags(frags, k_atom);
-            if constexpr (SPLIT_DOCUMENT) {  // the splitter's small halves
-                mbarrier_wait(small_full() + 2 * warpgroup + buffer, (small_phases >> buffer) & 1);
-                small_phases ^= 1u << buffer;
-            }
+            if constexpr (SPLIT_DOCUMENT) split_atom(stage, buffer);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
             wgmma_fence();
             if constexpr (STREAM_K) {
@@ -1378,11 +1346,10 @@ struct Consumer : Block {
             // added in there), which a tile's end folds and clears.
             Acc sums[ACC];
             clear(sums);
-            pipeline_atoms(issue_mma, [&](Acc (&acc)[ACC], const TileInfo& info, int buffer) {
+            pipeline_atoms(issue_mma, [&](Acc (&acc)[ACC], const TileInfo& info) {
                 pin(acc);
                 add_atom(sums, acc);
-                release(info.stage);  // (its __syncwarp: every lane's wgmmas are done with the buffer)
-                if (lane == 0) mbarrier_arrive(small_empty() + 2 * warpgroup + buffer);
+                release(info.stage);
                 if (!info.tile_end) return;
                 fold(sums, info);
                 clear(sums);

@@ -127,8 +127,7 @@ class WgmmaConfig:
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
-        # TF32 at fp32 accuracy: two buffers a warpgroup, and their four mbarriers
-        small_bytes = 2 * self.warpgroups * n * 128 + 32 * self.warpgroups if self.tf32 == 1 else 0
+        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 0  # two buffers a warpgroup
         return (1024 + self.stages * slot_atoms * n * 128 + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
@@ -207,13 +206,9 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                    argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
                                    tf32=int(tf32)))
-    if tf32 == 1:
-        # fp32 at fp32 accuracy: two warpgroups always (maxsim_fwd_wgmma.cu, TF32: each ring's
-        # splitter is a producer warp, and consumers holding two accumulator and fragment sets
-        # spill in the 128 registers of three: 1.58 ms against 0.79 at dim 128,
-        # bench/results/cliffs-2026-12-03-6e1727b-fp32-wgmma_stream_warpgroups3.txt).
-        return fitted(2)
-    config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
+    # fp32 at fp32 accuracy: two warpgroups, whose consumers hold two accumulator and fragment
+    # sets each (maxsim_fwd_wgmma.cu, TF32): in the 128 registers of three they spill.
+    config = fitted(tunables.wgmma_stream_warpgroups or (2 if tf32 == 1 else WGMMA_SHAPE["warpgroups"]))
     if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:
         # Rings of two slots hold one loading while one multiplies: two longer rings keep more
         # bytes in flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536
