@@ -206,9 +206,13 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                    argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
                                    tf32=int(tf32)))
-    # fp32 at fp32 accuracy: two warpgroups, whose consumers hold two accumulator and fragment
-    # sets each (maxsim_fwd_wgmma.cu, TF32): in the 128 registers of three they spill.
-    config = fitted(tunables.wgmma_stream_warpgroups or (2 if tf32 == 1 else WGMMA_SHAPE["warpgroups"]))
+    if tf32 == 1:
+        # fp32 at fp32 accuracy: two warpgroups always (maxsim_fwd_wgmma.cu, TF32), whose
+        # consumers hold two accumulator and fragment sets each: in the 128 registers of three
+        # they spill (1.58 ms against 0.79 at dim 128,
+        # bench/results/cliffs-2026-12-03-6e1727b-fp32-wgmma_stream_warpgroups3.txt).
+        return fitted(2)
+    config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
     if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:
         # Rings of two slots hold one loading while one multiplies: two longer rings keep more
         # bytes in flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536
