@@ -1143,8 +1143,9 @@ struct Consumer : Block {
     }
     // Streaming k, atom k_atom's query fragments: the warp's 8 real rows (its accumulator rows
     // 0-7; rows 8-15 are padding, zero registers, or TF32 the small halves), k-steps 4 k_atom to
-    // 4 k_atom + 3.
-    __device__ __forceinline__ void stream_query_frags(u32 (&frags)[4][4], int k_atom) const {
+    // 4 k_atom + 3. (N: the callers' fragment arrays, 4 when streaming; a template, since the
+    // builds that do not stream still type-check the call with their KSTEPS.)
+    template <int N> __device__ __forceinline__ void stream_query_frags(u32 (&frags)[N][4], int k_atom) const {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
             u32 half[2];
