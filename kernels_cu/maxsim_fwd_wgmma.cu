@@ -1166,6 +1166,8 @@ struct Consumer : Block {
         float acc0[ACC], acc1[ACC];
         u32 frags1[4][4];
         if (!issue(acc0, frags0, 0)) return;
+        // The two halves are written out: the sets alternate by name (a register array indexed
+        // at run time would go to local memory), and a step lambda changed ptxas's schedule.
 #pragma unroll 1
         for (;;) {
             const TileInfo first = in_flight;
