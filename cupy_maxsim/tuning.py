@@ -59,7 +59,8 @@ class Tunables:
     #: :func:`float32_matmul_precision`.
     float32_precision: str = "highest"
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
-    #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces.
+    #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
+    #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
     #: 128-row tiles where they pad documents by at most this much more than 64-row tiles
     #: (colpali-32q 7.48 -> 6.75 ms, inbatch-128 0.235 -> 0.250: tune-wgmma-2026-11-30-462151b.log).
