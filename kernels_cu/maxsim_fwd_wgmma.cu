@@ -156,6 +156,9 @@ constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 // tile's atoms follow each other through the ring into one accumulator set; the query stays in
 // shared memory (its 32 real rows only, HALF_ROWS), its fragments loaded per atom (ldmatrix).
 // KSTEPS is then a capacity (the query block's width); the dim's atoms are counted at run time.
+// With DOCS_ON_M (many queries at fat dims, 320 fp16 and 640 int8 in two warpgroups' blocks) the
+// same ring of atoms feeds every warpgroup, each multiplying an atom against the same atom of its
+// resident query block; a slot is freed once the next atom's MMAs are in the tensor cores' hands.
 constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
 // element x is taken as big + small, and every product of the four is taken: |x y - (xb +
@@ -231,7 +234,8 @@ __device__ __forceinline__ int group_row_of(int row) { return !HALF_ROWS ? row :
 static_assert(STAGES >= 3, "the ring needs two slots in the tensor cores' hands and one loading");
 static_assert(STAGES % RINGS == 0 && RING >= 2, "split rings of at least two slots: one multiplying, one loading");
 static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments live in registers; chunks come in fours");
-static_assert(!STREAM_K || (SPLIT_DOCS && HALF_ROWS && KSTEPS % 4 == 0), "streaming k: one query, whole atoms");
+static_assert(!STREAM_K || ((DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS)) && KSTEPS % 4 == 0),
+              "streaming k: one query (half rows) or documents on M, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
 }  // namespace wg
@@ -970,20 +974,44 @@ struct Consumer : Block {
             float s0, s1;
         };
         // Hand the cursor's tile to the tensor cores and move the cursor on.
-        auto issue = [&]() -> TileFold {
+        // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
+        // to the tensor cores.
+        auto issue_slot = [&](int k_atom) {
             mbarrier_wait(full() + stage, phase);
             if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
             const unsigned long long doc_desc = tile_descriptor(sD() + stage * TILE_BYTES);
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ++ks)
-                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks), query_desc + query_kstep_offset(ks), ks);
+            for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks)
+                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks), query_desc + query_kstep_offset(4 * k_atom + ks),
+                                     k_atom + ks);
             wgmma_commit();
+        };
+        auto next_slot = [&]() {
+            if (++stage == STAGES) stage = 0, phase ^= 1;
+        };
+        // STREAM_K: a tile is tile_slots slots, an atom each, multiplied into the same
+        // accumulators against the same atom of the query block; an atom's slot is freed once
+        // the next atom's MMAs are issued and its own are done (the tile's last slot by take).
+        const int tile_slots = slots_per_tile<T>(args.dim);
+        auto issue = [&]() -> TileFold {
+            issue_slot(0);
+            if constexpr (STREAM_K) {
+#pragma unroll 1
+                for (int k_atom = 1; k_atom < tile_slots; ++k_atom) {
+                    const int previous = stage;
+                    next_slot();
+                    issue_slot(k_atom);
+                    wgmma_wait<1>();
+                    __syncwarp();
+                    if (lane == 0) mbarrier_arrive(empty() + previous);
+                }
+            }
             TileFold tile;
             tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N, tile.slot = stage;
             const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
             tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
-            if (++stage == STAGES) stage = 0, phase ^= 1;
+            next_slot();
             next_tile(cursor);
             tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
             tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);

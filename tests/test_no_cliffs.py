@@ -264,10 +264,9 @@ def test_odd_ksteps_on_the_hopper_kernel(dtype, dim, nq):
     assert_scores_match(got, reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
 
 
-@pytest.fixture
-def families(monkeypatch):
-    """The kernel families the forwards of a test fetch (plans and replays emptied first, so
-    that each new plan fetches its kernel)."""
+def _spy_on_kernels(monkeypatch, record):
+    """Calls ``record(family, defines)`` for every kernel the forwards fetch (plans and replays
+    emptied first, so that each new plan fetches its kernel); returns the list it fills."""
     from cupy_maxsim import _forward, _replay
     from cupy_maxsim._gpu import compile as gpu_compile
 
@@ -275,12 +274,25 @@ def families(monkeypatch):
     _replay.replays.clear()
     fetch, seen = gpu_compile.get_kernel, []
 
-    def spy(device, family, name, *args, **kwargs):
-        seen.append(family)
-        return fetch(device, family, name, *args, **kwargs)
+    def spy(device, family, name, defines=(), *args, **kwargs):
+        seen.extend(record(family, defines))
+        return fetch(device, family, name, defines, *args, **kwargs)
 
     monkeypatch.setattr(gpu_compile, "get_kernel", spy)
     return seen
+
+
+@pytest.fixture
+def families(monkeypatch):
+    """The kernel families the forwards of a test fetch."""
+    return _spy_on_kernels(monkeypatch, lambda family, defines: [family])
+
+
+@pytest.fixture
+def configs(monkeypatch):
+    """The defines (as a dict) of the Hopper builds the forwards of a test fetch."""
+    return _spy_on_kernels(monkeypatch, lambda family, defines: [dict(d[len("-D"):].split("=", 1) for d in defines)]
+                           if family == "maxsim_fwd_wgmma" else [])
 
 
 def _on_hopper() -> bool:
@@ -421,6 +433,62 @@ def test_one_query_streams_k_int8_and_packed(dim, families):
         assert np.isclose(to_numpy(got)[0, n], want, atol=NOISE["float16"] * 32) or want == to_numpy(got)[0, n]
     if _on_hopper():
         assert families and set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+def _docs_on_m_streamed(configs) -> bool:
+    return bool(configs) and all(c.get("MAXSIM_DOCS_ON_M") == "1" and c.get("MAXSIM_STREAM_K") == "1" for c in configs)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dim", [136, 200, 256, 320])
+def test_many_queries_stream_k_with_documents_on_m(dtype, dim, configs):
+    """Many queries at dims past 8 resident k-steps (documents on M): the documents' atoms
+    stream past the warpgroups' resident query blocks (a part-zero last atom at 136 and 200),
+    masked and not, winners, an empty document, rows on 4 bytes (cp.async pieces) bitwise as on
+    16 (TMA), bitwise reproducible, against float64."""
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, 12, 32, 7, 150, dim, seed=dim)
+    rng = np.random.default_rng(dim)
+    q64, d64, q, d = _inputs(rng, 12, 32, 11, 130, dim, dtype)
+    got, winners = cm.score(q, d, return_argmax=True)
+    assert_scores_match(got, reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
+    if dtype == "float16":
+        shifted, shifted_winners = cm.score(_shifted(q, 2), _shifted(d, 2), return_argmax=True)
+        np.testing.assert_array_equal(to_numpy(shifted), to_numpy(got))
+        np.testing.assert_array_equal(to_numpy(shifted_winners), to_numpy(winners))
+    if _on_hopper():
+        assert _docs_on_m_streamed(configs), configs
+
+
+@pytest.mark.parametrize("dim", [320, 640])
+def test_many_queries_stream_k_int8_and_packed(dim, configs):
+    """int8 (its scales in a tile's last slot; past 256 dims converted by I2F) and a packed
+    corpus (tiles that start anywhere, empty documents) with documents on M streaming k."""
+    import cupy
+
+    rng = np.random.default_rng(dim + 2)
+    q = cupy.asarray(unit_rows(rng, (8, 32, dim), np.float32))
+    d = cupy.asarray(unit_rows(rng, (9, 140, dim), np.float32))
+    d_mask = holey_mask(rng, (9, 140), 0.7)
+    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+    expected = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None],
+                                          None, d_mask)
+    got, winners = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask), return_argmax=True)
+    assert_scores_match(got, expected, atol=1e-3, rtol=1e-5)
+    unmasked = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None])
+    assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), unmasked, atol=1e-3, rtol=1e-5)
+    tokens = cupy.asarray(unit_rows(rng, (700, dim), np.float32)).astype(cupy.float16)
+    offsets = cupy.asarray([0, 65, 65, 300, 301, 700], dtype=cupy.int64)
+    q16 = q.astype(cupy.float16)
+    got = to_numpy(cm.score_packed(q16, tokens, offsets))
+    t64, q64, bounds = to_numpy(tokens).astype(np.float64), to_numpy(q16).astype(np.float64), to_numpy(offsets).astype(int)
+    for n in range(5):
+        rows = t64[bounds[n]:bounds[n + 1]]
+        want = np.full(8, -np.inf) if len(rows) == 0 else np.einsum("qtd,jd->qtj", q64, rows).max(-1).sum(-1)
+        assert_scores_match(got[:, n], want, atol=NOISE["float16"] * 32)
+    if _on_hopper():
+        assert _docs_on_m_streamed(configs), configs
 
 
 @pytest.mark.parametrize("dim", [64, 128, 200, 256, 1000])

@@ -222,6 +222,29 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 
+#: Query block capacities (k-steps) of the Hopper kernel with documents on M streaming k (many
+#: queries at fat dims: fp16 dims 192, 256, 320; int8 twice that): the warpgroups' query blocks
+#: stay resident, so their bytes cap the dim (two blocks of 320 fp16 dims take 160 KB).
+WGMMA_DOCS_ON_M_STREAM_CAPACITIES = (12, 16, 20)
+
+
+def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
+                                  int8: bool = False) -> WgmmaConfig | None:
+    """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
+    ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
+    whose query blocks fit with a ring of at least four slots, or None past the largest capacity."""
+    capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
+    if capacity is None or warpgroups_wanted < 2:
+        return None
+    most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
+    for warpgroups in range(most, 1, -1):
+        config = _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=WGMMA_SHAPE["stages"],
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1))
+        if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages >= 4:
+            return config
+    return None
+
+
 def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:
     """Warpgroups the Hopper kernel's int8 entry has with documents on M: two where three would
     spill (its packed winners with the argmax; dim 256's k-steps), else three (the #if before its

@@ -13,7 +13,8 @@ import typing
 from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
 from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, STREAM_KSTEPS, choose_stages, mma_config,
-                      simt_shared_bytes, wgmma_config, wgmma_stream_config, wgmma_tile_rows)
+                      simt_shared_bytes, wgmma_config, wgmma_docs_on_m_stream_config, wgmma_stream_config,
+                      wgmma_tile_rows)
 
 #: Bytes per element by kernel suffix (registry.FORMATS).
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
@@ -139,6 +140,9 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
                 and tunables.wgmma_split_docs and tunables.wgmma_half_rows):
             # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
             config = wgmma_stream_config(ksteps, bool(argmax), tunables, tf32)
+        if config is None and docs_on_m and not tf32 and tunables.wgmma_stream_k:
+            # Many queries at a fat dim: the documents' atoms streamed past resident query blocks.
+            config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), warpgroups, scaled)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)

@@ -15,8 +15,8 @@ from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
 from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
-                      int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_stream_config,
-                      WGMMA_STREAM_CAPACITIES)
+                      int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_docs_on_m_stream_config,
+                      wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
@@ -119,6 +119,11 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
             for tf32 in (1, 2):  # fp32, one query: at fp32 accuracy, and precision "high"
                 add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax, tf32=tf32))
+    for capacity in WGMMA_DOCS_ON_M_STREAM_CAPACITIES:  # many queries at fat dims (documents on M)
+        for argmax in (False, True):
+            for warpgroups in (2, 3):
+                for int8 in (False, True):
+                    add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, int8))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
