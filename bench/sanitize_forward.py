@@ -91,6 +91,20 @@ for dtype, shift in ((cupy.float16, 2), (cupy.float16, 4), (cupy.int8, 4), (cupy
         if dtype == cupy.int8:
             extra["d_scale"] = cupy.ones((2099,), cupy.float32)
         cm.score_packed(q, tokens, offsets, **extra)
+# Many queries at fat dims (documents on M streaming k, the Hopper kernel): a part-zero last
+# atom (200), masks (cp.async) and not (TMA), winners, packed tokens ending where their
+# allocation does, rows on 4 bytes, int8 past 256 dims.
+for dim in (200, 320):
+    q, d = rows((12, 32, dim), cupy.float16), rows((7, 150, dim), cupy.float16)
+    cm.score(q, d, d_mask=cupy.asarray(rng.random((7, 150)) < 0.8), return_argmax=True)
+    cm.score(q, d)
+    cm.score_packed(q, d.reshape(-1, dim)[: 7 * 150 - 1], cupy.asarray([0, 1, 150, 150, 1049], dtype=cupy.int64),
+                    return_argmax=True)
+    cm.score(shifted((12, 32, dim), cupy.float16, 2), shifted((7, 150, dim), cupy.float16, 2), return_argmax=True)
+qv, qs = cm.quantize_int8(rows((8, 32, 640), cupy.float32))
+dv, ds = cm.quantize_int8(rows((5, 140, 640), cupy.float32))
+cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(rng.random((5, 140)) < 0.7), return_argmax=True)
+cm.score(qv, dv, q_scale=qs, d_scale=ds)
 for dim in (100, 101, 3):
     qv, qs = cm.quantize_int8(rows((3, 32, dim), cupy.float32))
     dv, ds = cm.quantize_int8(rows((5, 40, dim), cupy.float32))
