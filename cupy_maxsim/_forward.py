@@ -37,6 +37,7 @@ class ForwardPlan(typing.NamedTuple):
     grid_x: int  # document ranges
     doc_rotation: int
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
+    stream_query: bool = False  # Hopper kernel: the query atoms stream by TMA (q's map, query_map_shape)
 
 
 def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
@@ -59,7 +60,8 @@ def _plan_of(key: tuple) -> ForwardPlan | None:
             kernel = gpu_compile.get_kernel(device, choice.family, choice.name, config.defines(), config.shared_bytes)
             resident = gpu_device.resident_blocks(kernel, config.threads, config.shared_bytes, device)
             plan = ForwardPlan(kernel, config.threads, config.shared_bytes,
-                               *planner.geometry(shape, choice, resident, properties))
+                               *planner.geometry(shape, choice, resident, properties),
+                               stream_query=bool(getattr(config, "stream_query", 0)))
         _plans.put(key, plan)
     return plan
 
@@ -166,6 +168,16 @@ def tile_map_shape(problem: ScoreProblem, tile_rows: int) -> tuple:
             d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows)
 
 
+def query_map_shape(problem: ScoreProblem, first_query: int = 0) -> tuple:
+    """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
+    ``queries`` after the pointer) for a build streaming the query atoms: a box holds the
+    queries of one warpgroup (128 rows, whole queries)."""
+    q = problem.q
+    num_queries, query_length, _ = q.shape
+    item = ITEMSIZE[q.dtype]
+    return (query_length, num_queries - first_query, q.strides[1] * item, q.strides[0] * item, 128 // query_length)
+
+
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
     q, d, q_mask, q_scale = problem.q, problem.d, problem.q_mask, problem.q_scale
     num_queries, query_length, dim = q.shape
@@ -192,12 +204,14 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             # and a box whose first float is off 16 bytes is an illegal instruction.
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
-            tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma)
+            tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
+                                        queries=(q.ptr,) + query_map_shape(problem) if plan.stream_query else None)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
         # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
         # not the plan of those calls, and is not recorded.
         if record is not None and plan.groups <= 65535 and (q.ptr | d.ptr) % 16 == 0:
-            record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:]))
+            record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:],
+                           query_map_shape(problem) if plan.stream_query else None))
         out_item = 8 if q.dtype == "float64" else 4
         out_query_stride = values["out_query_stride"]
         for first in range(0, plan.groups, 65535):  # grid.y is limited to 65535 query groups
@@ -211,6 +225,9 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             )
             if winners is not None:
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
+            if plan.stream_query and first:  # q's map from this launch's first query
+                tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
+                                            queries=(values["q"],) + query_map_shape(problem, first_query))
             args = forward_args(**values)
             gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),
                               args if tile_map is None else (args, tile_map), plan.shared, stream)

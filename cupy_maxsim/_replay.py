@@ -82,12 +82,15 @@ class Replay:
     """A recorded forward launch, replayed with new pointers."""
 
     def __init__(self, like, shape: tuple, dtype: str, argmax_dtype: str | None, plan, values: dict,
-                 tile_map_shape: tuple | None, use_tma: bool, scale_strides: tuple | None = None):
+                 tile_map_shape: tuple | None, use_tma: bool, scale_strides: tuple | None = None,
+                 query_map_shape: tuple | None = None):
         self.like, self.shape, self.dtype = like, shape, dtype
         self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan, self.tile_map_shape, self.use_tma = plan, tile_map_shape, use_tma
         # int8 documents' scales read by TMA: their (row, document) strides in bytes.
         self.scale_strides = scale_strides
+        # A build streaming the query atoms: q's map's shape (_forward.query_map_shape).
+        self.query_map_shape = query_map_shape
         self.torch = like.framework == "torch"
         self.backward = None  # a BackwardPlan template: calls answer (scores, plan) (with_backward)
         # The recorded arguments packed once; a call patches in q, d, out, argmax, the masks and
@@ -138,7 +141,9 @@ class Replay:
             tile_map = None
             if self.tile_map_shape is not None:
                 scales = None if self.scale_strides is None else (extra_ptrs[3],) + self.scale_strides
-                tile_map = tma.doc_tile_map(d_ptr, *self.tile_map_shape, scales=scales, use_tma=self.use_tma)
+                queries = None if self.query_map_shape is None else (q_ptr,) + self.query_map_shape
+                tile_map = tma.doc_tile_map(d_ptr, *self.tile_map_shape, scales=scales, use_tma=self.use_tma,
+                                            queries=queries)
             self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr) + extra_ptrs, stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)

@@ -87,13 +87,18 @@ template <typename T> __device__ __forceinline__ int chunk_bytes(int dim, int el
 // Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
 // zero-filled when the token is not real (outside the block's group, masked) and past dim, and
 // returns whether it is real. Both forward kernels stage their query block this way.
+// Whether token `token` of query `query` is real: in the block's group, and not masked.
+__device__ __forceinline__ bool query_token_real(const ForwardArgs& args, i64 query, int token, bool in_group) {
+    bool real = in_group;
+    if (real && args.q_mask != nullptr)
+        real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+    return real;
+}
 template <typename T>
 __device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
                                                   int chunk, bool in_group) {
     constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
-    bool real = in_group;
-    if (real && args.q_mask != nullptr)
-        real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
+    const bool real = query_token_real(args, query, token, in_group);
     const int bytes = real ? chunk_bytes<T>(args.dim, chunk * ELEMS) : 0;
     const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
     copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)src : args.q, bytes);
@@ -104,30 +109,30 @@ __device__ __forceinline__ float query_scale(const ForwardArgs& args, i64 query,
     return args.q_scale[query * args.q_scale_query_stride + token * args.q_scale_row_stride];
 }
 
-// Whether a staged query token (16-bit or fp32) holds NaN or inf (an exponent of all ones), and
-// if so zeroes it, so that it stays a valid witness for non-finite document elements (a
-// non-finite document element makes 0 * inf = NaN against a zero token too). `row`: 16-byte
-// aligned, `chunks` 16-byte chunks, tested a 32-bit word (two 16-bit elements or one fp32) at a
-// time; with
-// atom_bytes > 0 the row is in the 128-byte swizzle layout (chunk k of row r in atom k / 8 at
-// position (k % 8) ^ (r % 8); `row` points at its line in the first atom). Both forward
-// kernels check their query block this way, once.
+// Sets `bad` if a 16-byte chunk of 16-bit or fp32 elements holds NaN or inf (an exponent of
+// all ones), tested a 32-bit word (two 16-bit elements or one fp32) at a time.
+template <typename T> __device__ __forceinline__ void note_non_finite(bool& bad, const uint4& c) {
+    static_assert(Codec<T>::BITS == 16 || Codec<T>::BITS == 32, "16-bit or fp32 tokens");
+    const u32 low = (u32)Codec<T>::EXPONENT, high = Codec<T>::BITS == 16 ? low << 16 : low;
+    const u32 words[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
+}
+// Whether a staged query token (16-bit or fp32) holds NaN or inf, and if so zeroes it, so that
+// it stays a valid witness for non-finite document elements (a non-finite document element
+// makes 0 * inf = NaN against a zero token too). `row`: 16-byte aligned, `chunks` 16-byte
+// chunks; with atom_bytes > 0 the row is in the 128-byte swizzle layout (chunk k of row r in
+// atom k / 8 at position (k % 8) ^ (r % 8); `row` points at its line in the first atom). Both
+// forward kernels check their query block this way, once.
 template <typename T>
 __device__ __forceinline__ bool zero_if_non_finite(u16* row, int chunks, int swizzle_row = 0, int atom_bytes = 0) {
-    static_assert(Codec<T>::BITS == 16 || Codec<T>::BITS == 32, "16-bit or fp32 query tokens");
-    const u32 low = (u32)Codec<T>::EXPONENT, high = Codec<T>::BITS == 16 ? low << 16 : low;
     auto chunk_at = [&](int k) {
         return (uint4*)((unsigned char*)row +
                         (atom_bytes ? (k / 8) * atom_bytes + (((k % 8) ^ (swizzle_row % 8)) << 4) : k * 16));
     };
     bool bad = false;
 #pragma unroll 4
-    for (int k = 0; k < chunks; ++k) {
-        const uint4 c = *chunk_at(k);
-        const u32 words[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
-    }
+    for (int k = 0; k < chunks; ++k) note_non_finite<T>(bad, *chunk_at(k));
     if (bad)
         for (int k = 0; k < chunks; ++k) *chunk_at(k) = make_uint4(0, 0, 0, 0);
     return bad;

@@ -105,6 +105,9 @@
 #ifndef MAXSIM_TF32
 #define MAXSIM_TF32 0
 #endif
+#ifndef MAXSIM_STREAM_QUERY
+#define MAXSIM_STREAM_QUERY 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -160,6 +163,15 @@ constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
 // same ring of atoms feeds every warpgroup, each multiplying an atom against the same atom of its
 // resident query block; a slot is freed once the next atom's MMAs are in the tensor cores' hands.
 constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
+// STREAM_QUERY (DOCS_ON_M and STREAM_K, dims whose query blocks do not fit: past 320 fp16): the
+// query blocks stream too, each ring slot holding the documents' atom and, after it, every
+// warpgroup's query atom for the same k (one TMA box of its queries' rows from q as it is).
+// Nothing zeroes the query rows: a masked or padding row (another group's query, or stale bytes
+// past the box) only fills its own column, which no score reads; a non-finite real row is found
+// by scanning the block's first tile's atoms (its column's max is then never used, the score is
+// NaN), and the documents' non-finite elements by scanning their atoms, not through a query
+// column (the witness), since no query column is known to be finite.
+constexpr bool STREAM_QUERY = MAXSIM_STREAM_QUERY != 0;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
 // element x is taken as big + small, and every product of the four is taken: |x y - (xb +
 // xs)(yb + ys)| <= 2^-20 |x y| or so. The query's halves (big = x rounded to TF32 by integer
@@ -207,15 +219,16 @@ constexpr int LDS = KPAD + 8;                // query block row pitch (ldmatrix 
 constexpr int ATOMS = (KSTEPS + 3) / 4;
 constexpr int ATOM_BYTES = TILE_N * 128;
 constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring slot
-constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES;  // bytes of a ring slot
-constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's two of small halves
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
+// Bytes of a ring slot: the documents' atoms, and STREAM_QUERY every warpgroup's query atom.
+constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES + (STREAM_QUERY ? WARPGROUPS * QUERY_ATOM_BYTES : 0);
+constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's two of small halves
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
 // STREAM_K keeps only the 32 real rows (HALF_ROWS) of the 64.
 constexpr int STORED_QUERY_ROWS = STREAM_K ? 32 : QUERY_ROWS;
-constexpr int QUERY_BYTES = DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : STORED_QUERY_ROWS * LDS * 2;
+constexpr int QUERY_BYTES = STREAM_QUERY ? 0 : DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : STORED_QUERY_ROWS * LDS * 2;
 static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document scales (after the ring and the "
               "query) are written by TMA: 128-byte aligned");
 // Dynamic shared memory the kernel needs (the formula in the header comment).
@@ -238,6 +251,7 @@ static_assert(!STREAM_K || ((DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS)) && KSTEPS %
               "streaming k: one query (half rows) or documents on M, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
+static_assert(!STREAM_QUERY || (DOCS_ON_M && STREAM_K), "streaming queries: documents on M, streaming k");
 }  // namespace wg
 
 // Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
@@ -474,12 +488,15 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parit
 // int8: the document scales' map beside it (2-d (rows, documents) of float32, or packed
 // (tokens, 1), box (TILE_N, 1), no swizzle), so that one TMA copies a tile's scales with the
 // tile; use_scale_tma = 0: the producer warp's lanes copy them with cp.async (4 bytes each).
+// STREAM_QUERY: q's map (3-d: elements, tokens, queries; box 128 bytes x Lq x a warpgroup's
+// queries, the 128-byte swizzle), use_query_tma set.
 struct alignas(64) DocTileMap {
     unsigned long long map[16];
     unsigned long long scale_map[16];
-    int use_tma, packed, use_scale_tma, reserved[13];
+    unsigned long long query_map[16];
+    int use_tma, packed, use_scale_tma, use_query_tma, reserved[12];
 };
-static_assert(sizeof(DocTileMap) == 320, "DocTileMap mirrors _gpu/tma.DOC_TILE_MAP_BYTES");
+static_assert(sizeof(DocTileMap) == 448, "DocTileMap mirrors _gpu/tma.DOC_TILE_MAP_BYTES");
 
 // The producer's arrival on `bar`, announcing `bytes` of TMA writes that complete the phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, u32 bytes) {
@@ -494,13 +511,13 @@ __device__ __forceinline__ void tma_load_scales(void* dst, const DocTileMap& til
         ::"r"(smem_address(dst)), "l"((const void*)tile_map.scale_map), "r"(row), "r"(doc), "r"(smem_address(bar))
         : "memory");
 }
-// One box of the tensor map into shared memory (swizzled as the map says); its bytes count
-// towards `bar`'s transaction. Out-of-range elements arrive as zeros.
-__device__ __forceinline__ void tma_load_3d(void* dst, const DocTileMap& tile_map, int x, int y, int z,
+// One box of a 3-d tensor map (the documents', or q's) into shared memory (swizzled as the map
+// says); its bytes count towards `bar`'s transaction. Out-of-range elements arrive as zeros.
+__device__ __forceinline__ void tma_load_3d(void* dst, const unsigned long long (&map)[16], int x, int y, int z,
                                             unsigned long long* bar) {
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-        ::"r"(smem_address(dst)), "l"((const void*)tile_map.map), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
+        ::"r"(smem_address(dst)), "l"((const void*)map), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
         : "memory");
 }
 
@@ -591,7 +608,7 @@ struct Block {
         // a corrupted ring.
         u32 dynamic_bytes;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES) __trap();
+        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES || (STREAM_QUERY && !tile_map.use_query_tma)) __trap();
         tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
         scales_by_tma = scaled && tile_map.use_tma && tile_map.use_scale_tma;
         scales_by_lanes = scaled && tile_map.use_tma && !tile_map.use_scale_tma;
@@ -657,7 +674,9 @@ struct Block {
             // lane, and (int8 whose scales TMA cannot read) its warp's lanes that copy them.
             // Splitting, with cp.async, the first lane also arrives plainly: that arrival
             // publishes the slot's document position (a release, as the TMA lane's is).
-            mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0) : 32 * COPY_WARPS + SPLIT_DOCS);
+            // STREAM_QUERY with cp.async documents: the lane issuing the query atoms arrives too.
+            mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0)
+                                                       : 32 * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc() = 0;
@@ -665,6 +684,7 @@ struct Block {
         // The producer's first lane fetches the tile maps while the barriers are set up.
         asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.map) : "memory");
         if (scales_by_tma) asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.scale_map) : "memory");
+        if (STREAM_QUERY) asm volatile("prefetch.tensormap [%0];\n" ::"l"((const void*)tile_map.query_map) : "memory");
     }
     __syncthreads();  // the last block-wide barrier
     }
@@ -673,6 +693,18 @@ struct Block {
     // w * (GROUP_ROWS / Lq) + j at rows GROUP_ROWS * w + query_row_of(j * Lq + i).
     template <typename T> __device__ __forceinline__ void stage_queries(const ForwardArgs& args) {
         constexpr bool SCALED = Codec<T>::SCALED;
+        if constexpr (STREAM_QUERY) {  // the rows stream with the documents: what each row is, only
+            for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
+                const int j = row % GROUP_ROWS / query_length, token = row % GROUP_ROWS % query_length;
+                const int g = (row / GROUP_ROWS) * queries_per_warpgroup + j;
+                const bool real = query_token_real(args, first_query + g, token, j < queries_per_warpgroup && g < group_size);
+                sRowQuery()[row] = real ? g : -1;
+                if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + g, token) : 0.f;
+                sRowBad()[row] = false;  // (16-bit: set by the scan of the block's first tile)
+            }
+            consumers_sync();
+            return;
+        }
         for (int c = tid; c < QUERY_ROWS * CHUNKS; c += CONSUMER_THREADS) {
             const int row = c / CHUNKS, chunk = c % CHUNKS;
             const int f = group_row_of(row % GROUP_ROWS);  // -1: a padding row (no query)
@@ -772,19 +804,29 @@ struct Block {
                                         : (const void*)args.d_scale,
                                    real ? 4 : 0);
                 };
+                // STREAM_QUERY: every warpgroup's query atom for this k, after the documents' (one
+                // box of its queries' rows each; by the lane that issues the documents' boxes, or
+                // with cp.async documents the first lane of the first copy warp).
+                const u32 query_bytes = STREAM_QUERY ? WARPGROUPS * queries_per_warpgroup * query_length * 128 : 0;
+                auto load_queries = [&]() {
+                    for (int w = 0; w < WARPGROUPS; ++w)
+                        tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
+                                    k_atom * 8 * ELEMS, 0, (int)first_query + w * queries_per_warpgroup, full() + stage);
+                };
                 if (tma) {
                     if (lane == 0) {
-                        mbarrier_arrive_expect_tx(full() + stage,
-                                                  TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0));
+                        mbarrier_arrive_expect_tx(full() + stage, SLOT_ATOMS * ATOM_BYTES + query_bytes +
+                                                                      (scales_by_tma && tile_end ? TILE_N * 4 : 0));
                         const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                         const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
                         for (int atom = 0; atom < SLOT_ATOMS; ++atom)
-                            tma_load_3d(tile + atom * ATOM_BYTES, tile_map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
+                            tma_load_3d(tile + atom * ATOM_BYTES, tile_map.map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
                         // Rows past the document hold the next document's scales, or zeros past the
                         // tensor: their columns are not real, whatever they hold.
                         if (scales_by_tma && tile_end)
                             tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
+                        if constexpr (STREAM_QUERY) load_queries();
                     }
                     if (scales_by_lanes) {  // (their arrivals are counted in every slot)
                         if (tile_end)
@@ -792,6 +834,10 @@ struct Block {
                         cp_async_mbarrier_arrive(full() + stage);
                     }
                 } else {
+                    if (STREAM_QUERY && producer_warp == 0 && lane == 0) {
+                        mbarrier_arrive_expect_tx(full() + stage, query_bytes);
+                        load_queries();
+                    }
                     const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
 #pragma unroll 4
                     for (int pass = 0; pass < ROWS_PER_WARP / 4; ++pass) {
@@ -971,21 +1017,45 @@ struct Consumer : Block {
             i64 doc;
             int first_row, slot;
             bool biased, last, real0, real1;
+            bool bad;  // STREAM_QUERY (16-bit): a real row of the tile holds NaN or inf
             float s0, s1;
         };
         // Hand the cursor's tile to the tensor cores and move the cursor on.
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
-        auto issue_slot = [&](int k_atom) {
+        // STREAM_QUERY: the warpgroup's query atom follows the documents' in the slot; while the
+        // block's first tile streams, each thread scans its query row's atoms (row_bad), and
+        // every tile's real rows are scanned as their atoms pass (TileFold::bad; 16-bit only).
+        bool scanning_queries = true, row_bad = false;
+        auto issue_slot = [&](int k_atom, TileFold& tile) {
             mbarrier_wait(full() + stage, phase);
             if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
-            const unsigned long long doc_desc = tile_descriptor(sD() + stage * TILE_BYTES);
+            const unsigned char* slot = sD() + stage * TILE_BYTES;
+            const unsigned char* slot_query = slot + SLOT_ATOMS * ATOM_BYTES + warpgroup * QUERY_ATOM_BYTES;
+            const unsigned long long doc_desc = tile_descriptor(slot);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks)
-                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks), query_desc + query_kstep_offset(4 * k_atom + ks),
+                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks),
+                                     STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
+                                                  : query_desc + query_kstep_offset(4 * k_atom + ks),
                                      k_atom + ks);
             wgmma_commit();
+            if constexpr (STREAM_QUERY && !SCALED) {  // (read beside the tensor cores, before the slot is freed)
+                if (scanning_queries)
+#pragma unroll
+                    for (int c = 0; c < 8; ++c)
+                        note_non_finite<T>(row_bad, ((const uint4*)(slot_query + (threadIdx.x % 128) * 128))[c]);
+                // (rows r0 and r0 + 8: each lane of a quad two of their eight chunks)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint4* line = (const uint4*)(slot + (r0 + 8 * h) * 128 + quad * 32);
+                    bool bad = false;
+                    note_non_finite<T>(bad, line[0]);
+                    note_non_finite<T>(bad, line[1]);
+                    tile.bad |= bad && (h ? tile.real1 : tile.real0);
+                }
+            }
         };
         auto next_slot = [&]() {
             if (++stage == STAGES) stage = 0, phase ^= 1;
@@ -995,26 +1065,38 @@ struct Consumer : Block {
         // the next atom's MMAs are issued and its own are done (the tile's last slot by take).
         const int tile_slots = slots_per_tile<T>(args.dim);
         auto issue = [&]() -> TileFold {
-            issue_slot(0);
+            TileFold tile;
+            tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N;
+            const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
+            tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
+            if constexpr (STREAM_QUERY) {  // its scans need the rows' reality first
+                tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+                tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+                tile.bad = false;
+            }
+            issue_slot(0, tile);
             if constexpr (STREAM_K) {
 #pragma unroll 1
                 for (int k_atom = 1; k_atom < tile_slots; ++k_atom) {
                     const int previous = stage;
                     next_slot();
-                    issue_slot(k_atom);
+                    issue_slot(k_atom, tile);
                     wgmma_wait<1>();
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(empty() + previous);
                 }
             }
-            TileFold tile;
-            tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N, tile.slot = stage;
-            const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
-            tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
+            if (STREAM_QUERY && !SCALED && scanning_queries) {  // read by the first document's close
+                sRowBad()[warpgroup * GROUP_ROWS + threadIdx.x % 128] = row_bad;
+                scanning_queries = false;
+            }
+            tile.slot = stage;
             next_slot();
             next_tile(cursor);
-            tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
-            tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            if constexpr (!STREAM_QUERY) {
+                tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+                tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            }
             tile.s0 = tile.s1 = 1.f;
             if constexpr (SCALED) tile.s0 = sScale()[tile.slot * TILE_N + r0], tile.s1 = sScale()[tile.slot * TILE_N + r0 + 8];
             return tile;
@@ -1031,6 +1113,8 @@ struct Consumer : Block {
             // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
             if constexpr (SCALED)
                 witness += (real0 ? 0.f * tile.s0 : 0.f) + (real1 ? 0.f * tile.s1 : 0.f);
+            else if constexpr (STREAM_QUERY)  // (no query column is known to be finite: the scan)
+                witness += tile.bad ? MAXSIM_INF : 0.f;
             else
                 witness += (real0 ? (float)acc[0] : 0.f) + (real1 ? (float)acc[2] : 0.f);
             if (tile.biased)

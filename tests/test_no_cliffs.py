@@ -491,6 +491,106 @@ def test_many_queries_stream_k_int8_and_packed(dim, configs):
         assert _docs_on_m_streamed(configs), configs
 
 
+def _queries_streamed(configs) -> bool:
+    return _docs_on_m_streamed(configs) and all(c.get("MAXSIM_STREAM_QUERY") == "1" for c in configs)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dim", [384, 1000, 2560])
+def test_many_queries_stream_queries_too(dtype, dim, configs):
+    """Many queries at dims whose query blocks do not fit (documents on M, the query atoms
+    streamed beside the documents' by TMA from q): a part-zero last atom (1000), queries of 27
+    tokens (a box of 108 rows: the rest of the slot's rows stale, their columns unread), a last
+    warpgroup with fewer queries, masks, winners, an empty document, against float64, bitwise
+    reproducible (_check_padded); then 12 queries of 32 tokens unmasked."""
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, 10, 27, 7, 150, dim, seed=dim + 5)
+    rng = np.random.default_rng(dim)
+    q64, d64, q, d = _inputs(rng, 12, 32, 11, 130, dim, dtype)
+    assert_scores_match(cm.score(q, d), reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
+    if _on_hopper():
+        assert _queries_streamed(configs), configs
+
+
+def test_many_queries_stream_queries_non_finite(configs):
+    """Streaming the query atoms, nothing zeroes a query row: a non-finite real query token
+    makes its own query's scores NaN (found by the scan of the first tile), a non-finite masked
+    one changes nothing, and a non-finite document element makes its document's scores NaN for
+    every query (found by the scan of the documents' atoms, not through a query column)."""
+    import cupy
+
+    rng = np.random.default_rng(29)
+    q = unit_rows(rng, (9, 32, 768), np.float32)
+    d = unit_rows(rng, (5, 70, 768), np.float32)
+    q_mask = np.ones((9, 32), bool)
+    d_mask = np.ones((5, 70), bool)
+    q[2, 7, 700] = np.inf  # a real token: query 2's scores NaN
+    q[5, 3, 10] = np.nan  # a masked token: nothing
+    q_mask[5, 3] = False
+    d[1, 60, 5] = np.nan  # a real row: document 1's scores NaN
+    d[3, 20, 400] = np.inf  # a masked row: nothing
+    d_mask[3, 20] = False
+    expected = reference.maxsim_reference(np.nan_to_num(q).astype(np.float64), np.nan_to_num(d).astype(np.float64),
+                                          q_mask, d_mask)
+    got = to_numpy(cm.score(cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16)),
+                            q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask)))
+    nan = np.zeros(got.shape, bool)
+    nan[2, :] = nan[:, 1] = True
+    assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any()
+    assert_scores_match(got[~nan], expected[~nan], atol=NOISE["float16"] * 32)
+    if _on_hopper():
+        assert _queries_streamed(configs), configs
+
+
+@pytest.mark.parametrize("dim", [1024, 4096])
+def test_many_queries_stream_queries_int8_and_packed(dim, configs):
+    """int8 (scales per row of the streamed query atoms, 2048 and 8192-byte rows converted by
+    I2F) masked and not, and a packed fp16 corpus, the query atoms streamed."""
+    import cupy
+
+    rng = np.random.default_rng(dim + 3)
+    q = cupy.asarray(unit_rows(rng, (8, 32, dim), np.float32))
+    d = cupy.asarray(unit_rows(rng, (6, 90, dim), np.float32))
+    d_mask = holey_mask(rng, (6, 90), 0.7)
+    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+    q_ref, d_ref = to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None]
+    got = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask))
+    assert_scores_match(got, reference.maxsim_reference(q_ref, d_ref, None, d_mask), atol=1e-3, rtol=1e-5)
+    assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), reference.maxsim_reference(q_ref, d_ref),
+                        atol=1e-3, rtol=1e-5)
+    tokens = cupy.asarray(unit_rows(rng, (400, dim), np.float32)).astype(cupy.float16)
+    offsets = cupy.asarray([0, 65, 65, 300, 301, 400], dtype=cupy.int64)
+    q16 = q.astype(cupy.float16)
+    got = to_numpy(cm.score_packed(q16, tokens, offsets))
+    t64, q64, bounds = to_numpy(tokens).astype(np.float64), to_numpy(q16).astype(np.float64), to_numpy(offsets).astype(int)
+    for n in range(5):
+        rows = t64[bounds[n]:bounds[n + 1]]
+        want = np.full(8, -np.inf) if len(rows) == 0 else np.einsum("qtd,jd->qtj", q64, rows).max(-1).sum(-1)
+        assert_scores_match(got[:, n], want, atol=NOISE["float16"] * 32)
+    if _on_hopper():
+        assert _queries_streamed(configs), configs
+
+
+def test_many_queries_stream_queries_training_step():
+    """A torch training step at a fat dim (the forward with winners replayed after the first
+    step, q's map rebuilt for each new q), gradients against float64."""
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for step in range(3):
+        q = torch.randn(8, 32, 768, device="cuda", generator=gen).half().requires_grad_()
+        d = torch.randn(6, 60, 768, device="cuda", generator=gen).half().requires_grad_()
+        weights = torch.randn(8, 6, device="cuda", generator=gen)
+        (cmt.maxsim(q, d) * weights).sum().backward()
+        q64, d64 = q.detach().double().requires_grad_(), d.detach().double().requires_grad_()
+        sims = torch.einsum("qtk,njk->qntj", q64, d64)
+        (sims.max(-1).values.sum(-1) * weights.double()).sum().backward()
+        torch.testing.assert_close(q.grad.double(), q64.grad, atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(d.grad.double(), d64.grad, atol=2e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("dim", [64, 128, 200, 256, 1000])
 def test_fp32_one_query_on_the_hopper_kernel(dim, families):
     """fp32, one query: the Hopper kernel's TF32 builds (big and small halves of both operands,

@@ -60,6 +60,8 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
     assert tma.doc_tile_map(256, 2, 100, 300, 10, 200, 60000, False) == none  # 200-byte rows
     assert tma.doc_tile_map(256, 4, 128, 300, 10, 512, 153600, False) == none  # 4-byte items
     assert tma.doc_tile_map(256, 2, 128, 2**31, 1, 256, 0, True) == none  # past 32-bit rows
+    with pytest.raises(ValueError, match="q's rows"):  # a build streaming queries needs q's map
+        tma.doc_tile_map(256, 2, 1024, 300, 10, 2048, 614400, False, queries=(8, 32, 4, 2048, 65536, 4))
     monkeypatch.setattr(tma, "_cuda_driver", lambda: None)
     tma._doc_tile_maps.clear()
     assert tma.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
@@ -193,7 +195,8 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     monkeypatch.setattr(gpu_launch, "launch", launch)
     monkeypatch.setattr(gpu_launch, "PreparedLaunch", prepared)
     monkeypatch.setattr(tma, "doc_tile_map",
-                        lambda pointer, *shape, scales=None, use_tma=True: ("map", pointer) + shape + (scales,))
+                        lambda pointer, *shape, scales=None, use_tma=True, queries=None: ("map", pointer) + shape
+                        + (scales, queries))
     shape = _forward.planner.ForwardShape("fp16", 1, 32, 128, 1_000, False, 0, 300, False)
     plan = _forward.mma_plan(0, shape, DEFAULT)
     names = [name for name, _ in gpu_args.FORWARD_ARGS]
@@ -212,7 +215,12 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     sent = dict(zip(names, gpu_args.forward_args.layout.unpack(args)))
     no_extras = dict(q_mask=0, d_mask=0, q_scale=0, d_scale=0)
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0, **no_extras)  # no winners
-    assert tile_map == ("map", 0x200000) + tile_map_shape + (None,)
+    assert tile_map == ("map", 0x200000) + tile_map_shape + (None, None)
+    # A build streaming the query atoms: q's map follows q (its shape as recorded).
+    query_shape = (32, 1, 256, 8192, 4)
+    launches.clear()
+    _replay.Replay(like, (1_000,), "float32", None, plan, values, tile_map_shape, True, None, query_shape)(q, d)
+    assert launches[0][3][1] == ("map", 0x200000) + tile_map_shape + (None, (0x10000,) + query_shape)
 
     # Masks and int8 scales (a signature of their own): their pointers patched in too, the
     # documents' scales into the tile map with the recorded strides.
@@ -222,7 +230,7 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     sent = dict(zip(names, gpu_args.forward_args.layout.unpack(launches[-1][3][0])))
     assert sent == dict(values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0, q_mask=0x300000, d_mask=0,
                         q_scale=0x400000, d_scale=0x500000)
-    assert launches[-1][3][1] == ("map", 0x200000) + tile_map_shape + ((0x500000, 4, 1200),)
+    assert launches[-1][3][1] == ("map", 0x200000) + tile_map_shape + ((0x500000, 4, 1200), None)
     del launches[1:]
 
     # With the winners: a second result, its pointer in the argmax field.

@@ -9,9 +9,9 @@ import struct
 from .._cache import Cache
 
 #: Bytes of the Hopper kernel's second argument (DocTileMap in maxsim_fwd_wgmma.cu): the
-#: documents' CUtensorMap (128), the int8 document scales' (128), use_tma, packed,
-#: use_scale_tma, padding to the struct's 64-byte alignment.
-DOC_TILE_MAP_BYTES = 320
+#: documents' CUtensorMap (128), the int8 document scales' (128), q's (128: streamed query
+#: atoms), use_tma, packed, use_scale_tma, use_query_tma, padding to the struct's 64-byte alignment.
+DOC_TILE_MAP_BYTES = 448
 NO_DOC_TILE_MAP = bytes(DOC_TILE_MAP_BYTES)
 _doc_tile_maps = Cache("tensor maps")
 
@@ -30,9 +30,26 @@ def _cuda_driver() -> ctypes.CDLL | None:
 _ELEMENT_TYPES = {1: 0, 2: 1, 4: 2}
 
 
+def _swizzled_map(driver, pointer: int, itemsize: int, extents: tuple, strides: tuple, box: tuple) -> bytes | None:
+    """A 3-d tensor map (elements, rows, blocks; ``strides`` of rows and blocks in bytes) with
+    boxes of 128 bytes x ``box`` (rows, blocks) in the 128-byte swizzle, zeros past the tensor,
+    or None where the driver refuses it."""
+    encoded = (ctypes.c_uint64 * 16)()
+    u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
+    status = driver.cuTensorMapEncodeTiled(
+        encoded, ctypes.c_int(_ELEMENT_TYPES[itemsize]),
+        ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(*extents),
+        (ctypes.c_uint64 * 2)(*strides), u32s(128 // itemsize, *box), u32s(1, 1, 1),
+        ctypes.c_int(0),  # no interleave
+        ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
+        ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+        ctypes.c_int(0))  # out-of-range elements read as zeros
+    return bytes(encoded) if status == 0 else None
+
+
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
                  doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None,
-                 use_tma: bool = True) -> bytes:
+                 use_tma: bool = True, queries: tuple | None = None) -> bytes:
     """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
     elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
     of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
@@ -40,35 +57,39 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     strides and address, 32-bit coordinates, a CUDA driver at hand. ``scales`` (int8): the
     document scales' (pointer, row stride, document stride), bytes, laid out as the documents'
     rows; their own map where TMA can read them (rows of contiguous float32), else the kernel's
-    lanes copy them."""
-    if not use_tma:  # the tunables' use_tma (A/B against cp.async)
+    lanes copy them. ``queries`` (the build streaming queries, WgmmaConfig.stream_query): q's
+    (pointer, tokens, queries, row stride, query stride in bytes, queries a box), whose map the
+    kernel needs (ValueError where TMA cannot read q)."""
+    if not use_tma and queries is None:  # the tunables' use_tma (A/B against cp.async)
         return NO_DOC_TILE_MAP
-    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales)
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales, use_tma, queries)
     found = _doc_tile_maps.get(key)
     if found is not None:
         return found
-    result = NO_DOC_TILE_MAP
-    if (pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
+    driver = _cuda_driver()
+    doc_map = scale_map = query_map = None
+    if (use_tma and pointer % 16 == 0 and row_stride % 16 == 0 and doc_stride % 16 == 0 and row_stride > 0
             and (doc_stride > 0 or docs == 1) and rows + tile_rows < 2**31 and docs < 2**31
-            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in _ELEMENT_TYPES):
-        driver = _cuda_driver()
-        if driver is not None:
-            encoded = (ctypes.c_uint64 * 16)()
-            u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
-            status = driver.cuTensorMapEncodeTiled(
-                encoded, ctypes.c_int(_ELEMENT_TYPES[itemsize]),
-                ctypes.c_uint32(3), ctypes.c_void_p(pointer), u64s(dim, rows, docs),
-                (ctypes.c_uint64 * 2)(row_stride, max(doc_stride, row_stride * rows)), u32s(128 // itemsize, tile_rows, 1),
-                u32s(1, 1, 1),
-                ctypes.c_int(0),  # no interleave
-                ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
-                ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-                ctypes.c_int(0))  # out-of-range elements read as zeros
-            if status == 0:
-                scale_map = _scale_tile_map(driver, scales, rows, docs, tile_rows)
-                result = (bytes(encoded) + (scale_map or bytes(128))
-                          + struct.pack("<iii", 1, int(packed), int(scale_map is not None)))
-                result += bytes(DOC_TILE_MAP_BYTES - len(result))
+            and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in _ELEMENT_TYPES and driver is not None):
+        doc_map = _swizzled_map(driver, pointer, itemsize, (dim, rows, docs),
+                                (row_stride, max(doc_stride, row_stride * rows)), (tile_rows, 1))
+        if doc_map is not None:
+            scale_map = _scale_tile_map(driver, scales, rows, docs, tile_rows)
+    if queries is not None:
+        q_pointer, tokens, count, q_row_stride, q_stride, per_box = queries
+        q_stride = max(q_stride, q_row_stride * tokens) if count == 1 else q_stride  # one query: any stride
+        if (driver is not None and q_pointer % 16 == 0 and q_row_stride % 16 == 0 and q_stride % 16 == 0
+                and q_stride >= q_row_stride * tokens and count < 2**31):
+            query_map = _swizzled_map(driver, q_pointer, itemsize, (dim, tokens, count), (q_row_stride, q_stride),
+                                      (tokens, per_box))
+        if query_map is None:
+            raise ValueError("q's rows cannot be read by TMA (16-byte pointer and strides are needed)")
+    result = NO_DOC_TILE_MAP
+    if doc_map is not None or query_map is not None:
+        result = ((doc_map or bytes(128)) + (scale_map or bytes(128)) + (query_map or bytes(128))
+                  + struct.pack("<iiii", int(doc_map is not None), int(packed), int(scale_map is not None),
+                                int(query_map is not None)))
+        result += bytes(DOC_TILE_MAP_BYTES - len(result))
     return _doc_tile_maps.put(key, result)
 
 

@@ -98,6 +98,10 @@ class WgmmaConfig:
     #: splitting its atoms into TF32 halves (the small ones in two buffers of its own); 2 precision
     #: "high", the document as TF32.
     tf32: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    #: Documents on M streaming k at dims whose query blocks do not fit: each warpgroup's query
+    #: atom streams through the ring slot beside the documents' (TMA from q as it is); ksteps is
+    #: then the largest dim's (WGMMA_STREAM_QUERY_CAPACITY).
+    stream_query: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -127,8 +131,11 @@ class WgmmaConfig:
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
+        slot_bytes = slot_atoms * n * 128
+        if self.stream_query:  # every warpgroup's query atom in each slot, none resident
+            slot_bytes, query_bytes = slot_bytes + self.warpgroups * 128 * 128, 0
         small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 0  # two buffers a warpgroup
-        return (1024 + self.stages * slot_atoms * n * 128 + small_bytes + query_bytes
+        return (1024 + self.stages * slot_bytes + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
 
@@ -226,16 +233,27 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
 #: queries at fat dims: fp16 dims 192, 256, 320; int8 twice that): the warpgroups' query blocks
 #: stay resident, so their bytes cap the dim (two blocks of 320 fp16 dims take 160 KB).
 WGMMA_DOCS_ON_M_STREAM_CAPACITIES = (12, 16, 20)
+#: Past them the query atoms stream too (WgmmaConfig.stream_query), up to this many k-steps
+#: (fp16 dims 8192, int8 16384; the int8 accumulators are exact far beyond), in two warpgroups:
+#: a slot is then 8 KB of documents and 16 KB of each warpgroup's queries.
+WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
-    whose query blocks fit with a ring of at least four slots, or None past the largest capacity."""
-    capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
-    if capacity is None or warpgroups_wanted < 2:
+    whose query blocks fit with a ring of at least four slots; past the largest capacity, with
+    ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too; else None."""
+    if warpgroups_wanted < 2:
         return None
+    capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
+    if capacity is None:
+        if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
+            return None
+        config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1))
+        return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):
         config = _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=WGMMA_SHAPE["stages"],

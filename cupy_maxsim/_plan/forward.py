@@ -141,8 +141,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
             config = wgmma_stream_config(ksteps, bool(argmax), tunables, tf32)
         if config is None and docs_on_m and not tf32 and tunables.wgmma_stream_k:
-            # Many queries at a fat dim: the documents' atoms streamed past resident query blocks.
-            config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), warpgroups, scaled)
+            # Many queries at a fat dim: the documents' atoms streamed past resident query blocks,
+            # or at fatter dims beside the query atoms (by TMA from q: 16-byte rows).
+            config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), warpgroups, scaled,
+                                                   stream_queries=load_bytes == 16 and tunables.use_tma)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)

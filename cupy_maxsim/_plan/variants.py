@@ -16,7 +16,8 @@ from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
                       int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_docs_on_m_stream_config,
-                      wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES)
+                      wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES,
+                      WGMMA_STREAM_QUERY_CAPACITY)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
@@ -124,6 +125,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for warpgroups in (2, 3):
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, int8))
+    for argmax in (False, True):  # ... and past them, the query atoms streamed too
+        add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
