@@ -46,9 +46,12 @@ class Tunables:
     #: Splitting with at most 32 query rows, each thread folds one accumulator row, not two
     #: (int8 corpus-10k spent 30% of its time folding: ablation-wgmma-2026-11-30-b91374a.log).
     wgmma_half_rows: bool = True
-    #: One query of at most 32 tokens at dims past the Hopper kernel's 8 resident k-steps (fp16
-    #: dims 136 to 2560, int8 to 5120): its documents' atoms streamed slot by slot through the
-    #: split rings (maxsim_fwd_wgmma.cu, STREAM_K). False: the mma.sync kernel streaming k.
+    #: Dims past the Hopper kernel's 8 resident k-steps: one query of at most 32 tokens (fp16
+    #: dims 136 to 2560, int8 to 5120) has its documents' atoms streamed slot by slot through the
+    #: split rings (maxsim_fwd_wgmma.cu, STREAM_K); many queries (documents on M) past resident
+    #: query blocks to fp16 dim 320, past that beside the query atoms (STREAM_QUERY, to 8192):
+    #: training at dims 320 / 2560 4.05x / 2.61x flash-maxsim's step
+    #: (bench/results/train-fat-2026-12-03-62039cd.txt). False: the mma.sync kernel streaming k.
     wgmma_stream_k: bool = True
     #: fp32, one query of at most 32 tokens: the Hopper kernel's TF32 builds (big and small
     #: TF32 halves of both operands, streaming k). False: the mma.sync kernel's 3xTF32.
