@@ -1020,7 +1020,6 @@ struct Consumer : Block {
             bool bad;  // STREAM_QUERY (16-bit): a real row of the tile holds NaN or inf
             float s0, s1;
         };
-        // Hand the cursor's tile to the tensor cores and move the cursor on.
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
         // STREAM_QUERY: the warpgroup's query atom follows the documents' in the slot; while the
@@ -1064,6 +1063,7 @@ struct Consumer : Block {
         // accumulators against the same atom of the query block; an atom's slot is freed once
         // the next atom's MMAs are issued and its own are done (the tile's last slot by take).
         const int tile_slots = slots_per_tile<T>(args.dim);
+        // Hand the cursor's tile to the tensor cores and move the cursor on.
         auto issue = [&]() -> TileFold {
             TileFold tile;
             tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N;
