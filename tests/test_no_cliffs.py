@@ -461,32 +461,36 @@ def test_many_queries_stream_k_with_documents_on_m(dtype, dim, configs):
         assert _docs_on_m_streamed(configs), configs
 
 
+def _check_int8_and_packed(rng, dim, docs, tokens, offsets):
+    """8 int8 queries of 32 tokens against ``docs`` (shape) int8 documents, masked and not, and
+    fp16 queries against ``tokens`` packed fp16 tokens at ``offsets``, against float64."""
+    import cupy
+
+    q = cupy.asarray(unit_rows(rng, (8, 32, dim), np.float32))
+    d = cupy.asarray(unit_rows(rng, docs + (dim,), np.float32))
+    d_mask = holey_mask(rng, docs, 0.7)
+    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+    q_ref, d_ref = to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None]
+    got, winners = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask), return_argmax=True)
+    assert_scores_match(got, reference.maxsim_reference(q_ref, d_ref, None, d_mask), atol=1e-3, rtol=1e-5)
+    assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), reference.maxsim_reference(q_ref, d_ref),
+                        atol=1e-3, rtol=1e-5)
+    tokens = cupy.asarray(unit_rows(rng, (tokens, dim), np.float32)).astype(cupy.float16)
+    offsets = cupy.asarray(offsets, dtype=cupy.int64)
+    q16 = q.astype(cupy.float16)
+    got = to_numpy(cm.score_packed(q16, tokens, offsets))
+    t64, q64, bounds = to_numpy(tokens).astype(np.float64), to_numpy(q16).astype(np.float64), to_numpy(offsets).astype(int)
+    for n in range(len(bounds) - 1):
+        rows = t64[bounds[n]:bounds[n + 1]]
+        want = np.full(8, -np.inf) if len(rows) == 0 else np.einsum("qtd,jd->qtj", q64, rows).max(-1).sum(-1)
+        assert_scores_match(got[:, n], want, atol=NOISE["float16"] * 32)
+
+
 @pytest.mark.parametrize("dim", [320, 640])
 def test_many_queries_stream_k_int8_and_packed(dim, configs):
     """int8 (its scales in a tile's last slot; past 256 dims converted by I2F) and a packed
     corpus (tiles that start anywhere, empty documents) with documents on M streaming k."""
-    import cupy
-
-    rng = np.random.default_rng(dim + 2)
-    q = cupy.asarray(unit_rows(rng, (8, 32, dim), np.float32))
-    d = cupy.asarray(unit_rows(rng, (9, 140, dim), np.float32))
-    d_mask = holey_mask(rng, (9, 140), 0.7)
-    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
-    expected = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None],
-                                          None, d_mask)
-    got, winners = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask), return_argmax=True)
-    assert_scores_match(got, expected, atol=1e-3, rtol=1e-5)
-    unmasked = reference.maxsim_reference(to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None])
-    assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), unmasked, atol=1e-3, rtol=1e-5)
-    tokens = cupy.asarray(unit_rows(rng, (700, dim), np.float32)).astype(cupy.float16)
-    offsets = cupy.asarray([0, 65, 65, 300, 301, 700], dtype=cupy.int64)
-    q16 = q.astype(cupy.float16)
-    got = to_numpy(cm.score_packed(q16, tokens, offsets))
-    t64, q64, bounds = to_numpy(tokens).astype(np.float64), to_numpy(q16).astype(np.float64), to_numpy(offsets).astype(int)
-    for n in range(5):
-        rows = t64[bounds[n]:bounds[n + 1]]
-        want = np.full(8, -np.inf) if len(rows) == 0 else np.einsum("qtd,jd->qtj", q64, rows).max(-1).sum(-1)
-        assert_scores_match(got[:, n], want, atol=NOISE["float16"] * 32)
+    _check_int8_and_packed(np.random.default_rng(dim + 2), dim, (9, 140), 700, [0, 65, 65, 300, 301, 700])
     if _on_hopper():
         assert _docs_on_m_streamed(configs), configs
 
@@ -547,27 +551,7 @@ def test_many_queries_stream_queries_non_finite(configs):
 def test_many_queries_stream_queries_int8_and_packed(dim, configs):
     """int8 (scales per row of the streamed query atoms, 2048 and 8192-byte rows converted by
     I2F) masked and not, and a packed fp16 corpus, the query atoms streamed."""
-    import cupy
-
-    rng = np.random.default_rng(dim + 3)
-    q = cupy.asarray(unit_rows(rng, (8, 32, dim), np.float32))
-    d = cupy.asarray(unit_rows(rng, (6, 90, dim), np.float32))
-    d_mask = holey_mask(rng, (6, 90), 0.7)
-    (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
-    q_ref, d_ref = to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None]
-    got = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask))
-    assert_scores_match(got, reference.maxsim_reference(q_ref, d_ref, None, d_mask), atol=1e-3, rtol=1e-5)
-    assert_scores_match(cm.score(q8, d8, q_scale=qs, d_scale=ds), reference.maxsim_reference(q_ref, d_ref),
-                        atol=1e-3, rtol=1e-5)
-    tokens = cupy.asarray(unit_rows(rng, (400, dim), np.float32)).astype(cupy.float16)
-    offsets = cupy.asarray([0, 65, 65, 300, 301, 400], dtype=cupy.int64)
-    q16 = q.astype(cupy.float16)
-    got = to_numpy(cm.score_packed(q16, tokens, offsets))
-    t64, q64, bounds = to_numpy(tokens).astype(np.float64), to_numpy(q16).astype(np.float64), to_numpy(offsets).astype(int)
-    for n in range(5):
-        rows = t64[bounds[n]:bounds[n + 1]]
-        want = np.full(8, -np.inf) if len(rows) == 0 else np.einsum("qtd,jd->qtj", q64, rows).max(-1).sum(-1)
-        assert_scores_match(got[:, n], want, atol=NOISE["float16"] * 32)
+    _check_int8_and_packed(np.random.default_rng(dim + 3), dim, (6, 90), 400, [0, 65, 65, 300, 301, 400])
     if _on_hopper():
         assert _queries_streamed(configs), configs
 
