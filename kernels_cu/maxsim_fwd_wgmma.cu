@@ -740,6 +740,21 @@ struct Block {
     }
 
     // ---- Producer warpgroup ------------------------------------------------------------
+    // STREAM_QUERY: every warpgroup's query atom for k atom k_atom into the slot at `tile`, after
+    // the documents' (one box of its queries' rows each), counted on the slot's full barrier;
+    // and the bytes its boxes fall short of whole atoms (a box holds whole queries: 108 rows of
+    // 128 when Lq is 27). Members, so that the builds without them carry none of their code
+    // (as lambdas in produce, unused, they moved ptxas's allocation: 4-byte spills in three
+    // warpgroups' int8 and 128-row bf16 builds).
+    template <typename T>
+    __device__ __forceinline__ void load_query_atoms(const DocTileMap& tile_map, unsigned char* tile, int k_atom, int stage) const {
+        for (int w = 0; w < WARPGROUPS; ++w)
+            tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
+                        k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)first_query + w * queries_per_warpgroup, full() + stage);
+    }
+    __device__ __forceinline__ u32 query_box_shortfall() const {
+        return WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
+    }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -804,19 +819,11 @@ struct Block {
                                         : (const void*)args.d_scale,
                                    real ? 4 : 0);
                 };
-                // STREAM_QUERY: every warpgroup's query atom for this k, after the documents' (one
-                // box of its queries' rows each; by the lane that issues the documents' boxes, or
-                // with cp.async documents the first lane of the first copy warp).
-                const u32 query_bytes = STREAM_QUERY ? WARPGROUPS * queries_per_warpgroup * query_length * 128 : 0;
-                auto load_queries = [&]() {
-                    for (int w = 0; w < WARPGROUPS; ++w)
-                        tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
-                                    k_atom * 8 * ELEMS, 0, (int)first_query + w * queries_per_warpgroup, full() + stage);
-                };
                 if (tma) {
                     if (lane == 0) {
-                        mbarrier_arrive_expect_tx(full() + stage, SLOT_ATOMS * ATOM_BYTES + query_bytes +
-                                                                      (scales_by_tma && tile_end ? TILE_N * 4 : 0));
+                        mbarrier_arrive_expect_tx(full() + stage,
+                                                  TILE_BYTES + (scales_by_tma && tile_end ? TILE_N * 4 : 0) -
+                                                      (STREAM_QUERY ? query_box_shortfall() : 0));
                         const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                         const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
@@ -826,7 +833,7 @@ struct Block {
                         // tensor: their columns are not real, whatever they hold.
                         if (scales_by_tma && tile_end)
                             tma_load_scales(sScale() + stage * TILE_N, tile_map, y, z, full() + stage);
-                        if constexpr (STREAM_QUERY) load_queries();
+                        if constexpr (STREAM_QUERY) load_query_atoms<T>(tile_map, tile, k_atom, stage);
                     }
                     if (scales_by_lanes) {  // (their arrivals are counted in every slot)
                         if (tile_end)
@@ -834,9 +841,11 @@ struct Block {
                         cp_async_mbarrier_arrive(full() + stage);
                     }
                 } else {
-                    if (STREAM_QUERY && producer_warp == 0 && lane == 0) {
-                        mbarrier_arrive_expect_tx(full() + stage, query_bytes);
-                        load_queries();
+                    if constexpr (STREAM_QUERY) {
+                        if (producer_warp == 0 && lane == 0) {
+                            mbarrier_arrive_expect_tx(full() + stage, WARPGROUPS * QUERY_ATOM_BYTES - query_box_shortfall());
+                            load_query_atoms<T>(tile_map, tile, k_atom, stage);
+                        }
                     }
                     const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
 #pragma unroll 4
