@@ -34,7 +34,8 @@ class Tunables:
     wgmma_docs_on_m: bool = True
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
-    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem.
+    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem (many
+    #: queries streaming the query atoms: 128, or 64 with the argmax; 64 forces it there too).
     wgmma_tile_rows: int | None = None
     #: One query group (<= 64 rows, memory-bound) gets three warpgroups that hold the same
     #: queries and split the block's documents, each from a ring of its own: colbert-1q-1M

@@ -506,7 +506,9 @@ def test_many_queries_stream_queries_too(dtype, dim, configs):
     streamed beside the documents' by TMA from q): a part-zero last atom (1000), queries of 27
     tokens (a box of 108 rows: the rest of the slot's rows stale, their columns unread), a last
     warpgroup with fewer queries, masks, winners, an empty document, against float64, bitwise
-    reproducible (_check_padded); then 12 queries of 32 tokens unmasked."""
+    reproducible (_check_padded); then 12 queries of 32 tokens unmasked. Without the argmax the
+    documents come in 128-row tiles (two row sets; with it 64): _check_padded's scores without
+    winners equal those with, bitwise."""
     if dtype == "bfloat16":
         pytest.importorskip("torch")
     _check_padded(dtype, 10, 27, 7, 150, dim, seed=dim + 5)
@@ -515,36 +517,42 @@ def test_many_queries_stream_queries_too(dtype, dim, configs):
     assert_scores_match(cm.score(q, d), reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
     if _on_hopper():
         assert _queries_streamed(configs), configs
+        assert {c.get("MAXSIM_TILE_N") for c in configs} == {"64", "128"}, configs
 
 
 def test_many_queries_stream_queries_non_finite(configs):
     """Streaming the query atoms, nothing zeroes a query row: a non-finite real query token
     makes its own query's scores NaN (found by the scan of the first tile), a non-finite masked
     one changes nothing, and a non-finite document element makes its document's scores NaN for
-    every query (found by the scan of the documents' atoms, not through a query column)."""
+    every query (found by the scan of the documents' atoms, not through a query column), in
+    either row set of a 128-row tile."""
     import cupy
 
     rng = np.random.default_rng(29)
     q = unit_rows(rng, (9, 32, 768), np.float32)
-    d = unit_rows(rng, (5, 70, 768), np.float32)
+    d = unit_rows(rng, (5, 130, 768), np.float32)
     q_mask = np.ones((9, 32), bool)
-    d_mask = np.ones((5, 70), bool)
+    d_mask = np.ones((5, 130), bool)
     q[2, 7, 700] = np.inf  # a real token: query 2's scores NaN
     q[5, 3, 10] = np.nan  # a masked token: nothing
     q_mask[5, 3] = False
     d[1, 60, 5] = np.nan  # a real row: document 1's scores NaN
     d[3, 20, 400] = np.inf  # a masked row: nothing
     d_mask[3, 20] = False
+    d[4, 100, 9] = -np.inf  # a real row of the second row set: document 4's scores NaN
+    d[0, 72, 11] = np.nan  # a masked one: nothing
+    d_mask[0, 72] = False
     expected = reference.maxsim_reference(np.nan_to_num(q).astype(np.float64), np.nan_to_num(d).astype(np.float64),
                                           q_mask, d_mask)
     got = to_numpy(cm.score(cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16)),
                             q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask)))
     nan = np.zeros(got.shape, bool)
-    nan[2, :] = nan[:, 1] = True
+    nan[2, :] = nan[:, 1] = nan[:, 4] = True
     assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any()
     assert_scores_match(got[~nan], expected[~nan], atol=NOISE["float16"] * 32)
     if _on_hopper():
         assert _queries_streamed(configs), configs
+        assert {c.get("MAXSIM_TILE_N") for c in configs} == {"128"}, configs
 
 
 @pytest.mark.parametrize("dim", [1024, 4096])

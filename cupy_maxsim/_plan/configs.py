@@ -240,7 +240,8 @@ WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False, stream_queries: bool = True) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True,
+                                  tunables: Tunables = DEFAULT) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
     whose query blocks fit with a ring of at least four slots; past the largest capacity, with
@@ -251,8 +252,12 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
     if capacity is None:
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
+        # 128-row document tiles (two m64 row sets against each query atom: a slot's query bytes
+        # feed twice the MMAs) in 16-bit without the argmax; with it they spill 16 bytes (its
+        # winners), and int8's entry has no 128-row build: 64 there (and where tunables force it).
+        tile_n = 64 if int8 or argmax or tunables.wgmma_tile_rows == 64 else 128
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1))
+                                     argmax=int(argmax), tile_n=tile_n, docs_on_m=1, stream_k=1, stream_query=1))
         return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):
