@@ -34,8 +34,10 @@ class Tunables:
     wgmma_docs_on_m: bool = True
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
-    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem (many
-    #: queries streaming the query atoms: 128, or 64 with the argmax; 64 forces it there too).
+    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem. Many
+    #: queries streaming the query atoms (fat dims) take 64 unless this asks for 128 (two row
+    #: sets against each query atom, without the argmax: compiled and tested on the CPU, not yet
+    #: measured on the H200; docs/notebook.md, twenty-sixth session).
     wgmma_tile_rows: int | None = None
     #: One query group (<= 64 rows, memory-bound) gets three warpgroups that hold the same
     #: queries and split the block's documents, each from a ring of its own: colbert-1q-1M
