@@ -110,6 +110,9 @@ class Tunables:
         # without a word).
         if self.float32_precision not in FLOAT32_PRECISIONS:
             raise ValueError(f"float32_precision must be one of {FLOAT32_PRECISIONS}, got {self.float32_precision!r}")
+        # ... and one that would reach the kernel's source as a tile shape it does not build.
+        if self.wgmma_tile_rows not in (None, 64, 128):
+            raise ValueError(f"wgmma_tile_rows must be None, 64 or 128, got {self.wgmma_tile_rows!r}")
         # Every cache of plans is keyed by the tunables: their hash is computed once, not per
         # call (a frozen dataclass's own __hash__ hashes all fields each time).
         object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))

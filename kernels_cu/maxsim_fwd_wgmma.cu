@@ -191,12 +191,15 @@ constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
-// DOCS_ON_M: the tile's 64-row accumulator sets (an m64 MMA each). STREAM_QUERY takes 128-row
-// tiles in 16-bit: each warpgroup multiplies its query atom by both halves of the documents'
-// atom, so that a slot's 48 KB (16 of documents, 32 of queries) feed twice the MMAs of the 40 KB
-// of 64-row tiles: the queries' bytes, read again for every tile from L2, held those at about
-// half the MMA rate (0.48-0.55 at fp16 dims 384-4096). 64 more accumulator registers a thread.
+// DOCS_ON_M: the tile's 64-row accumulator sets (an m64 MMA each). STREAM_QUERY may take
+// 128-row tiles in 16-bit (tunables): each warpgroup multiplies its query atom by both halves of
+// the documents' atom, so that a slot's 48 KB (16 of documents, 32 of queries) feed twice the
+// MMAs of the 40 KB of 64-row tiles: the queries' bytes, read again from L2 for every tile,
+// held those at about half the MMA rate (0.48-0.55 at fp16 dims 384-4096). 64 more
+// accumulator registers a thread. (The code of the second set is written out under
+// `if constexpr`, not as loops over the sets: loops there changed the 64-row builds' SASS.)
 constexpr int ROW_SETS = DOCS_ON_M ? TILE_N / 64 : 1;
+static_assert(ROW_SETS <= 2, "at most two row sets");
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
 // registers of two), and the other warpgroups' MMAs run while one folds.
 // SPLIT_DOCS (one query group, memory-bound): every consumer warpgroup holds the same query
@@ -991,9 +994,6 @@ struct Consumer : Block {
         u32 phase = 0;
         const unsigned long long query_desc = tile_descriptor((unsigned char*)sQ() + warpgroup * QUERY_BLOCK_BYTES);
         const int r0 = warp_in_group * 16 + (lane >> 2);  // this thread's tile rows: r0 and r0 + 8
-        // ... of each row set: row h is tile row r0 + 8 (h % 2) + 64 (h / 2).
-        constexpr int ROWS = 2 * ROW_SETS;
-        auto row_of = [&](int h) { return r0 + 8 * (h % 2) + 64 * (h / 2); };
         // best[2j + c]: query column 8j + 2 quad + c, max over this thread's rows of the document
         // so far.
         float best[ACC / 2];
@@ -1007,42 +1007,39 @@ struct Consumer : Block {
         // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
         // FIRST (a document's first tile): the maxima start from this tile, so that they are
         // dead between documents (no reset; registers free for the close).
-        // Row sets come in increasing row order: a later set's equal maximum does not win.
-        auto fold_rows = [&](const bool (&real)[ROWS], const float (&scale)[ROWS], int first_row, const bool BIASED,
+        // Row set `set` (tile rows r0 + 64 set and r0 + 64 set + 8); the sets are folded in
+        // increasing row order, so that an equal maximum in a later one does not win.
+        auto fold_rows = [&](int set, bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
                              const bool FIRST) {
 #pragma unroll
-            for (int set = 0; set < ROW_SETS; ++set) {
-                const bool first = FIRST && set == 0;
-#pragma unroll
-                for (int i = 0; i < ACC / 2; ++i) {
-                    const int j = i / 2, c = i % 2;
-                    float v0 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + c]);
-                    float v1 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + 2 + c]);
-                    if constexpr (SCALED) v0 *= scale[2 * set], v1 *= scale[2 * set + 1];
-                    if (BIASED) v0 = real[2 * set] ? v0 : -MAXSIM_FLT_MAX, v1 = real[2 * set + 1] ? v1 : -MAXSIM_FLT_MAX;
-                    const float v = max_nan(v0, v1);
-                    // Tiles come in increasing order, and strict >: the first maximum wins (a tie
-                    // within the pair keeps the lower row). From a first tile: as if from -inf.
-                    if constexpr (ARGMAX) {
-                        const u32 row = first_row + 64 * set + (v1 > v0 ? r0 + 8 : r0);
-                        if (first) {
-                            const u32 won = v > MAXSIM_NEG_INF ? row : 0xffffu;
-                            winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (won << 16) : 0xffff0000u | won;
-                        } else if (v > best[i]) {
-                            winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (row << 16) : (winners[i / 2] & 0xffff0000u) | row;
-                        }
+            for (int i = 0; i < ACC / 2; ++i) {
+                const int j = i / 2, c = i % 2;
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + c]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + 2 + c]);
+                if constexpr (SCALED) v0 *= s0, v1 *= s1;
+                if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
+                const float v = max_nan(v0, v1);
+                // Tiles come in increasing order, and strict >: the first maximum wins (a tie
+                // within the pair keeps the lower row). From a first tile: as if from -inf.
+                if constexpr (ARGMAX) {
+                    const u32 row = first_row + 64 * set + (v1 > v0 ? r0 + 8 : r0);
+                    if (FIRST) {
+                        const u32 won = v > MAXSIM_NEG_INF ? row : 0xffffu;
+                        winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (won << 16) : 0xffff0000u | won;
+                    } else if (v > best[i]) {
+                        winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (row << 16) : (winners[i / 2] & 0xffff0000u) | row;
                     }
-                    best[i] = first ? v : max_nan(best[i], v);
                 }
+                best[i] = FIRST ? v : max_nan(best[i], v);
             }
         };
         // A tile in the tensor cores' hands, and what its fold needs (read while they work).
         struct TileFold {
             i64 doc;
             int first_row, slot;
-            bool biased, last, real[ROWS];
+            bool biased, last, real[2 * ROW_SETS];
             bool bad;  // STREAM_QUERY (16-bit): a real row of the tile holds NaN or inf
-            float scale[ROWS];
+            float scale[2 * ROW_SETS];
         };
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
@@ -1071,14 +1068,26 @@ struct Consumer : Block {
 #pragma unroll
                     for (int c = 0; c < 8; ++c)
                         note_non_finite<T>(row_bad, ((const uint4*)(slot_query + (threadIdx.x % 128) * 128))[c]);
-                // (the thread's rows: each lane of a quad two of their eight chunks)
+                // (rows r0 and r0 + 8: each lane of a quad two of their eight chunks)
 #pragma unroll
-                for (int h = 0; h < ROWS; ++h) {
-                    const uint4* line = (const uint4*)(slot + row_of(h) * 128 + quad * 32);
+                for (int h = 0; h < 2; ++h) {
+                    const uint4* line = (const uint4*)(slot + (r0 + 8 * h) * 128 + quad * 32);
                     bool bad = false;
                     note_non_finite<T>(bad, line[0]);
                     note_non_finite<T>(bad, line[1]);
-                    tile.bad |= bad && tile.real[h];
+                    tile.bad |= bad && (h ? tile.real[1] : tile.real[0]);
+                }
+                if constexpr (ROW_SETS > 1) {  // (the second set's rows, 64 further)
+                    bool bad = false;
+                    const uint4* line = (const uint4*)(slot + (r0 + 64) * 128 + quad * 32);
+                    note_non_finite<T>(bad, line[0]);
+                    note_non_finite<T>(bad, line[1]);
+                    tile.bad |= bad && tile.real[2];
+                    bad = false;
+                    line += 8 * 128 / 16;
+                    note_non_finite<T>(bad, line[0]);
+                    note_non_finite<T>(bad, line[1]);
+                    tile.bad |= bad && tile.real[3];
                 }
             }
         };
@@ -1095,13 +1104,13 @@ struct Consumer : Block {
             tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N;
             const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
             tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
-            auto find_real_rows = [&]() {
-#pragma unroll
-                for (int h = 0; h < ROWS; ++h)
-                    tile.real[h] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, row_of(h));
-            };
             if constexpr (STREAM_QUERY) {  // its scans need the rows' reality first
-                find_real_rows();
+                tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+                tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+                if constexpr (ROW_SETS > 1) {
+                    tile.real[2] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 64);
+                    tile.real[3] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 72);
+                }
                 tile.bad = false;
             }
             issue_slot(0, tile);
@@ -1123,9 +1132,15 @@ struct Consumer : Block {
             tile.slot = stage;
             next_slot();
             next_tile(cursor);
-            if constexpr (!STREAM_QUERY) find_real_rows();
-#pragma unroll
-            for (int h = 0; h < ROWS; ++h) tile.scale[h] = SCALED ? sScale()[tile.slot * TILE_N + row_of(h)] : 1.f;
+            if constexpr (!STREAM_QUERY) {
+                tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+                tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            }
+            // (int8, the one scaled format, has no 128-row build)
+            static_assert(!SCALED || ROW_SETS == 1, "document scales of one row set");
+            tile.scale[0] = tile.scale[1] = 1.f;
+            if constexpr (ROW_SETS > 1) tile.scale[2] = tile.scale[3] = 1.f;
+            if constexpr (SCALED) tile.scale[0] = sScale()[tile.slot * TILE_N + r0], tile.scale[1] = sScale()[tile.slot * TILE_N + r0 + 8];
             return tile;
         };
         // The tile's MMAs are done: free its slot and fold it (FIRST: a constant, as BIASED).
@@ -1135,24 +1150,27 @@ struct Consumer : Block {
             for (int set = 0; set < ROW_SETS; ++set) pin(acc[set]);
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty() + tile.slot);  // the slot is free (scales already read)
+            const bool real0 = tile.real[0], real1 = tile.real[1];
+            has_row |= real0 | real1;
+            if constexpr (ROW_SETS > 1) has_row |= tile.real[2] | tile.real[3];
             // The witness: a non-finite document element makes its row's similarities non-finite
             // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
-            if constexpr (STREAM_QUERY && !SCALED)  // (no query column is known to be finite: the scan)
+            if constexpr (SCALED)
+                witness += (real0 ? 0.f * tile.scale[0] : 0.f) + (real1 ? 0.f * tile.scale[1] : 0.f);
+            else if constexpr (STREAM_QUERY)  // (no query column is known to be finite: the scan)
                 witness += tile.bad ? MAXSIM_INF : 0.f;
-            float seen = 0.f;
-#pragma unroll
-            for (int h = 0; h < ROWS; ++h) {
-                has_row |= tile.real[h];
-                if constexpr (SCALED)
-                    seen += tile.real[h] ? 0.f * tile.scale[h] : 0.f;
-                else if constexpr (!STREAM_QUERY)
-                    seen += tile.real[h] ? (float)acc[h / 2][2 * (h % 2)] : 0.f;
-            }
-            witness += seen;
-            if (tile.biased)
-                fold_rows(tile.real, tile.scale, tile.first_row, true, FIRST);
             else
-                fold_rows(tile.real, tile.scale, tile.first_row, false, FIRST);
+                witness += (real0 ? (float)acc[0][0] : 0.f) + (real1 ? (float)acc[0][2] : 0.f);  // (one row set here)
+            // (each a constant BIASED and FIRST; the second set never starts a document's maxima)
+            if (tile.biased) {
+                fold_rows(0, real0, real1, tile.scale[0], tile.scale[1], tile.first_row, true, FIRST);
+                if constexpr (ROW_SETS > 1)
+                    fold_rows(1, tile.real[2], tile.real[3], tile.scale[2], tile.scale[3], tile.first_row, true, false);
+            } else {
+                fold_rows(0, real0, real1, tile.scale[0], tile.scale[1], tile.first_row, false, FIRST);
+                if constexpr (ROW_SETS > 1)
+                    fold_rows(1, tile.real[2], tile.real[3], tile.scale[2], tile.scale[3], tile.first_row, false, false);
+            }
         };
         TileFold tile = issue();  // every block has at least one tile
 #pragma unroll 1
