@@ -981,21 +981,45 @@ struct Consumer : Block {
     }
 
     // ---- Documents on M: one loop, one accumulator set (64 registers) ------------------
+    // A document's maxima, the max over each warp's 16 rows, published per warp: the 8 lanes of
+    // a quad hold the same columns, and reduce them by halves (reduce-scatter: each round a lane
+    // sends the half of its columns its partner keeps: 28 shuffles instead of 96; with the
+    // argmax, its winners beside them, 42 instead of 192), so that lane l ends with column pairs
+    // 8 b4 + 4 b3 + 2 b2 + {0, 1} (b: the bits of l).
+    template <int N> __device__ __forceinline__ void publish_column_maxima(float (&best)[N], u32 (&winners)[N / 2]) {
+        const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
+        float2* published = (float2*)(sRowMax() + slots);
+        const int pair = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
+        if constexpr (!ARGMAX) {
+            keep_max_of_halves<16>(best, lane);  // the lanes 16 apart: pairs 8 b4 + 0..7
+            keep_max_of_halves<8>(best, lane);   // 8 apart: 8 b4 + 4 b3 + 0..3
+            keep_max_of_halves<4>(best, lane);   // 4 apart: 8 b4 + 4 b3 + 2 b2 + 0..1
+        } else {
+            keep_best_of_halves<8>(best, winners, lane);
+            keep_best_of_halves<4>(best, winners, lane);
+            keep_best_of_halves<2>(best, winners, lane);
+            int2* published_rows = (int2*)(sRowArg() + slots);
+            published_rows[4 * pair + quad] = make_int2((short)(winners[0] & 0xffffu), (short)(winners[0] >> 16));
+            published_rows[4 * (pair + 1) + quad] = make_int2((short)(winners[1] & 0xffffu), (short)(winners[1] >> 16));
+        }
+        published[4 * pair + quad] = make_float2(best[0], best[1]);
+        published[4 * (pair + 1) + quad] = make_float2(best[2], best[3]);
+    }
+
+    // DOCS_ON_M: tile t multiplies, then folds into the running column maxima; the block's
+    // other warpgroups keep the tensor cores busy meanwhile. Every warpgroup reads every tile
+    // of the block's single ring. A document's first tile is folded apart (peeled), so that
+    // its maxima are dead between documents: nothing resets them.
     template <typename T> __device__ __forceinline__ void consume_docs_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
-        // Tile t multiplies, then folds into the running column maxima; the block's other
-        // warpgroups keep the tensor cores busy meanwhile. Every warpgroup reads every tile of
-        // the block's single ring. A document's first tile is folded apart (peeled), so that
-        // its maxima are dead between documents: nothing resets them.
         DocCursor cursor;
         open_doc(cursor, 0);
         int stage = 0;
         u32 phase = 0;
         const unsigned long long query_desc = tile_descriptor((unsigned char*)sQ() + warpgroup * QUERY_BLOCK_BYTES);
         const int r0 = warp_in_group * 16 + (lane >> 2);  // this thread's tile rows: r0 and r0 + 8
-        // best[2j + c]: query column 8j + 2 quad + c, max over this thread's rows of the document
-        // so far.
+        // best[2j + c]: query column 8j + 2 quad + c, max over the thread's rows of the document so far.
         float best[ACC / 2];
         // ARGMAX: the document rows of best[2j] and best[2j + 1], 16 bits each in winners[j]
         // (0xffff: none). Rows fit: documents on M saves int16 winners only (every document
@@ -1003,12 +1027,10 @@ struct Consumer : Block {
         u32 winners[ACC / 4];  // (unused without the argmax: no registers)
         // The witness: every real row of the document against query column 2 quad, summed.
         Acc acc[ROW_SETS][ACC];
-        // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
-        // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
-        // FIRST (a document's first tile): the maxima start from this tile, so that they are
-        // dead between documents (no reset; registers free for the close).
-        // Row set `set` (tile rows r0 + 64 set and r0 + 64 set + 8); the sets are folded in
-        // increasing row order, so that an equal maximum in a later one does not win.
+        // Fold row set `set` (tile rows r0 + 64 set, + 8; the sets in increasing row order: an
+        // equal maximum in a later one does not win). Rows not real (padding, masked, past the
+        // document: a TMA tile holds whatever memory is there) become -FLT_MAX, never added to;
+        // FIRST (a document's first tile; a constant, as BIASED) starts the maxima from this tile.
         auto fold_rows = [&](int set, bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
                              const bool FIRST) {
 #pragma unroll
@@ -1181,28 +1203,7 @@ struct Consumer : Block {
                 tile = issue();
                 take(tile, false);
             }
-            // The max over the warp's 16 rows, published per warp: the 8 lanes of a quad hold the
-            // same columns, and reduce them by halves (reduce-scatter: each round a lane sends the
-            // half of its columns its partner keeps: 28 shuffles instead of 96; with the argmax, its
-            // winners beside them, 42 instead of 192), so that
-            // lane l ends with column pairs 8 b4 + 4 b3 + 2 b2 + {0, 1} (b: the bits of l).
-            const int slots = (parity * CONSUMER_WARPS + warp) * QUERY_COLS;
-            float2* published = (float2*)(sRowMax() + slots);
-            const int pair = 8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1);
-            if constexpr (!ARGMAX) {
-                keep_max_of_halves<16>(best, lane);  // the lanes 16 apart: pairs 8 b4 + 0..7
-                keep_max_of_halves<8>(best, lane);   // 8 apart: 8 b4 + 4 b3 + 0..3
-                keep_max_of_halves<4>(best, lane);   // 4 apart: 8 b4 + 4 b3 + 2 b2 + 0..1
-            } else {
-                keep_best_of_halves<8>(best, winners, lane);
-                keep_best_of_halves<4>(best, winners, lane);
-                keep_best_of_halves<2>(best, winners, lane);
-                int2* published_rows = (int2*)(sRowArg() + slots);
-                published_rows[4 * pair + quad] = make_int2((short)(winners[0] & 0xffffu), (short)(winners[0] >> 16));
-                published_rows[4 * (pair + 1) + quad] = make_int2((short)(winners[1] & 0xffffu), (short)(winners[1] >> 16));
-            }
-            published[4 * pair + quad] = make_float2(best[0], best[1]);
-            published[4 * (pair + 1) + quad] = make_float2(best[2], best[3]);
+            publish_column_maxima(best, winners);
             close_document<T>(args, tile.doc);
             if (cursor.position >= doc_count) break;
             tile = issue();
