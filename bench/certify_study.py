@@ -35,31 +35,44 @@ import datetime
 import json
 import platform
 import sys
+import typing
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fidelity_int8 import make_corpus  # noqa: E402
 
-#: Unit roundoff of each fast format (round to nearest): bf16 keeps 8 significant bits, TF32 11.
-FAST_FORMATS = {"bf16": (2.0 ** -8, 1.0), "tf32": (2.0 ** -11, 2.0)}  # (u, cost of its pass in bf16 passes)
+from cupy_maxsim import _arrays  # noqa: E402
+
+
+def round_to_tf32(x: np.ndarray) -> np.ndarray:
+    """x (float32) rounded to nearest-even at TF32's 11 significant bits (13 low bits dropped)."""
+    raw = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((raw + np.uint64(0xFFF) + ((raw >> np.uint64(13)) & np.uint64(1))) >> np.uint64(13)) << np.uint64(13)
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def round_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """x rounded to nearest-even bfloat16, as float32 (the library's own conversion)."""
+    return _arrays.widened_bfloat16(_arrays.bfloat16_bits(x))
+
+
+class FastFormat(typing.NamedTuple):
+    bits: int  # significant bits (round to nearest: unit roundoff 2^-bits)
+    passes: float  # cost of its pass in bf16 passes (TF32 runs at half the bf16 rate)
+    rounded: typing.Callable[[np.ndarray], np.ndarray]
+
+
+FAST_FORMATS = {"bf16": FastFormat(8, 1.0, round_to_bfloat16), "tf32": FastFormat(11, 2.0, round_to_tf32)}
 #: H200 data sheet: dense bf16 tensor rate over fp32 CUDA-core rate (989 / 67 TFLOP/s).
 TENSOR_OVER_CUDA_CORES = 989.0 / 67.0
 
 
-def round_to_bits(x: np.ndarray, bits: int) -> np.ndarray:
-    """x (float32) rounded to nearest-even at ``bits`` significant bits (bf16: 8, TF32: 11)."""
-    drop = 24 - bits
-    raw = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    half = np.uint64(1 << (drop - 1))
-    odd = (raw >> np.uint64(drop)) & np.uint64(1)
-    rounded = ((raw + half - np.uint64(1) + odd) >> np.uint64(drop)) << np.uint64(drop)
-    return rounded.astype(np.uint32).view(np.float32)
-
-
-def error_bound(u: float, dim: int) -> float:
+def error_bound(fmt: str, dim: int) -> float:
     """The bound's factor on |x| |y| (module docstring)."""
+    u = 2.0 ** -FAST_FORMATS[fmt].bits
     gamma = dim * 2.0 ** -23 / (1 - dim * 2.0 ** -23)
     return (2 * u + u * u) + gamma * (1 + u) ** 2
 
@@ -68,12 +81,10 @@ def candidate_counts(q: np.ndarray, d: np.ndarray, fmt: str, exact: np.ndarray) 
     """Candidates per (query token, document) (an int array [Nq * Lq, Nd]) and the largest
     |fast - exact| / bound seen (the bound holds where it is at most 1: asserted, and the exact
     winner is always a candidate). ``exact``: the float64 similarities [Nq * Lq, Nd, Ld]."""
-    u, _ = FAST_FORMATS[fmt]
-    bits = {"bf16": 8, "tf32": 11}[fmt]
-    dim = q.shape[-1]
+    dim, rounded = q.shape[-1], FAST_FORMATS[fmt].rounded
     qt, dt = q.reshape(-1, dim), d.reshape(-1, dim)
-    fast = round_to_bits(qt, bits) @ round_to_bits(dt, bits).T  # float32 sums of exact products
-    bound = error_bound(u, dim) * np.linalg.norm(qt, axis=1)[:, None] * np.linalg.norm(dt, axis=1)[None, :]
+    fast = rounded(qt) @ rounded(dt).T  # float32 sums of exact products
+    bound = error_bound(fmt, dim) * np.linalg.norm(qt, axis=1)[:, None] * np.linalg.norm(dt, axis=1)[None, :]
     fast = fast.reshape(len(qt), d.shape[0], d.shape[1])
     bound = bound.reshape(fast.shape)
     worst = float((np.abs(fast - exact) / bound).max())
@@ -88,7 +99,7 @@ def candidate_counts(q: np.ndarray, d: np.ndarray, fmt: str, exact: np.ndarray) 
 def relative_time(counts: np.ndarray, doc_length: int, fmt: str, keep: int) -> float:
     """The cost model (module docstring): time over our bf16 kernel's on the same cell."""
     exact = np.where(counts <= keep, counts, doc_length)
-    return FAST_FORMATS[fmt][1] + TENSOR_OVER_CUDA_CORES * float(exact.mean()) / doc_length
+    return FAST_FORMATS[fmt].passes + TENSOR_OVER_CUDA_CORES * float(exact.mean()) / doc_length
 
 
 def study(dims, spreads, num_docs, doc_length, num_queries, query_length, centres, seed):
@@ -102,7 +113,7 @@ def study(dims, spreads, num_docs, doc_length, num_queries, query_length, centre
             gap = float(np.median(top2[..., 1] - top2[..., 0]))
             for fmt in FAST_FORMATS:
                 counts, worst = candidate_counts(q, d, fmt, exact)
-                row = dict(dim=dim, spread=spread, fast=fmt, bound=error_bound(FAST_FORMATS[fmt][0], dim),
+                row = dict(dim=dim, spread=spread, fast=fmt, bound=error_bound(fmt, dim),
                            worst_error_over_bound=worst,
                            median_top2_gap=gap, certified_alone=float((counts == 1).mean()),
                            mean_candidates=float(counts.mean()), p99_candidates=float(np.percentile(counts, 99)),

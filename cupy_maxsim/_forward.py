@@ -196,7 +196,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             gpu_launch.launch(kernel, (simt.grid,), (simt.threads,), forward_args(**values), simt.shared, stream)
             return
         values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation)
-        tile_map = map_shape = scales = None
+        tile_map = map_shape = scales = query_shape = None
         if plan.tile_rows:
             map_shape = tile_map_shape(problem, plan.tile_rows)
             d_scale = problem.d_scale
@@ -204,14 +204,15 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             # and a box whose first float is off 16 bytes is an illegal instruction.
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
+            query_shape = query_map_shape(problem) if plan.stream_query else None
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
-                                        queries=(q.ptr,) + query_map_shape(problem) if plan.stream_query else None)
+                                        queries=None if query_shape is None else (q.ptr,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
         # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
         # not the plan of those calls, and is not recorded.
         if record is not None and plan.groups <= 65535 and (q.ptr | d.ptr) % 16 == 0:
             record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:],
-                           query_map_shape(problem) if plan.stream_query else None))
+                           query_shape))
         out_item = 8 if q.dtype == "float64" else 4
         out_query_stride = values["out_query_stride"]
         for first in range(0, plan.groups, 65535):  # grid.y is limited to 65535 query groups

@@ -17,10 +17,11 @@ def _rounded(x, bits):
 def test_rounding_matches_bfloat16_and_tf32():
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.standard_normal(10000) * 10.0 ** rng.integers(-5, 5, 10000),
-                        [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 0.0]]).astype(np.float32)
-    for bits in (8, 11):
-        np.testing.assert_array_equal(certify_study.round_to_bits(x, bits), _rounded(x, bits))
-    assert certify_study.round_to_bits(np.float32([1 + 2.0 ** -8]), 8)[0] == 1.0  # the tie goes to even
+                        [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 1 + 2.0 ** -11, 0.0]]).astype(np.float32)
+    for fmt in ("bf16", "tf32"):
+        np.testing.assert_array_equal(certify_study.FAST_FORMATS[fmt].rounded(x),
+                                      _rounded(x, certify_study.FAST_FORMATS[fmt].bits))
+    assert certify_study.round_to_tf32(np.float32([1 + 2.0 ** -11]))[0] == 1.0  # the tie goes to even
 
 
 def test_study_counts_candidates_around_every_exact_winner():
