@@ -84,9 +84,6 @@ template <typename T> __device__ __forceinline__ int chunk_bytes(int dim, int el
     return min(16, max(0, (dim - element) * (Codec<T>::BITS / 8)));
 }
 
-// Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
-// zero-filled when the token is not real (outside the block's group, masked) and past dim, and
-// returns whether it is real. Both forward kernels stage their query block this way.
 // Whether token `token` of query `query` is real: in the block's group, and not masked.
 __device__ __forceinline__ bool query_token_real(const ForwardArgs& args, i64 query, int token, bool in_group) {
     bool real = in_group;
@@ -94,6 +91,9 @@ __device__ __forceinline__ bool query_token_real(const ForwardArgs& args, i64 qu
         real = args.q_mask[query * args.q_mask_query_stride + token * args.q_mask_row_stride] != 0;
     return real;
 }
+// Stages 16-byte chunk `chunk` of token `token` of query `query` in shared memory at `dst`,
+// zero-filled when the token is not real (outside the block's group, masked) and past dim, and
+// returns whether it is real. Both forward kernels stage their query block this way.
 template <typename T>
 __device__ __forceinline__ bool stage_query_chunk(const ForwardArgs& args, void* dst, i64 query, int token,
                                                   int chunk, bool in_group) {
