@@ -1,13 +1,14 @@
 """One call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
 compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
 
-    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward] [float32] [dim=N]
+    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward] [float32] [dim=N] [tune:KEY=VALUE ...]
 
 ``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
 with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
 the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then three
 ``score_backward`` calls (the same launch-skip profiles the third backward's kernels; padded
-fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N.
+fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N; ``tune:KEY=VALUE``: the calls made
+under ``tuning.override(KEY=VALUE)`` (integers as ints), e.g. ``tune:wgmma_tile_rows=128``.
 """
 
 import sys
@@ -15,9 +16,12 @@ import sys
 import cupy
 
 import cupy_maxsim as cm
+from cupy_maxsim import tuning
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
-flags = {flag for flag in sys.argv[5:] if not flag.startswith("dim=")}
+flags = {flag for flag in sys.argv[5:] if not flag.startswith(("dim=", "tune:"))}
+changes = {key: int(value) if value.lstrip("-").isdigit() else value
+           for key, value in (flag[5:].split("=") for flag in sys.argv[5:] if flag.startswith("tune:"))}
 dim = next((int(flag[4:]) for flag in sys.argv[5:] if flag.startswith("dim=")), 128)
 dtype = cupy.float32 if "float32" in flags else cupy.float16
 if "backward" in flags and flags & {"int8", "packed"}:
@@ -36,11 +40,12 @@ if "int8" in flags:
 if "backward" in flags:
     _, argmax = cm.score(q, d, return_argmax=True)
     grad = rng.standard_normal((nq, nd), dtype=cupy.float32)
-for _ in range(3):
-    if "backward" in flags:
-        cm.score_backward(grad, q, d, argmax)
-    elif "packed" in flags:
-        cm.score_packed(q, d, offsets, return_argmax="argmax" in flags, **extra)
-    else:
-        cm.score(q, d, return_argmax="argmax" in flags, **extra)
+with tuning.override(**changes):
+    for _ in range(3):
+        if "backward" in flags:
+            cm.score_backward(grad, q, d, argmax)
+        elif "packed" in flags:
+            cm.score_packed(q, d, offsets, return_argmax="argmax" in flags, **extra)
+        else:
+            cm.score(q, d, return_argmax="argmax" in flags, **extra)
 cupy.cuda.Device().synchronize()
