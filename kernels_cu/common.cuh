@@ -39,6 +39,14 @@ __device__ __forceinline__ float max_nan(float a, float b) {
     return r;
 }
 __device__ __forceinline__ double max_nan(double a, double b) { return (b > a || b != b) ? b : a; }
+// x, or NaN where x is +-inf: x * 0 + x in one rounding is x for every finite x (x * 0 is a
+// zero of x's sign), NaN for +-inf and NaN. Folded by max_nan, no non-finite value is lost (an
+// -inf one would lose to any finite value). Inline PTX: nothing may simplify x * 0.
+__device__ __forceinline__ float nan_if_infinite(float x) {
+    float r;
+    asm("fma.rn.f32 %0, %1, 0f00000000, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 __device__ __forceinline__ double min_plain(double a, double b) { return b < a ? b : a; }
 __device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b); }
 

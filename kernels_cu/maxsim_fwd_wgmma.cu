@@ -167,10 +167,14 @@ constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // query blocks stream too, each ring slot holding the documents' atom and, after it, every
 // warpgroup's query atom for the same k (one TMA box of its queries' rows from q as it is).
 // Nothing zeroes the query rows: a masked or padding row (another group's query, or stale bytes
-// past the box) only fills its own column, which no score reads; a non-finite real row is found
-// by scanning the block's first tile's atoms (its column's max is then never used, the score is
-// NaN), and the documents' non-finite elements by scanning their atoms, not through a query
-// column (the witness), since no query column is known to be finite.
+// past the box) only fills its own column, which no score reads. Non-finite elements (16-bit)
+// are found through the similarities themselves, as the reference defines them: the fold takes
+// every similarity as nan_if_infinite (an -inf one would lose any max) into NaN-propagating
+// maxima, so that a real token's maximum is NaN wherever one of its similarities with a real
+// row is not finite (a non-finite element makes every similarity of its row or token so). No
+// query column is known to be finite (the witness), and scanning every slot's atoms for them
+// held the tensor cores at half their rate (0.54 of it at fp16 dims 768 and 2560, 0.69-0.71
+// without the scans: bench/results/cliffs-2026-12-03-scan-ab.txt).
 constexpr bool STREAM_QUERY = MAXSIM_STREAM_QUERY != 0;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
 // element x is taken as big + small, and every product of the four is taken: |x y - (xb +
@@ -710,7 +714,7 @@ struct Block {
                 const bool real = query_token_real(args, first_query + g, token, j < queries_per_warpgroup && g < group_size);
                 sRowQuery()[row] = real ? g : -1;
                 if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + g, token) : 0.f;
-                sRowBad()[row] = false;  // (16-bit: set by the scan of the block's first tile)
+                sRowBad()[row] = false;  // (a non-finite token: its similarities, NaN in the fold)
             }
             consumers_sync();
             return;
@@ -1039,6 +1043,7 @@ struct Consumer : Block {
                 float v0 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + c]);
                 float v1 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + 2 + c]);
                 if constexpr (SCALED) v0 *= s0, v1 *= s1;
+                if constexpr (STREAM_QUERY && !SCALED) v0 = nan_if_infinite(v0), v1 = nan_if_infinite(v1);
                 if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
                 const float v = max_nan(v0, v1);
                 // Tiles come in increasing order, and strict >: the first maximum wins (a tie
@@ -1060,16 +1065,12 @@ struct Consumer : Block {
             i64 doc;
             int first_row, slot;
             bool biased, last, real[2 * ROW_SETS];
-            bool bad;  // STREAM_QUERY (16-bit): a real row of the tile holds NaN or inf
             float scale[2 * ROW_SETS];
         };
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
-        // STREAM_QUERY: the warpgroup's query atom follows the documents' in the slot; while the
-        // block's first tile streams, each thread scans its query row's atoms (row_bad), and
-        // every tile's real rows are scanned as their atoms pass (TileFold::bad; 16-bit only).
-        bool scanning_queries = true, row_bad = false;
-        auto issue_slot = [&](int k_atom, TileFold& tile) {
+        // STREAM_QUERY: the warpgroup's query atom follows the documents' in the slot.
+        auto issue_slot = [&](int k_atom) {
             mbarrier_wait(full() + stage, phase);
             if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
             const unsigned char* slot = sD() + stage * TILE_BYTES;
@@ -1085,33 +1086,6 @@ struct Consumer : Block {
                                                       : query_desc + query_kstep_offset(4 * k_atom + ks),
                                          k_atom + ks);
             wgmma_commit();
-            if constexpr (STREAM_QUERY && !SCALED) {  // (read beside the tensor cores, before the slot is freed)
-                if (scanning_queries)
-#pragma unroll
-                    for (int c = 0; c < 8; ++c)
-                        note_non_finite<T>(row_bad, ((const uint4*)(slot_query + (threadIdx.x % 128) * 128))[c]);
-                // (rows r0 and r0 + 8: each lane of a quad two of their eight chunks)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint4* line = (const uint4*)(slot + (r0 + 8 * h) * 128 + quad * 32);
-                    bool bad = false;
-                    note_non_finite<T>(bad, line[0]);
-                    note_non_finite<T>(bad, line[1]);
-                    tile.bad |= bad && (h ? tile.real[1] : tile.real[0]);
-                }
-                if constexpr (ROW_SETS > 1) {  // (the second set's rows, 64 further)
-                    bool bad = false;
-                    const uint4* line = (const uint4*)(slot + (r0 + 64) * 128 + quad * 32);
-                    note_non_finite<T>(bad, line[0]);
-                    note_non_finite<T>(bad, line[1]);
-                    tile.bad |= bad && tile.real[2];
-                    bad = false;
-                    line += 8 * 128 / 16;
-                    note_non_finite<T>(bad, line[0]);
-                    note_non_finite<T>(bad, line[1]);
-                    tile.bad |= bad && tile.real[3];
-                }
-            }
         };
         auto next_slot = [&]() {
             if (++stage == STAGES) stage = 0, phase ^= 1;
@@ -1126,37 +1100,26 @@ struct Consumer : Block {
             tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N;
             const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
             tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
-            if constexpr (STREAM_QUERY) {  // its scans need the rows' reality first
-                tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
-                tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
-                if constexpr (ROW_SETS > 1) {
-                    tile.real[2] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 64);
-                    tile.real[3] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 72);
-                }
-                tile.bad = false;
-            }
-            issue_slot(0, tile);
+            issue_slot(0);
             if constexpr (STREAM_K) {
 #pragma unroll 1
                 for (int k_atom = 1; k_atom < tile_slots; ++k_atom) {
                     const int previous = stage;
                     next_slot();
-                    issue_slot(k_atom, tile);
+                    issue_slot(k_atom);
                     wgmma_wait<1>();
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(empty() + previous);
                 }
             }
-            if (STREAM_QUERY && !SCALED && scanning_queries) {  // read by the first document's close
-                sRowBad()[warpgroup * GROUP_ROWS + threadIdx.x % 128] = row_bad;
-                scanning_queries = false;
-            }
             tile.slot = stage;
             next_slot();
             next_tile(cursor);
-            if constexpr (!STREAM_QUERY) {
-                tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
-                tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+            tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            if constexpr (ROW_SETS > 1) {
+                tile.real[2] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 64);
+                tile.real[3] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 72);
             }
             // (int8, the one scaled format, has no 128-row build)
             static_assert(!SCALED || ROW_SETS == 1, "document scales of one row set");
@@ -1179,9 +1142,7 @@ struct Consumer : Block {
             // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
             if constexpr (SCALED)
                 witness += (real0 ? 0.f * tile.scale[0] : 0.f) + (real1 ? 0.f * tile.scale[1] : 0.f);
-            else if constexpr (STREAM_QUERY)  // (no query column is known to be finite: the scan)
-                witness += tile.bad ? MAXSIM_INF : 0.f;
-            else
+            else if constexpr (!STREAM_QUERY)  // (streaming queries: through every similarity, fold_rows)
                 witness += (real0 ? (float)acc[0][0] : 0.f) + (real1 ? (float)acc[0][2] : 0.f);  // (one row set here)
             // (each a constant BIASED and FIRST; the second set never starts a document's maxima)
             if (tile.biased) {

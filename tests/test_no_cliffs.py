@@ -525,10 +525,11 @@ def test_many_queries_stream_queries_too(dtype, dim, tile_rows, configs):
 @pytest.mark.parametrize("tile_rows", [None, 128])
 def test_many_queries_stream_queries_non_finite(tile_rows, configs):
     """Streaming the query atoms, nothing zeroes a query row: a non-finite real query token
-    makes its own query's scores NaN (found by the scan of the first tile), a non-finite masked
-    one changes nothing, and a non-finite document element makes its document's scores NaN for
-    every query (found by the scan of the documents' atoms, not through a query column), in
-    either row set of a 128-row tile."""
+    makes its own query's scores NaN, a non-finite masked one changes nothing, and a non-finite
+    document element makes its document's scores NaN for every query, in either row set of a
+    128-row tile: all found through the similarities (NaN-propagating maxima), even an -inf
+    element whose similarities are all -inf (every query's element there positive), which a
+    max alone would pass over."""
     import cupy
 
     rng = np.random.default_rng(29)
@@ -542,7 +543,8 @@ def test_many_queries_stream_queries_non_finite(tile_rows, configs):
     d[1, 60, 5] = np.nan  # a real row: document 1's scores NaN
     d[3, 20, 400] = np.inf  # a masked row: nothing
     d_mask[3, 20] = False
-    d[4, 100, 9] = -np.inf  # a real row of the second row set: document 4's scores NaN
+    d[4, 100, 9] = -np.inf  # a real row of the second row set: document 4's scores NaN ...
+    q[..., 9] = np.abs(q[..., 9]) + 1e-2  # (... though its similarities are all -inf)
     d[0, 72, 11] = np.nan  # a masked one: nothing
     d_mask[0, 72] = False
     expected = reference.maxsim_reference(np.nan_to_num(q).astype(np.float64), np.nan_to_num(d).astype(np.float64),
