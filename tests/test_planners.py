@@ -537,31 +537,3 @@ def test_streamed_query_atoms_in_128_row_tiles_where_asked():
         with pytest.raises(ValueError, match="wgmma_tile_rows"):
             with tuning.override(wgmma_tile_rows=bad):
                 pass
-
-
-@pytest.mark.parametrize("suffix", ["fp16", "bf16", "int8"])
-def test_few_queries_at_fat_dims_take_documents_on_m(suffix):
-    """Two to four queries of 32 tokens (rows past one query's half rows, too few for documents
-    on M's two warpgroups) at a fat dim take the Hopper kernel with documents on M streaming k
-    (query blocks resident at dim 320 in 16-bit, 640 in int8; the query atoms streamed at 2560
-    and 5120), in two
-    warpgroups, a prebuilt variant; never mma.sync. One query keeps its split rings; 32-bit
-    winners keep mma.sync."""
-    from cupy_maxsim import tuning
-    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
-    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
-
-    properties, known = ARCH_PROPERTIES["sm_90"], set(runtime_variants())
-    for queries in (2, 3, 4):
-        for dim in ((640, 5120) if suffix == "int8" else (320, 2560)):
-            for argmax in (0, 16):
-                choice = choose_kernel(ForwardShape(suffix, queries, 32, dim, 2000, False, argmax, 300, False),
-                                       properties, tuning.current())
-                assert choice.family == "maxsim_fwd_wgmma" and (choice.family, choice.config.defines()) in known
-                config = choice.config
-                assert config.docs_on_m and config.stream_k and config.warpgroups == 2, (queries, dim, config)
-                assert config.stream_query == (dim > 640), (queries, dim, config)
-    one = choose_kernel(ForwardShape(suffix, 1, 32, 2560, 2000, False, 0, 300, False), properties, tuning.current())
-    assert not one.config.docs_on_m
-    wide = choose_kernel(ForwardShape(suffix, 4, 32, 2560, 2000, False, 32, 300, False), properties, tuning.current())
-    assert wide is None or wide.family == "maxsim_fwd"
