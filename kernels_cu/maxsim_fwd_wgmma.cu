@@ -198,9 +198,8 @@ constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator reg
 // DOCS_ON_M: the tile's 64-row accumulator sets (an m64 MMA each). STREAM_QUERY may take
 // 128-row tiles in 16-bit (tunables): each warpgroup multiplies its query atom by both halves of
 // the documents' atom, so that a slot's 48 KB (16 of documents, 32 of queries) feed twice the
-// MMAs of the 40 KB of 64-row tiles: the queries' bytes, read again from L2 for every tile,
-// held those at about half the MMA rate (0.48-0.55 at fp16 dims 384-4096). 64 more
-// accumulator registers a thread. (The code of the second set is written out under
+// MMAs of the 40 KB of 64-row tiles, for 64 more accumulator registers a thread. Measured no
+// faster (the queries' L2 bytes were not the limit; the slots' scans were, since removed). (The code of the second set is written out under
 // `if constexpr`, not as loops over the sets: loops there changed the 64-row builds' SASS.)
 constexpr int ROW_SETS = DOCS_ON_M ? TILE_N / 64 : 1;
 static_assert(ROW_SETS <= 2, "at most two row sets");

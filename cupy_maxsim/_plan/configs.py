@@ -253,9 +253,10 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
         # 128-row document tiles (two m64 row sets against each query atom: a slot's query bytes
-        # feed twice the MMAs) only where tunables ask for them (wgmma_tile_rows=128: not yet
-        # measured on a GPU), in 16-bit without the argmax: with it they spill 16 bytes (its
-        # winners), and int8's entry has no 128-row build.
+        # feed twice the MMAs) only where tunables ask for them (wgmma_tile_rows=128: no faster
+        # on the H200, the query bytes were not the limit: cliffs-2026-12-03-scan-ab.txt), in
+        # 16-bit without the argmax: with it they spill 16 bytes (its winners), and int8's entry
+        # has no 128-row build.
         tile_n = 128 if tunables.wgmma_tile_rows == 128 and not (int8 or argmax) else 64
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
                                      argmax=int(argmax), tile_n=tile_n, docs_on_m=1, stream_k=1, stream_query=1))
