@@ -199,8 +199,9 @@ constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator reg
 // 128-row tiles in 16-bit (tunables): each warpgroup multiplies its query atom by both halves of
 // the documents' atom, so that a slot's 48 KB (16 of documents, 32 of queries) feed twice the
 // MMAs of the 40 KB of 64-row tiles, for 64 more accumulator registers a thread. Measured no
-// faster (the queries' L2 bytes were not the limit; the slots' scans were, since removed). (The code of the second set is written out under
-// `if constexpr`, not as loops over the sets: loops there changed the 64-row builds' SASS.)
+// faster (the queries' L2 bytes were not the limit; the slots' scans were, since removed).
+// (The code of the second set is written out under `if constexpr`, not as loops over the
+// sets: loops there changed the 64-row builds' SASS.)
 constexpr int ROW_SETS = DOCS_ON_M ? TILE_N / 64 : 1;
 static_assert(ROW_SETS <= 2, "at most two row sets");
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
