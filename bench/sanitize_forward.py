@@ -103,7 +103,7 @@ for dim in (200, 320):
     cm.score(shifted((12, 32, dim), cupy.float16, 2), shifted((7, 150, dim), cupy.float16, 2), return_argmax=True)
 # ... and past them, the query atoms streamed too (TMA from q): queries of 27 tokens (boxes of
 # 108 rows), a last warpgroup short of queries, a part-zero last atom, masks, winners, packed;
-# without winners in 64-row tiles and (tunables) in 128-row tiles, two row sets.
+# and without winners.
 for dim in (768, 1000):
     q, d = rows((10, 27, dim), cupy.float16), rows((7, 150, dim), cupy.float16)
     q_mask = cupy.asarray(rng.random((10, 27)) < 0.9)
@@ -111,11 +111,9 @@ for dim in (768, 1000):
     cm.score(q, d, q_mask=q_mask, d_mask=d_mask, return_argmax=True)
     tokens, offsets = d.reshape(-1, dim)[: 7 * 150 - 1], cupy.asarray([0, 1, 150, 150, 1049], dtype=cupy.int64)
     cm.score_packed(q, tokens, offsets, return_argmax=True)
-    for tile_rows in (None, 128):
-        with tuning.override(wgmma_tile_rows=tile_rows):
-            cm.score(q, d, q_mask=q_mask, d_mask=d_mask)
-            cm.score(q, d)
-            cm.score_packed(q, tokens, offsets)
+    cm.score(q, d, q_mask=q_mask, d_mask=d_mask)
+    cm.score(q, d)
+    cm.score_packed(q, tokens, offsets)
 qv, qs = cm.quantize_int8(rows((8, 32, 1024), cupy.float32))
 dv, ds = cm.quantize_int8(rows((5, 140, 1024), cupy.float32))
 cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(rng.random((5, 140)) < 0.7), return_argmax=True)

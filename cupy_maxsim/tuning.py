@@ -34,11 +34,10 @@ class Tunables:
     wgmma_docs_on_m: bool = True
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
-    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem. Many
-    #: queries streaming the query atoms (fat dims) take 64 unless this asks for 128 (two row
-    #: sets against each query atom, without the argmax), which measured no faster on the H200:
-    #: fp16 32x32 queries at dims 768 / 2560, 0.70 / 0.72 of the matrix rate against 64 rows'
-    #: 0.76 / 0.73 (bench/results/cliffs-2026-12-03-scan-ab.txt).
+    #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem.
+    #: Documents on M (many queries) always take 64: 128-row tiles streaming the query atoms
+    #: were built and measured no faster (fp16 32x32 queries at dims 768 / 2560: 0.70 / 0.72
+    #: of the matrix rate against 64 rows' 0.76 / 0.73, bench/results/cliffs-2026-12-03-scan-ab.txt).
     wgmma_tile_rows: int | None = None
     #: One query group (<= 64 rows, memory-bound) gets three warpgroups that hold the same
     #: queries and split the block's documents, each from a ring of its own: colbert-1q-1M

@@ -195,15 +195,6 @@ constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
-// DOCS_ON_M: the tile's 64-row accumulator sets (an m64 MMA each). STREAM_QUERY may take
-// 128-row tiles in 16-bit (tunables): each warpgroup multiplies its query atom by both halves of
-// the documents' atom, so that a slot's 48 KB (16 of documents, 32 of queries) feed twice the
-// MMAs of the 40 KB of 64-row tiles, for 64 more accumulator registers a thread. Measured no
-// faster (the queries' L2 bytes were not the limit; the slots' scans were, since removed).
-// (The code of the second set is written out under `if constexpr`, not as loops over the
-// sets: loops there changed the 64-row builds' SASS.)
-constexpr int ROW_SETS = DOCS_ON_M ? TILE_N / 64 : 1;
-static_assert(ROW_SETS <= 2, "at most two row sets");
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
 // registers of two), and the other warpgroups' MMAs run while one folds.
 // SPLIT_DOCS (one query group, memory-bound): every consumer warpgroup holds the same query
@@ -252,8 +243,7 @@ constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + SMALL_BYTES + QUERY_BY
 static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaConfig.shared_bytes disagrees");
 #endif
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
-static_assert(!DOCS_ON_M || (!SPLIT_DOCS && (TILE_N == 64 || STREAM_QUERY)),
-              "documents on M: many queries, 64-row tiles (128 streaming the queries)");
+static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
 // ... and back: the group row a warpgroup row holds, or -1 (a padding row).
@@ -1030,18 +1020,18 @@ struct Consumer : Block {
         // shorter than 32768 tokens); packed, they leave registers for three warpgroups.
         u32 winners[ACC / 4];  // (unused without the argmax: no registers)
         // The witness: every real row of the document against query column 2 quad, summed.
-        Acc acc[ROW_SETS][ACC];
-        // Fold row set `set` (tile rows r0 + 64 set, + 8; the sets in increasing row order: an
-        // equal maximum in a later one does not win). Rows not real (padding, masked, past the
-        // document: a TMA tile holds whatever memory is there) become -FLT_MAX, never added to;
-        // FIRST (a document's first tile; a constant, as BIASED) starts the maxima from this tile.
-        auto fold_rows = [&](int set, bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
+        Acc acc[ACC];
+        // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
+        // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
+        // FIRST (a document's first tile): the maxima start from this tile, so that they are
+        // dead between documents (no reset; registers free for the close).
+        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
                              const bool FIRST) {
 #pragma unroll
             for (int i = 0; i < ACC / 2; ++i) {
                 const int j = i / 2, c = i % 2;
-                float v0 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + c]);
-                float v1 = accumulator_to_float<KSTEPS * 32>(acc[set][4 * j + 2 + c]);
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + c]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 + c]);
                 if constexpr (SCALED) v0 *= s0, v1 *= s1;
                 if constexpr (STREAM_QUERY && !SCALED) v0 = nan_if_infinite(v0), v1 = nan_if_infinite(v1);
                 if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
@@ -1049,7 +1039,7 @@ struct Consumer : Block {
                 // Tiles come in increasing order, and strict >: the first maximum wins (a tie
                 // within the pair keeps the lower row). From a first tile: as if from -inf.
                 if constexpr (ARGMAX) {
-                    const u32 row = first_row + 64 * set + (v1 > v0 ? r0 + 8 : r0);
+                    const u32 row = first_row + (v1 > v0 ? r0 + 8 : r0);
                     if (FIRST) {
                         const u32 won = v > MAXSIM_NEG_INF ? row : 0xffffu;
                         winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (won << 16) : 0xffff0000u | won;
@@ -1064,8 +1054,8 @@ struct Consumer : Block {
         struct TileFold {
             i64 doc;
             int first_row, slot;
-            bool biased, last, real[2 * ROW_SETS];
-            float scale[2 * ROW_SETS];
+            bool biased, last, real0, real1;
+            float s0, s1;
         };
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
@@ -1079,12 +1069,10 @@ struct Consumer : Block {
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks)
-#pragma unroll
-                for (int set = 0; set < ROW_SETS; ++set)  // (a set's 64 rows: 8 KB into the atom)
-                    WgmmaDocsOnM<T>::run(acc[set], doc_desc + ((set * 64 * 128) >> 4) + kstep_offset(ks),
-                                         STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
-                                                      : query_desc + query_kstep_offset(4 * k_atom + ks),
-                                         k_atom + ks);
+                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks),
+                                     STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
+                                                  : query_desc + query_kstep_offset(4 * k_atom + ks),
+                                     k_atom + ks);
             wgmma_commit();
         };
         auto next_slot = [&]() {
@@ -1115,45 +1103,30 @@ struct Consumer : Block {
             tile.slot = stage;
             next_slot();
             next_tile(cursor);
-            tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
-            tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
-            if constexpr (ROW_SETS > 1) {
-                tile.real[2] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 64);
-                tile.real[3] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 72);
-            }
-            // (int8, the one scaled format, has no 128-row build)
-            static_assert(!SCALED || ROW_SETS == 1, "document scales of one row set");
-            tile.scale[0] = tile.scale[1] = 1.f;
-            if constexpr (ROW_SETS > 1) tile.scale[2] = tile.scale[3] = 1.f;
-            if constexpr (SCALED) tile.scale[0] = sScale()[tile.slot * TILE_N + r0], tile.scale[1] = sScale()[tile.slot * TILE_N + r0 + 8];
+            tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+            tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            tile.s0 = tile.s1 = 1.f;
+            if constexpr (SCALED) tile.s0 = sScale()[tile.slot * TILE_N + r0], tile.s1 = sScale()[tile.slot * TILE_N + r0 + 8];
             return tile;
         };
         // The tile's MMAs are done: free its slot and fold it (FIRST: a constant, as BIASED).
         auto take = [&](const TileFold& tile, const bool FIRST) {
             wgmma_wait<0>();
-#pragma unroll
-            for (int set = 0; set < ROW_SETS; ++set) pin(acc[set]);
+            pin(acc);
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty() + tile.slot);  // the slot is free (scales already read)
-            const bool real0 = tile.real[0], real1 = tile.real[1];
+            const bool real0 = tile.real0, real1 = tile.real1;
             has_row |= real0 | real1;
-            if constexpr (ROW_SETS > 1) has_row |= tile.real[2] | tile.real[3];
             // The witness: a non-finite document element makes its row's similarities non-finite
             // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
             if constexpr (SCALED)
-                witness += (real0 ? 0.f * tile.scale[0] : 0.f) + (real1 ? 0.f * tile.scale[1] : 0.f);
+                witness += (real0 ? 0.f * tile.s0 : 0.f) + (real1 ? 0.f * tile.s1 : 0.f);
             else if constexpr (!STREAM_QUERY)  // (streaming queries: through every similarity, fold_rows)
-                witness += (real0 ? (float)acc[0][0] : 0.f) + (real1 ? (float)acc[0][2] : 0.f);  // (one row set here)
-            // (each a constant BIASED and FIRST; the second set never starts a document's maxima)
-            if (tile.biased) {
-                fold_rows(0, real0, real1, tile.scale[0], tile.scale[1], tile.first_row, true, FIRST);
-                if constexpr (ROW_SETS > 1)
-                    fold_rows(1, tile.real[2], tile.real[3], tile.scale[2], tile.scale[3], tile.first_row, true, false);
-            } else {
-                fold_rows(0, real0, real1, tile.scale[0], tile.scale[1], tile.first_row, false, FIRST);
-                if constexpr (ROW_SETS > 1)
-                    fold_rows(1, tile.real[2], tile.real[3], tile.scale[2], tile.scale[3], tile.first_row, false, false);
-            }
+                witness += (real0 ? (float)acc[0] : 0.f) + (real1 ? (float)acc[2] : 0.f);
+            if (tile.biased)
+                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, true, FIRST);
+            else
+                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, false, FIRST);
         };
         TileFold tile = issue();  // every block has at least one tile
 #pragma unroll 1

@@ -499,35 +499,32 @@ def _queries_streamed(configs) -> bool:
     return _docs_on_m_streamed(configs) and all(c.get("MAXSIM_STREAM_QUERY") == "1" for c in configs)
 
 
-@pytest.mark.parametrize("tile_rows", [None, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("dim", [384, 1000, 2560])
-def test_many_queries_stream_queries_too(dtype, dim, tile_rows, configs):
+def test_many_queries_stream_queries_too(dtype, dim, configs):
     """Many queries at dims whose query blocks do not fit (documents on M, the query atoms
     streamed beside the documents' by TMA from q): a part-zero last atom (1000), queries of 27
     tokens (a box of 108 rows: the rest of the slot's rows stale, their columns unread), a last
     warpgroup with fewer queries, masks, winners, an empty document, against float64, bitwise
-    reproducible (_check_padded); then 12 queries of 32 tokens unmasked. With tile_rows 128 the
-    scores without winners come from 128-row tiles (two row sets; with winners 64): those of
-    _check_padded equal the ones with winners, bitwise."""
+    reproducible (_check_padded); then 12 queries of 32 tokens unmasked. 64-row tiles, even
+    where the tunables ask for 128."""
     if dtype == "bfloat16":
         pytest.importorskip("torch")
-    with tuning.override(wgmma_tile_rows=tile_rows):
+    with tuning.override(wgmma_tile_rows=128):
         _check_padded(dtype, 10, 27, 7, 150, dim, seed=dim + 5)
         rng = np.random.default_rng(dim)
         q64, d64, q, d = _inputs(rng, 12, 32, 11, 130, dim, dtype)
         assert_scores_match(cm.score(q, d), reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
     if _on_hopper():
         assert _queries_streamed(configs), configs
-        assert {c.get("MAXSIM_TILE_N") for c in configs} == ({"64", "128"} if tile_rows else {"64"}), configs
+        assert {c.get("MAXSIM_TILE_N") for c in configs} == {"64"}, configs
 
 
-@pytest.mark.parametrize("tile_rows", [None, 128])
-def test_many_queries_stream_queries_non_finite(tile_rows, configs):
+def test_many_queries_stream_queries_non_finite(configs):
     """Streaming the query atoms, nothing zeroes a query row: a non-finite real query token
     makes its own query's scores NaN, a non-finite masked one changes nothing, and a non-finite
-    document element makes its document's scores NaN for every query, in either row set of a
-    128-row tile: all found through the similarities (NaN-propagating maxima), even an -inf
+    document element makes its document's scores NaN for every query, in its first tile or a
+    later one: all found through the similarities (NaN-propagating maxima), even an -inf
     element whose similarities are all -inf (every query's element there positive), which a
     max alone would pass over."""
     import cupy
@@ -543,22 +540,20 @@ def test_many_queries_stream_queries_non_finite(tile_rows, configs):
     d[1, 60, 5] = np.nan  # a real row: document 1's scores NaN
     d[3, 20, 400] = np.inf  # a masked row: nothing
     d_mask[3, 20] = False
-    d[4, 100, 9] = -np.inf  # a real row of the second row set: document 4's scores NaN ...
+    d[4, 100, 9] = -np.inf  # a real row of the second tile: document 4's scores NaN ...
     q[..., 9] = np.abs(q[..., 9]) + 1e-2  # (... though its similarities are all -inf)
     d[0, 72, 11] = np.nan  # a masked one: nothing
     d_mask[0, 72] = False
     expected = reference.maxsim_reference(np.nan_to_num(q).astype(np.float64), np.nan_to_num(d).astype(np.float64),
                                           q_mask, d_mask)
-    with tuning.override(wgmma_tile_rows=tile_rows):
-        got = to_numpy(cm.score(cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16)),
-                                q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask)))
+    got = to_numpy(cm.score(cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16)),
+                            q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask)))
     nan = np.zeros(got.shape, bool)
     nan[2, :] = nan[:, 1] = nan[:, 4] = True
     assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any()
     assert_scores_match(got[~nan], expected[~nan], atol=NOISE["float16"] * 32)
     if _on_hopper():
         assert _queries_streamed(configs), configs
-        assert {c.get("MAXSIM_TILE_N") for c in configs} == {str(tile_rows or 64)}, configs
 
 
 @pytest.mark.parametrize("dim", [1024, 4096])

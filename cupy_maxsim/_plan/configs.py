@@ -240,8 +240,7 @@ WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False, stream_queries: bool = True,
-                                  tunables: Tunables = DEFAULT) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
     whose query blocks fit with a ring of at least four slots; past the largest capacity, with
@@ -252,14 +251,8 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
     if capacity is None:
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
-        # 128-row document tiles (two m64 row sets against each query atom: a slot's query bytes
-        # feed twice the MMAs) only where tunables ask for them (wgmma_tile_rows=128: no faster
-        # on the H200, the query bytes were not the limit: cliffs-2026-12-03-scan-ab.txt), in
-        # 16-bit without the argmax: with it they spill 16 bytes (its winners), and int8's entry
-        # has no 128-row build.
-        tile_n = 128 if tunables.wgmma_tile_rows == 128 and not (int8 or argmax) else 64
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=tile_n, docs_on_m=1, stream_k=1, stream_query=1))
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1))
         return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):

@@ -144,8 +144,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             # Many queries at a fat dim: the documents' atoms streamed past resident query blocks,
             # or at fatter dims beside the query atoms (by TMA from q: 16-byte rows).
             config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), warpgroups, scaled,
-                                                   stream_queries=load_bytes == 16 and tunables.use_tma,
-                                                   tunables=tunables)
+                                                   stream_queries=load_bytes == 16 and tunables.use_tma)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)

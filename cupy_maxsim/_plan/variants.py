@@ -127,9 +127,6 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                     add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, int8))
     for argmax in (False, True):  # ... and past them, the query atoms streamed too
         add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax))
-    # (16-bit without winners in 128-row tiles, where tunables ask for them)
-    add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY,
-                                                          tunables=replace(DEFAULT, wgmma_tile_rows=128)))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
