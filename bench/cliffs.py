@@ -323,8 +323,7 @@ def main(argv=None) -> int:
 
     from cupy_maxsim import tuning
 
-    changes = {key: int(value) if value.lstrip("-").isdigit() else value
-               for key, value in (item.split("=") for item in options.tunables.split(",") if item)}
+    changes = tuning.changes_from_text(item for item in options.tunables.split(",") if item)
     with tuning.override(**changes):
         return _sweep(torch, options)
 

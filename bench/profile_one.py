@@ -7,8 +7,9 @@ compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
 with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
 the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then three
 ``score_backward`` calls (the same launch-skip profiles the third backward's kernels; padded
-fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N; ``tune:KEY=VALUE``: the calls made
-under ``tuning.override(KEY=VALUE)`` (integers as ints), e.g. ``tune:wgmma_tile_rows=128``.
+fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N;
+``tune:KEY=VALUE``: the calls made under ``tuning.override(KEY=VALUE)`` (integers as ints),
+e.g. ``tune:wgmma_tile_rows=128``.
 """
 
 import sys
@@ -20,8 +21,7 @@ from cupy_maxsim import tuning
 
 nq, lq, nd, ld = (int(x) for x in sys.argv[1:5])
 flags = {flag for flag in sys.argv[5:] if not flag.startswith(("dim=", "tune:"))}
-changes = {key: int(value) if value.lstrip("-").isdigit() else value
-           for key, value in (flag[5:].split("=") for flag in sys.argv[5:] if flag.startswith("tune:"))}
+changes = tuning.changes_from_text(flag[5:] for flag in sys.argv[5:] if flag.startswith("tune:"))
 dim = next((int(flag[4:]) for flag in sys.argv[5:] if flag.startswith("dim=")), 128)
 dtype = cupy.float32 if "float32" in flags else cupy.float16
 if "backward" in flags and flags & {"int8", "packed"}:

@@ -162,3 +162,13 @@ def override(**changes):
         yield tunables
     finally:
         _current.reset(token)
+
+
+def changes_from_text(items) -> dict:
+    """``override``'s keyword arguments from ``KEY=VALUE`` strings (the benchmarks' command
+    lines: ``--tunables use_wgmma=0,stream_ksteps=8``); integer values become ints."""
+    changes = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        changes[key] = int(value) if value.lstrip("-").isdigit() else value
+    return changes

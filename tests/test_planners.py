@@ -536,3 +536,18 @@ def test_streamed_query_atoms_in_64_row_tiles():
         with pytest.raises(ValueError, match="wgmma_tile_rows"):
             with tuning.override(wgmma_tile_rows=bad):
                 pass
+
+
+def test_tunables_from_command_line_text():
+    """The benchmarks' ``KEY=VALUE`` tunables: integers as ints (negative too), the rest as
+    text, each a valid override (an unknown field is the dataclass's TypeError)."""
+    from cupy_maxsim import tuning
+
+    changes = tuning.changes_from_text(["wgmma_tile_rows=128", "use_wgmma=0", "float32_precision=high",
+                                        "stream_ksteps=-1"])
+    assert changes == dict(wgmma_tile_rows=128, use_wgmma=0, float32_precision="high", stream_ksteps=-1)
+    with tuning.override(**tuning.changes_from_text(["wgmma_tile_rows=64"])) as tunables:
+        assert tunables.wgmma_tile_rows == 64
+    with pytest.raises(TypeError):
+        with tuning.override(**tuning.changes_from_text(["no_such_field=1"])):
+            pass
