@@ -1,16 +1,7 @@
 import pytest
+from support import gpu_available
 
-
-def _gpu_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-GPU = _gpu_available()
+GPU = gpu_available()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,6 +7,16 @@ import contextlib
 import numpy as np
 
 
+def gpu_available() -> bool:
+    """CuPy imports and a CUDA device is there (the GPU tests' marker: conftest)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
 def to_numpy(x) -> np.ndarray:
     """Any result (NumPy, CuPy, torch, JAX) as a host float64 array."""
     if hasattr(x, "get"):
