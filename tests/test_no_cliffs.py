@@ -565,6 +565,33 @@ def test_many_queries_stream_queries_int8_and_packed(dim, configs):
         assert _queries_streamed(configs), configs
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("nq, dim", [(2, 320), (3, 320), (4, 2560), (3, 1000)])
+def test_few_queries_at_fat_dims_on_documents_on_m(dtype, nq, dim, configs):
+    """Two to four queries of 32 tokens at fat dims (too few rows for documents on M's two
+    warpgroups, too many for one query's split rings) on documents on M all the same: the
+    second warpgroup's rows (none of them a query's at 2 and 3 queries) read nothing. Masks,
+    winners, an empty document against float64, bitwise reproducible; int8 at twice the dim
+    (its rows of the same bytes), masked."""
+    import cupy
+
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, nq, 32, 7, 150, dim, seed=nq * dim)
+    if dtype == "float16":
+        rng = np.random.default_rng(nq + dim)
+        q = cupy.asarray(unit_rows(rng, (nq, 32, 2 * dim), np.float32))
+        d = cupy.asarray(unit_rows(rng, (6, 90, 2 * dim), np.float32))
+        d_mask = holey_mask(rng, (6, 90), 0.7)
+        (q8, qs), (d8, ds) = cm.quantize_int8(q), cm.quantize_int8(d)
+        q_ref, d_ref = to_numpy(q8) * to_numpy(qs)[..., None], to_numpy(d8) * to_numpy(ds)[..., None]
+        got = cm.score(q8, d8, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(d_mask))
+        assert_scores_match(got, reference.maxsim_reference(q_ref, d_ref, None, d_mask), atol=1e-3, rtol=1e-5)
+    if _on_hopper():
+        assert _docs_on_m_streamed(configs), configs
+        assert {c.get("MAXSIM_WARPGROUPS") for c in configs} == {"2"}, configs
+
+
 def test_many_queries_stream_queries_training_step():
     """A torch training step at a fat dim (the forward with winners replayed after the first
     step, q's map rebuilt for each new q), gradients against float64."""

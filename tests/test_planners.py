@@ -174,15 +174,16 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
     # One query at fat dims streams k on the Hopper kernel (a slot per atom, the query block's
-    # capacity the next of WGMMA_STREAM_CAPACITIES); two queries there, or past the largest
-    # capacity, take the mma.sync kernel's streaming k.
+    # capacity the next of WGMMA_STREAM_CAPACITIES); past the largest capacity, the mma.sync
+    # kernel's streaming k. Two queries there take documents on M in two warpgroups.
     for suffix, dim, capacity in (("fp16", 136, "16"), ("fp16", 320, "32"), ("fp16", 2560, "160"), ("int8", 320, "16"),
                                   ("int8", 5120, "160")):
         streamed, defines, name = plan(1, 768, num_docs=1_000, suffix=suffix, dim=dim)
         assert name == f"maxsim_fwd_wgmma_{suffix}" and defines["MAXSIM_STREAM_K"] == "1"
         assert (defines["MAXSIM_KSTEPS"], defines["MAXSIM_SPLIT_DOCS"], defines["MAXSIM_HALF_ROWS"]) == (capacity, "1", "1")
         assert streamed.tile_rows == 64
-    assert plan(2, 768, num_docs=1_000, dim=320)[2] == "maxsim_fwd_fp16"
+    _, defines, name = plan(2, 768, num_docs=1_000, dim=320)
+    assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_DOCS_ON_M"] == "1" and defines["MAXSIM_WARPGROUPS"] == "2"
     assert plan(1, 768, num_docs=1_000, dim=2568)[2] == "maxsim_fwd_fp16"
     assert "MAXSIM_STREAM_K" not in plan(1, 768, num_docs=1_000, dim=128)[1]
 
@@ -547,3 +548,31 @@ def test_tunables_from_command_line_text():
     with pytest.raises(TypeError):
         with tuning.override(**tuning.changes_from_text(["no_such_field=1"])):
             pass
+
+
+@pytest.mark.parametrize("suffix", ["fp16", "bf16", "int8"])
+def test_few_queries_at_fat_dims_take_documents_on_m(suffix):
+    """Two to four queries of 32 tokens (rows past one query's half rows, too few for documents
+    on M's two warpgroups) at a fat dim take the Hopper kernel with documents on M streaming k
+    (query blocks resident at dim 320 in 16-bit, 640 in int8; the query atoms streamed at 2560
+    and 5120), in two
+    warpgroups, a prebuilt variant; never mma.sync. One query keeps its split rings; 32-bit
+    winners keep mma.sync."""
+    from cupy_maxsim import tuning
+    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
+    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
+
+    properties, known = ARCH_PROPERTIES["sm_90"], set(runtime_variants())
+    for queries in (2, 3, 4):
+        for dim in ((640, 5120) if suffix == "int8" else (320, 2560)):
+            for argmax in (0, 16):
+                choice = choose_kernel(ForwardShape(suffix, queries, 32, dim, 2000, False, argmax, 300, False),
+                                       properties, tuning.current())
+                assert choice.family == "maxsim_fwd_wgmma" and (choice.family, choice.config.defines()) in known
+                config = choice.config
+                assert config.docs_on_m and config.stream_k and config.warpgroups == 2, (queries, dim, config)
+                assert config.stream_query == (dim > 640), (queries, dim, config)
+    one = choose_kernel(ForwardShape(suffix, 1, 32, 2560, 2000, False, 0, 300, False), properties, tuning.current())
+    assert not one.config.docs_on_m
+    wide = choose_kernel(ForwardShape(suffix, 4, 32, 2560, 2000, False, 32, 300, False), properties, tuning.current())
+    assert wide is None or wide.family == "maxsim_fwd"

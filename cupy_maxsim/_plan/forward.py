@@ -140,10 +140,17 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
                 and tunables.wgmma_split_docs and tunables.wgmma_half_rows):
             # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
             config = wgmma_stream_config(ksteps, bool(argmax), tunables, tf32)
-        if config is None and docs_on_m and not tf32 and tunables.wgmma_stream_k:
+        # Queries of more rows than one query's half rows but too few for documents on M (two
+        # to four of 32 tokens) at a fat dim: documents on M all the same, in two warpgroups
+        # though the queries fill one (the other's MMAs run on rows no score reads), not
+        # mma.sync: fp16 4x32 queries against 2 GB at dims 384-2560 took 2.06-2.09 ms there,
+        # 8x32 0.86-0.92 ms on documents on M (bench/results/cliffs-2026-12-03-aa99d32-few-queries.json).
+        few_rows = (not docs_on_m and num_queries * query_length > 32 and tunables.wgmma_docs_on_m
+                    and argmax != 32)
+        if config is None and (docs_on_m or few_rows) and not tf32 and tunables.wgmma_stream_k:
             # Many queries at a fat dim: the documents' atoms streamed past resident query blocks,
             # or at fatter dims beside the query atoms (by TMA from q: 16-byte rows).
-            config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), warpgroups, scaled,
+            config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), max(warpgroups, 2), scaled,
                                                    stream_queries=load_bytes == 16 and tunables.use_tma)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
