@@ -753,11 +753,15 @@ struct Block {
     template <typename T>
     __device__ __forceinline__ void load_query_atoms(const DocTileMap& tile_map, unsigned char* tile, int k_atom, int stage) const {
         for (int w = 0; w < WARPGROUPS; ++w)
-            tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
-                        k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)first_query + w * queries_per_warpgroup, full() + stage);
+            if (w * queries_per_warpgroup < group_size)
+                tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
+                            k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)first_query + w * queries_per_warpgroup, full() + stage);
     }
+    // A warpgroup without a query of the group (two to four queries) gets no box: a box wholly
+    // past q's end arrives as zeros all the same, but ...
     __device__ __forceinline__ u32 query_box_shortfall() const {
-        return WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
+        const int boxes = min(WARPGROUPS, (group_size + queries_per_warpgroup - 1) / queries_per_warpgroup);
+        return (WARPGROUPS * QUERY_COLS - boxes * queries_per_warpgroup * query_length) * 128;
     }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
