@@ -171,11 +171,13 @@ def tile_map_shape(problem: ScoreProblem, tile_rows: int) -> tuple:
 def query_map_shape(problem: ScoreProblem, first_query: int = 0) -> tuple:
     """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
     ``queries`` after the pointer) for a build streaming the query atoms: a box holds the
-    queries of one warpgroup (128 rows, whole queries)."""
+    queries of one warpgroup (128 rows, whole queries), or all of them where fewer (the kernel
+    keeps every box within q: Block::query_box_first)."""
     q = problem.q
     num_queries, query_length, _ = q.shape
     item = ITEMSIZE[q.dtype]
-    return (query_length, num_queries - first_query, q.strides[1] * item, q.strides[0] * item, 128 // query_length)
+    count = num_queries - first_query
+    return (query_length, count, q.strides[1] * item, q.strides[0] * item, min(128 // query_length, count))
 
 
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:

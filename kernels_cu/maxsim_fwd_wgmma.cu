@@ -600,6 +600,10 @@ struct Block {
     bool scales_by_tma, scales_by_lanes;  // int8 with a TMA map: the tiles' scales by TMA too, or by lanes
     i64 doc_begin, doc_end, doc_count, rotation, first_query;
     int query_length, queries_per_warpgroup, group_size;
+    // STREAM_QUERY: queries a box of q's map holds (queries_per_warpgroup, or the launch's
+    // queries where fewer), and the launch's last query at which a box may start.
+    int box_queries;
+    i64 last_box_first;
     DocLayout layout;
 
     // (The arguments are not kept here: each piece takes them as parameters, so that they are
@@ -622,12 +626,27 @@ struct Block {
         queries_per_warpgroup = GROUP_ROWS / query_length;
         first_query = (i64)blockIdx.y * args.queries_per_group;
         group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
+        box_queries = (int)min((i64)queries_per_warpgroup, (i64)args.num_queries);
+        last_box_first = args.num_queries - box_queries;
         layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length, args.offsets,
                                  args.offsets_are_64bit);
         // The block's documents, in an order rotated by query group (args.doc_rotation): groups
         // sharing a document range do not all read the same document at the same time.
         doc_count = doc_end - doc_begin;
         rotation = SPLIT_DOCS || doc_count <= 0 ? 0 : ((i64)blockIdx.y * args.doc_rotation) % doc_count;
+    }
+    // STREAM_QUERY: the first query of warpgroup w's box, and how many queries before the
+    // warpgroup's own it holds. A box never reaches past q's end: TMA's zero fill of the rows
+    // past it ran at a fraction of the copy rate (fp16 dim 2560, 2 GB: 2x32 queries 1.31 ms,
+    // whose box was half past the end, against 4x32's 0.82). So the last group's last box,
+    // partly filled, starts back over the queries before it (their columns no score reads),
+    // and a launch of fewer queries than a box holds maps boxes of as many (the map's box:
+    // _forward.query_map_shape).
+    __device__ __forceinline__ i64 query_box_first(int w) const {
+        return min(first_query + (i64)(w * queries_per_warpgroup), last_box_first);
+    }
+    __device__ __forceinline__ int query_box_shift(int w) const {
+        return STREAM_QUERY ? (int)(first_query + w * queries_per_warpgroup - query_box_first(w)) : 0;
     }
     __device__ __forceinline__ i64 doc_at(i64 position) const {
         const i64 p = position + rotation;
@@ -699,9 +718,11 @@ struct Block {
         constexpr bool SCALED = Codec<T>::SCALED;
         if constexpr (STREAM_QUERY) {  // the rows stream with the documents: what each row is, only
             for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
-                const int j = row % GROUP_ROWS / query_length, token = row % GROUP_ROWS % query_length;
-                const int g = (row / GROUP_ROWS) * queries_per_warpgroup + j;
-                const bool real = query_token_real(args, first_query + g, token, j < queries_per_warpgroup && g < group_size);
+                const int w = row / GROUP_ROWS, box_query = row % GROUP_ROWS / query_length;
+                const int j = box_query - query_box_shift(w), token = row % GROUP_ROWS % query_length;
+                const int g = w * queries_per_warpgroup + j;
+                const bool real = query_token_real(args, first_query + g, token,
+                                                   box_query < queries_per_warpgroup && j >= 0 && g < group_size);
                 sRowQuery()[row] = real ? g : -1;
                 if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + g, token) : 0.f;
                 sRowBad()[row] = false;  // (a non-finite token: its similarities, NaN in the fold)
@@ -753,15 +774,13 @@ struct Block {
     template <typename T>
     __device__ __forceinline__ void load_query_atoms(const DocTileMap& tile_map, unsigned char* tile, int k_atom, int stage) const {
         for (int w = 0; w < WARPGROUPS; ++w)
-            if (w * queries_per_warpgroup < group_size)
+            if (w * queries_per_warpgroup < group_size)  // (a warpgroup without queries: no box)
                 tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
-                            k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)first_query + w * queries_per_warpgroup, full() + stage);
+                            k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)query_box_first(w), full() + stage);
     }
-    // A warpgroup without a query of the group (two to four queries) gets no box: a box wholly
-    // past q's end arrives as zeros all the same, but ...
     __device__ __forceinline__ u32 query_box_shortfall() const {
         const int boxes = min(WARPGROUPS, (group_size + queries_per_warpgroup - 1) / queries_per_warpgroup);
-        return (WARPGROUPS * QUERY_COLS - boxes * queries_per_warpgroup * query_length) * 128;
+        return (WARPGROUPS * QUERY_COLS - boxes * box_queries * query_length) * 128;
     }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
@@ -958,7 +977,8 @@ struct Consumer : Block {
         for (int j = warp_in_group; j < group_count; j += 4)
             warp_finish_document<ARGMAX, SCALED>(
                 args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad,
-                FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(), j * query_length,
+                FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(),
+                             (j + query_box_shift(warpgroup)) * query_length,
                              SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
                              (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS});
     }

@@ -566,11 +566,13 @@ def test_many_queries_stream_queries_int8_and_packed(dim, configs):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("nq, dim", [(2, 320), (3, 320), (4, 2560), (3, 1000)])
+@pytest.mark.parametrize("nq, dim", [(2, 320), (3, 320), (4, 2560), (3, 1000), (6, 768)])
 def test_few_queries_at_fat_dims_on_documents_on_m(dtype, nq, dim, configs):
     """Two to four queries of 32 tokens at fat dims (too few rows for documents on M's two
     warpgroups, too many for one query's split rings) on documents on M all the same: the
-    second warpgroup's rows (none of them a query's at 2 and 3 queries) read nothing. Masks,
+    second warpgroup's rows (none of them a query's at 2 and 3 queries) read nothing; a box of
+    q's map holds 2 or 3 queries where there are no more (past 768: streamed), and at 6 queries
+    the second warpgroup's box starts back over two of the first's (no box reaches past q). Masks,
     winners, an empty document against float64, bitwise reproducible; int8 at twice the dim
     (its rows of the same bytes), masked."""
     import cupy
