@@ -1090,12 +1090,6 @@ struct Consumer : Block {
             const unsigned char* slot = sD() + stage * TILE_BYTES;
             const unsigned char* slot_query = slot + SLOT_ATOMS * ATOM_BYTES + warpgroup * QUERY_ATOM_BYTES;
             const unsigned long long doc_desc = tile_descriptor(slot);
-            // STREAM_QUERY: a warpgroup without queries (two to four in the block) has no box
-            // and nothing to multiply; its commit groups stay empty, its columns unread.
-            if (STREAM_QUERY && group_count == 0) {
-                wgmma_commit();
-                return;
-            }
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks)
