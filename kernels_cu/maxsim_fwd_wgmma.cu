@@ -601,9 +601,12 @@ struct Block {
     i64 doc_begin, doc_end, doc_count, rotation, first_query;
     int query_length, queries_per_warpgroup, group_size;
     // STREAM_QUERY: queries a box of q's map holds (queries_per_warpgroup, or the launch's
-    // queries where fewer), and the launch's last query at which a box may start.
-    int box_queries;
+    // queries where fewer), the launch's last query at which a box may start, the boxes a slot
+    // gets (one a warpgroup with queries) and the bytes they fall short of whole query atoms
+    // (once here: a division in the producer's loop cost its lane every slot).
+    int box_queries, query_boxes;
     i64 last_box_first;
+    u32 box_shortfall;
     DocLayout layout;
 
     // (The arguments are not kept here: each piece takes them as parameters, so that they are
@@ -628,6 +631,8 @@ struct Block {
         group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
         box_queries = (int)min((i64)queries_per_warpgroup, (i64)args.num_queries);
         last_box_first = args.num_queries - box_queries;
+        query_boxes = min(WARPGROUPS, (group_size + queries_per_warpgroup - 1) / queries_per_warpgroup);
+        box_shortfall = (u32)(WARPGROUPS * QUERY_COLS - query_boxes * box_queries * query_length) * 128;
         layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length, args.offsets,
                                  args.offsets_are_64bit);
         // The block's documents, in an order rotated by query group (args.doc_rotation): groups
@@ -774,14 +779,11 @@ struct Block {
     template <typename T>
     __device__ __forceinline__ void load_query_atoms(const DocTileMap& tile_map, unsigned char* tile, int k_atom, int stage) const {
         for (int w = 0; w < WARPGROUPS; ++w)
-            if (w * queries_per_warpgroup < group_size)  // (a warpgroup without queries: no box)
+            if (w < query_boxes)  // (a warpgroup without queries: no box)
                 tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
                             k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)query_box_first(w), full() + stage);
     }
-    __device__ __forceinline__ u32 query_box_shortfall() const {
-        const int boxes = min(WARPGROUPS, (group_size + queries_per_warpgroup - 1) / queries_per_warpgroup);
-        return (WARPGROUPS * QUERY_COLS - boxes * box_queries * query_length) * 128;
-    }
+    __device__ __forceinline__ u32 query_box_shortfall() const { return box_shortfall; }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -947,7 +949,7 @@ struct TileInfo {
 // consumer loops (whether a real token was seen, the witness of non-finite document elements,
 // what it sums differing by loop, and the parity of the per-document buffers).
 struct Consumer : Block {
-    int warpgroup, warp_in_group, row0, query_row0, group_first, group_count;
+    int warpgroup, warp_in_group, row0, query_row0, group_first, group_count, box_shift;
     bool has_row;
     float witness;
     int parity;
@@ -961,6 +963,7 @@ struct Consumer : Block {
         // The queries whose scores this warpgroup sums (it owns them).
         group_first = SPLIT_DOCS ? 0 : warpgroup * queries_per_warpgroup;
         group_count = max(0, min(queries_per_warpgroup, group_size - group_first));
+        box_shift = query_box_shift(warpgroup);  // (STREAM_QUERY: its box's first query rows, another's)
         has_row = false, witness = 0.f, parity = 0;
     }
 
@@ -978,7 +981,7 @@ struct Consumer : Block {
             warp_finish_document<ARGMAX, SCALED>(
                 args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad,
                 FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(),
-                             (j + query_box_shift(warpgroup)) * query_length,
+                             (j + box_shift) * query_length,
                              SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
                              (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS});
     }
