@@ -176,6 +176,11 @@ constexpr bool STREAM_K = MAXSIM_STREAM_K != 0;
 // held the tensor cores at half their rate (0.54 of it at fp16 dims 768 and 2560, 0.69-0.71
 // without the scans: bench/results/cliffs-2026-12-03-scan-ab.txt).
 constexpr bool STREAM_QUERY = MAXSIM_STREAM_QUERY != 0;
+// MAXSIM_STREAM_QUERY == 2 (a query count that leaves a group's last box short: two to four
+// queries, or 10): no box of q's map reaches past q's last query (Block::query_box_first).
+// Whole groups keep the plain boxes' code (1): the checks cost them 10-15% as one build
+// (bench/results/cliffs-2026-12-03-ab-5bc8257-a8dbb96.txt).
+constexpr bool BOXES_WITHIN_Q = MAXSIM_STREAM_QUERY == 2;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
 // element x is taken as big + small, and every product of the four is taken: |x y - (xb +
 // xs)(yb + ys)| <= 2^-20 |x y| or so. The query's halves (big = x rounded to TF32 by integer
@@ -600,14 +605,14 @@ struct Block {
     bool scales_by_tma, scales_by_lanes;  // int8 with a TMA map: the tiles' scales by TMA too, or by lanes
     i64 doc_begin, doc_end, doc_count, rotation, first_query;
     int query_length, queries_per_warpgroup, group_size;
-    // STREAM_QUERY: queries a box of q's map holds (queries_per_warpgroup, or the launch's
+    DocLayout layout;
+    // BOXES_WITHIN_Q: queries a box of q's map holds (queries_per_warpgroup, or the launch's
     // queries where fewer), the launch's last query at which a box may start, the boxes a slot
     // gets (one a warpgroup with queries) and the bytes they fall short of whole query atoms
     // (once here: a division in the producer's loop cost its lane every slot).
     int box_queries, query_boxes;
     i64 last_box_first;
     u32 box_shortfall;
-    DocLayout layout;
 
     // (The arguments are not kept here: each piece takes them as parameters, so that they are
     // read from the kernel's parameter space, not through a pointer held in registers.)
@@ -629,10 +634,12 @@ struct Block {
         queries_per_warpgroup = GROUP_ROWS / query_length;
         first_query = (i64)blockIdx.y * args.queries_per_group;
         group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
-        box_queries = (int)min((i64)queries_per_warpgroup, (i64)args.num_queries);
-        last_box_first = args.num_queries - box_queries;
-        query_boxes = min(WARPGROUPS, (group_size + queries_per_warpgroup - 1) / queries_per_warpgroup);
-        box_shortfall = (u32)(WARPGROUPS * QUERY_COLS - query_boxes * box_queries * query_length) * 128;
+        if constexpr (BOXES_WITHIN_Q) {
+            box_queries = (int)min((i64)queries_per_warpgroup, (i64)args.num_queries);
+            last_box_first = args.num_queries - box_queries;
+            query_boxes = min(WARPGROUPS, (group_size + queries_per_warpgroup - 1) / queries_per_warpgroup);
+            box_shortfall = (u32)(WARPGROUPS * QUERY_COLS - query_boxes * box_queries * query_length) * 128;
+        }
         layout = make_doc_layout(args.d_doc_stride, args.d_row_stride, args.doc_length, args.offsets,
                                  args.offsets_are_64bit);
         // The block's documents, in an order rotated by query group (args.doc_rotation): groups
@@ -651,7 +658,7 @@ struct Block {
         return min(first_query + (i64)(w * queries_per_warpgroup), last_box_first);
     }
     __device__ __forceinline__ int query_box_shift(int w) const {
-        return STREAM_QUERY ? (int)(first_query + w * queries_per_warpgroup - query_box_first(w)) : 0;
+        return BOXES_WITHIN_Q ? (int)(first_query + w * queries_per_warpgroup - query_box_first(w)) : 0;
     }
     __device__ __forceinline__ i64 doc_at(i64 position) const {
         const i64 p = position + rotation;
@@ -723,11 +730,12 @@ struct Block {
         constexpr bool SCALED = Codec<T>::SCALED;
         if constexpr (STREAM_QUERY) {  // the rows stream with the documents: what each row is, only
             for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
-                const int w = row / GROUP_ROWS, box_query = row % GROUP_ROWS / query_length;
-                const int j = box_query - query_box_shift(w), token = row % GROUP_ROWS % query_length;
-                const int g = w * queries_per_warpgroup + j;
-                const bool real = query_token_real(args, first_query + g, token,
-                                                   box_query < queries_per_warpgroup && j >= 0 && g < group_size);
+                const int j = row % GROUP_ROWS / query_length, token = row % GROUP_ROWS % query_length;
+                // BOXES_WITHIN_Q: box row j * Lq holds query j - query_box_shift of the warpgroup
+                const int shift = BOXES_WITHIN_Q ? query_box_shift(row / GROUP_ROWS) : 0;
+                const int g = (row / GROUP_ROWS) * queries_per_warpgroup + j - shift;
+                const bool real = query_token_real(args, first_query + g, token, j < queries_per_warpgroup && g < group_size
+                                                                                     && (!BOXES_WITHIN_Q || j >= shift));
                 sRowQuery()[row] = real ? g : -1;
                 if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + g, token) : 0.f;
                 sRowBad()[row] = false;  // (a non-finite token: its similarities, NaN in the fold)
@@ -779,11 +787,15 @@ struct Block {
     template <typename T>
     __device__ __forceinline__ void load_query_atoms(const DocTileMap& tile_map, unsigned char* tile, int k_atom, int stage) const {
         for (int w = 0; w < WARPGROUPS; ++w)
-            if (w < query_boxes)  // (a warpgroup without queries: no box)
+            if (!BOXES_WITHIN_Q || w < query_boxes)  // (a warpgroup without queries: no box)
                 tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
-                            k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0, (int)query_box_first(w), full() + stage);
+                            k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0,
+                            BOXES_WITHIN_Q ? (int)query_box_first(w) : (int)first_query + w * queries_per_warpgroup,
+                            full() + stage);
     }
-    __device__ __forceinline__ u32 query_box_shortfall() const { return box_shortfall; }
+    __device__ __forceinline__ u32 query_box_shortfall() const {
+        return BOXES_WITHIN_Q ? box_shortfall : WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
+    }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -949,7 +961,7 @@ struct TileInfo {
 // consumer loops (whether a real token was seen, the witness of non-finite document elements,
 // what it sums differing by loop, and the parity of the per-document buffers).
 struct Consumer : Block {
-    int warpgroup, warp_in_group, row0, query_row0, group_first, group_count, box_shift;
+    int warpgroup, warp_in_group, row0, query_row0, group_first, group_count;
     bool has_row;
     float witness;
     int parity;
@@ -963,7 +975,6 @@ struct Consumer : Block {
         // The queries whose scores this warpgroup sums (it owns them).
         group_first = SPLIT_DOCS ? 0 : warpgroup * queries_per_warpgroup;
         group_count = max(0, min(queries_per_warpgroup, group_size - group_first));
-        box_shift = query_box_shift(warpgroup);  // (STREAM_QUERY: its box's first query rows, another's)
         has_row = false, witness = 0.f, parity = 0;
     }
 
@@ -981,7 +992,7 @@ struct Consumer : Block {
             warp_finish_document<ARGMAX, SCALED>(
                 args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad,
                 FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(),
-                             (j + box_shift) * query_length,
+                             (BOXES_WITHIN_Q ? j + query_box_shift(warpgroup) : j) * query_length,
                              SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
                              (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS});
     }

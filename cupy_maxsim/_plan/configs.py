@@ -100,7 +100,8 @@ class WgmmaConfig:
     tf32: int = dataclasses.field(default=0, metadata=OPTIONAL)
     #: Documents on M streaming k at dims whose query blocks do not fit: each warpgroup's query
     #: atom streams through the ring slot beside the documents' (TMA from q as it is); ksteps is
-    #: then the largest dim's (WGMMA_STREAM_QUERY_CAPACITY).
+    #: then the largest dim's (WGMMA_STREAM_QUERY_CAPACITY). 2: no box of q's map reaches past q
+    #: (query counts that leave a group's last box short: the kernel's BOXES_WITHIN_Q).
     stream_query: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
@@ -240,11 +241,13 @@ WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False, stream_queries: bool = True) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True,
+                                  boxes_within_q: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
     whose query blocks fit with a ring of at least four slots; past the largest capacity, with
-    ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too; else None."""
+    ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too (``boxes_within_q``:
+    the build whose boxes of q stop at q's end, for query counts that leave a box short); else None."""
     if warpgroups_wanted < 2:
         return None
     capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
@@ -252,7 +255,8 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1))
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1,
+                                     stream_query=2 if boxes_within_q else 1))
         return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):

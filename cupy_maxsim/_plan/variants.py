@@ -126,7 +126,9 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, int8))
     for argmax in (False, True):  # ... and past them, the query atoms streamed too
-        add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax))
+        for boxes_within_q in (False, True):
+            add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax,
+                                                                  boxes_within_q=boxes_within_q))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
