@@ -496,7 +496,8 @@ def test_many_queries_stream_k_int8_and_packed(dim, configs):
 
 
 def _queries_streamed(configs) -> bool:
-    return _docs_on_m_streamed(configs) and all(c.get("MAXSIM_STREAM_QUERY") == "1" for c in configs)
+    # (1: boxes of whole groups; 2: the build keeping boxes within q, for other query counts)
+    return _docs_on_m_streamed(configs) and all(c.get("MAXSIM_STREAM_QUERY") in ("1", "2") for c in configs)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -506,17 +507,20 @@ def test_many_queries_stream_queries_too(dtype, dim, configs):
     streamed beside the documents' by TMA from q): a part-zero last atom (1000), queries of 27
     tokens (a box of 108 rows: the rest of the slot's rows stale, their columns unread), a last
     warpgroup with fewer queries, masks, winners, an empty document, against float64, bitwise
-    reproducible (_check_padded); then 12 queries of 32 tokens unmasked. 64-row tiles, even
-    where the tunables ask for 128."""
+    reproducible (_check_padded); then 12 and 16 queries of 32 tokens unmasked (the build keeping
+    boxes within q, and whole groups' plain one). 64-row tiles, even where the tunables ask for
+    128."""
     if dtype == "bfloat16":
         pytest.importorskip("torch")
     with tuning.override(wgmma_tile_rows=128):
         _check_padded(dtype, 10, 27, 7, 150, dim, seed=dim + 5)
         rng = np.random.default_rng(dim)
-        q64, d64, q, d = _inputs(rng, 12, 32, 11, 130, dim, dtype)
-        assert_scores_match(cm.score(q, d), reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
+        for num_queries in (12, 16):
+            q64, d64, q, d = _inputs(rng, num_queries, 32, 11, 130, dim, dtype)
+            assert_scores_match(cm.score(q, d), reference.maxsim_reference(q64, d64), atol=NOISE[dtype] * 32)
     if _on_hopper():
         assert _queries_streamed(configs), configs
+        assert {c["MAXSIM_STREAM_QUERY"] for c in configs} == {"1", "2"}, configs
         assert {c.get("MAXSIM_TILE_N") for c in configs} == {"64"}, configs
 
 
