@@ -168,16 +168,16 @@ def tile_map_shape(problem: ScoreProblem, tile_rows: int) -> tuple:
             d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows)
 
 
-def query_map_shape(problem: ScoreProblem, first_query: int = 0, boxes_within_q: bool = False) -> tuple:
+def query_map_shape(problem: ScoreProblem, stream_query: int, first_query: int = 0) -> tuple:
     """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
-    ``queries`` after the pointer) for a build streaming the query atoms: a box holds the
-    queries of one warpgroup (128 rows, whole queries); ``boxes_within_q`` (the build that keeps
-    every box within q: Block::query_box_first), all of them where fewer."""
+    ``queries`` after the pointer) for a build streaming the query atoms (``stream_query``, the
+    plan's): a box holds the queries of one warpgroup (128 rows, whole queries), and in the build
+    that keeps every box within q (2: Block::query_box_first) all of them where fewer."""
     q = problem.q
     num_queries, query_length, _ = q.shape
     item = ITEMSIZE[q.dtype]
     count = num_queries - first_query
-    per_box = min(128 // query_length, count) if boxes_within_q else 128 // query_length
+    per_box = min(128 // query_length, count) if stream_query == 2 else 128 // query_length
     return (query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
 
 
@@ -207,7 +207,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             # and a box whose first float is off 16 bytes is an illegal instruction.
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
-            query_shape = query_map_shape(problem, 0, plan.stream_query == 2) if plan.stream_query else None
+            query_shape = query_map_shape(problem, plan.stream_query) if plan.stream_query else None
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
                                         queries=None if query_shape is None else (q.ptr,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
@@ -231,7 +231,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
             if plan.stream_query and first:  # q's map from this launch's first query
                 tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
-                                            queries=(values["q"],) + query_map_shape(problem, first_query, plan.stream_query == 2))
+                                            queries=(values["q"],) + query_map_shape(problem, plan.stream_query, first_query))
             args = forward_args(**values)
             gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),
                               args if tile_map is None else (args, tile_map), plan.shared, stream)

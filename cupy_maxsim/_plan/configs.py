@@ -241,13 +241,12 @@ WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False, stream_queries: bool = True,
-                                  boxes_within_q: bool = False) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
     whose query blocks fit with a ring of at least four slots; past the largest capacity, with
-    ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too (``boxes_within_q``:
-    the build whose boxes of q stop at q's end, for query counts that leave a box short); else None."""
+    ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too (stream_query 1:
+    whole groups' build; within_q_boxes gives the other); else None."""
     if warpgroups_wanted < 2:
         return None
     capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
@@ -255,8 +254,7 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1,
-                                     stream_query=2 if boxes_within_q else 1))
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1))
         return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):
@@ -266,6 +264,15 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
             return config
     return None
 
+
+
+def within_q_boxes(config: WgmmaConfig, num_queries: int, query_length: int) -> WgmmaConfig:
+    """``config``, or where it streams the query atoms and ``num_queries`` is no multiple of a
+    block's queries (a group's last box of q's map would reach past q: slow zero fill), its
+    build that keeps every box within q (stream_query 2); whole groups keep the plain build."""
+    if config.stream_query and num_queries % config.queries_per_block(query_length):
+        return dataclasses.replace(config, stream_query=2)
+    return config
 
 def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:
     """Warpgroups the Hopper kernel's int8 entry has with documents on M: two where three would

@@ -14,7 +14,7 @@ from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
 from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, STREAM_KSTEPS, choose_stages, mma_config,
                       simt_shared_bytes, wgmma_config, wgmma_docs_on_m_stream_config, wgmma_stream_config,
-                      wgmma_tile_rows)
+                      wgmma_tile_rows, within_q_boxes)
 
 #: Bytes per element by kernel suffix (registry.FORMATS).
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
@@ -150,11 +150,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         if config is None and (docs_on_m or few_rows) and not tf32 and tunables.wgmma_stream_k:
             # Many queries at a fat dim: the documents' atoms streamed past resident query blocks,
             # or at fatter dims beside the query atoms (by TMA from q: 16-byte rows).
-            # (a query count that is no multiple of two warpgroups' queries leaves a box of q's map
-            # short: the build that keeps boxes within q, whole groups the plain one's code)
             config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), max(warpgroups, 2), scaled,
-                                                   stream_queries=load_bytes == 16 and tunables.use_tma,
-                                                   boxes_within_q=num_queries % (2 * (128 // query_length)) != 0)
+                                                   stream_queries=load_bytes == 16 and tunables.use_tma)
+            if config is not None:
+                config = within_q_boxes(config, num_queries, query_length)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)

@@ -17,7 +17,7 @@ from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
                       int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_docs_on_m_stream_config,
                       wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES,
-                      WGMMA_STREAM_QUERY_CAPACITY)
+                      WGMMA_STREAM_QUERY_CAPACITY, within_q_boxes)
 
 
 def family_kernels(family: str, defines=()) -> tuple[str, ...]:
@@ -126,9 +126,9 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, int8))
     for argmax in (False, True):  # ... and past them, the query atoms streamed too
-        for boxes_within_q in (False, True):
-            add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax,
-                                                                  boxes_within_q=boxes_within_q))
+        whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax)
+        add("maxsim_fwd_wgmma", whole_groups)
+        add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))  # (one query: a box short)
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
