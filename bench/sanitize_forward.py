@@ -36,7 +36,8 @@ for nq, lq, nd, ld, dim in [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (2, 8, 4, 1
 from cupy_maxsim import tuning  # noqa: E402
 
 for overrides, shapes in (({}, [(1, 31, 4, 70, 320), (9, 32, 3, 40, 2560), (2, 16, 3, 20, 4104),
-                                 (3, 32, 3, 40, 640), (3, 32, 3, 40, 1000), (8, 32, 2, 40, 2560)]),
+                                 (3, 32, 3, 40, 640), (3, 32, 3, 40, 1000), (8, 32, 2, 40, 2560),
+                                 (1, 31, 3, 70, 2560)]),
                           (dict(mma_resident_max_ksteps=0, fp32_resident_max_ksteps=0),
                            [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (9, 32, 5, 17, 64)])):
     with tuning.override(**overrides):

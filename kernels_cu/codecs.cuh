@@ -118,6 +118,27 @@ template <typename T> __device__ __forceinline__ void note_non_finite(bool& bad,
 #pragma unroll
     for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
 }
+// Whether 16-byte chunk `chunk` of token `token` of query `query` (16-bit or fp32, read from q;
+// past dim, zeros) holds NaN or inf: for a build that streams the query's atoms unstaged.
+template <typename T>
+__device__ __forceinline__ bool query_chunk_non_finite(const ForwardArgs& args, i64 query, int token, int chunk) {
+    constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
+    const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
+    const int bytes = chunk_bytes<T>(args.dim, chunk * ELEMS);
+    uint4 c = make_uint4(0, 0, 0, 0);
+    if (bytes == 16) {
+        c = *(const uint4*)src;
+    } else {  // a dim's partial last chunk: its 16-bit pieces (registers, not a local array)
+        u32 w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int h = 0; h < 8; ++h)
+            if (2 * h < bytes) w[h / 2] |= (u32)((const u16*)src)[h] << (16 * (h % 2));
+        c = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    bool bad = false;
+    note_non_finite<T>(bad, c);
+    return bad;
+}
 // Whether a staged query token (16-bit or fp32) holds NaN or inf, and if so zeroes it, so that
 // it stays a valid witness for non-finite document elements (a non-finite document element
 // makes 0 * inf = NaN against a zero token too). `row`: 16-byte aligned, `chunks` 16-byte

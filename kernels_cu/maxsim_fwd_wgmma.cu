@@ -181,6 +181,13 @@ constexpr bool STREAM_QUERY = MAXSIM_STREAM_QUERY != 0;
 // Whole groups keep the plain boxes' code (1): the checks cost them 10-15% as one build
 // (bench/results/cliffs-2026-12-03-ab-5bc8257-a8dbb96.txt).
 constexpr bool BOXES_WITHIN_Q = MAXSIM_STREAM_QUERY == 2;
+// STREAM_QUERY splitting documents (one query at fat dims, streaming k): the query's atom rides
+// in each slot after the document's (its rows as q holds them, one box of the group's queries,
+// from L2) instead of staying resident, so that the ring, not the query, takes the shared
+// memory: a resident query of dim 2560 (164 KB) left rings of three slots, 0.90 of the floor
+// (bench/results/cliffs-2026-12-03-9bc7498-stream-wg-fp32.txt). Query rows past the box and
+// non-finite query tokens get zero fragments (stream_query_frags), as staging zeroed them.
+constexpr bool SPLIT_STREAM_QUERY = STREAM_QUERY && SPLIT_DOCS;
 // TF32 (fp32 at fp32 accuracy, streaming k; a module of its own: the fp32 entry alone): every
 // element x is taken as big + small, and every product of the four is taken: |x y - (xb +
 // xs)(yb + ys)| <= 2^-20 |x y| or so. The query's halves (big = x rounded to TF32 by integer
@@ -231,7 +238,10 @@ constexpr int SLOT_ATOMS = STREAM_K ? 1 : ATOMS;  // atoms of a tile in one ring
 // DOCS_ON_M: a warpgroup's query block, ATOMS atoms of QUERY_COLS rows x 128 bytes.
 constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * QUERY_ATOM_BYTES;
 // Bytes of a ring slot: the documents' atoms, and STREAM_QUERY every warpgroup's query atom.
-constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES + (STREAM_QUERY ? WARPGROUPS * QUERY_ATOM_BYTES : 0);
+// A slot's query bytes (STREAM_QUERY): every warpgroup's atom, or splitting documents the one
+// group's (its 32 real rows: half rows).
+constexpr int SLOT_QUERY_BYTES = !STREAM_QUERY ? 0 : SPLIT_DOCS ? 32 * 128 : WARPGROUPS * QUERY_ATOM_BYTES;
+constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES + SLOT_QUERY_BYTES;
 constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's two of small halves
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
@@ -260,7 +270,10 @@ static_assert(!STREAM_K || ((DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS)) && KSTEPS %
               "streaming k: one query (half rows) or documents on M, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
-static_assert(!STREAM_QUERY || (DOCS_ON_M && STREAM_K), "streaming queries: documents on M, streaming k");
+static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS && !TF32))),
+              "streaming queries: streaming k, documents on M or one query's half rows (not TF32)");
+static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
+static_assert(!STREAM_QUERY || TILE_BYTES % 1024 == 0, "a slot's query atom lands on a 1024-byte swizzle boundary");
 }  // namespace wg
 
 // Two 8x8 b16 matrices (lanes 0-7 and 8-15 give their rows' addresses), one per register.
@@ -609,7 +622,8 @@ struct Block {
     // BOXES_WITHIN_Q: queries a box of q's map holds (queries_per_warpgroup, or the launch's
     // queries where fewer), the launch's last query at which a box may start, the boxes a slot
     // gets (one a warpgroup with queries) and the bytes they fall short of whole query atoms
-    // (once here: a division in the producer's loop cost its lane every slot).
+    // (once here: a division in the producer's loop cost its lane every slot). SPLIT_STREAM_QUERY:
+    // the shortfall of the group's one box (its queries' rows) from the slot's 32 rows.
     int box_queries, query_boxes;
     i64 last_box_first;
     u32 box_shortfall;
@@ -634,6 +648,7 @@ struct Block {
         queries_per_warpgroup = GROUP_ROWS / query_length;
         first_query = (i64)blockIdx.y * args.queries_per_group;
         group_size = (int)min((i64)args.queries_per_group, args.num_queries - first_query);
+        if constexpr (SPLIT_STREAM_QUERY) box_shortfall = (u32)(32 - group_size * query_length) * 128;
         if constexpr (BOXES_WITHIN_Q) {
             box_queries = (int)min((i64)queries_per_warpgroup, (i64)args.num_queries);
             last_box_first = args.num_queries - box_queries;
@@ -728,7 +743,29 @@ struct Block {
     // w * (GROUP_ROWS / Lq) + j at rows GROUP_ROWS * w + query_row_of(j * Lq + i).
     template <typename T> __device__ __forceinline__ void stage_queries(const ForwardArgs& args) {
         constexpr bool SCALED = Codec<T>::SCALED;
-        if constexpr (STREAM_QUERY) {  // the rows stream with the documents: what each row is, only
+        if constexpr (SPLIT_STREAM_QUERY) {  // what each row is, and which real tokens are not finite
+            for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
+                const int f = group_row_of(row);  // -1: a padding row
+                const int j = f < 0 ? 0 : f / query_length, token = f < 0 ? 0 : f % query_length;
+                const bool real = query_token_real(args, first_query + j, token, f >= 0 && j < queries_per_warpgroup
+                                                                                 && j < group_size);
+                sRowQuery()[row] = real ? j : -1;
+                if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + j, token) : 0.f;
+                sRowBad()[row] = 0;
+            }
+            consumers_sync();
+            if constexpr (!SCALED) {  // every consumer thread a share of the real rows' chunks, from q
+                const int chunks = (args.dim + Codec<T>::CHUNK_ELEMS - 1) / Codec<T>::CHUNK_ELEMS;
+                for (int c = tid; c < 32 * chunks; c += CONSUMER_THREADS) {
+                    const int f = c / chunks, row = query_row_of(f);
+                    if (sRowQuery()[row] >= 0 &&
+                        query_chunk_non_finite<T>(args, first_query + f / query_length, f % query_length, c % chunks))
+                        sRowBad()[row] = 1;  // (every writer writes 1)
+                }
+                consumers_sync();
+            }
+            return;
+        } else if constexpr (STREAM_QUERY) {  // the rows stream with the documents: what each row is, only
             for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
                 const int j = row % GROUP_ROWS / query_length, token = row % GROUP_ROWS % query_length;
                 // BOXES_WITHIN_Q: box row j * Lq holds query j - query_box_shift of the warpgroup
@@ -786,6 +823,11 @@ struct Block {
     // warpgroups' int8 and 128-row bf16 builds).
     template <typename T>
     __device__ __forceinline__ void load_query_atoms(const DocTileMap& tile_map, unsigned char* tile, int k_atom, int stage) const {
+        if constexpr (SPLIT_DOCS) {  // every warpgroup reads the group's one box
+            tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES, tile_map.query_map, k_atom * 8 * Codec<T>::CHUNK_ELEMS, 0,
+                        (int)first_query, full() + stage);
+            return;
+        }
         for (int w = 0; w < WARPGROUPS; ++w)
             if (!BOXES_WITHIN_Q || w < query_boxes)  // (a warpgroup without queries: no box)
                 tma_load_3d(tile + SLOT_ATOMS * ATOM_BYTES + w * QUERY_ATOM_BYTES, tile_map.query_map,
@@ -794,7 +836,8 @@ struct Block {
                             full() + stage);
     }
     __device__ __forceinline__ u32 query_box_shortfall() const {
-        return BOXES_WITHIN_Q ? box_shortfall : WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
+        return BOXES_WITHIN_Q || SPLIT_STREAM_QUERY ? box_shortfall
+                                                    : WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
     }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
@@ -883,8 +926,8 @@ struct Block {
                     }
                 } else {
                     if constexpr (STREAM_QUERY) {
-                        if (producer_warp == 0 && lane == 0) {
-                            mbarrier_arrive_expect_tx(full() + stage, WARPGROUPS * QUERY_ATOM_BYTES - query_box_shortfall());
+                        if ((SPLIT_DOCS || producer_warp == 0) && lane == 0) {  // (splitting: each ring's)
+                            mbarrier_arrive_expect_tx(full() + stage, SLOT_QUERY_BYTES - query_box_shortfall());
                             load_query_atoms<T>(tile_map, tile, k_atom, stage);
                         }
                     }
@@ -1280,11 +1323,20 @@ struct Consumer : Block {
     // 0-7; rows 8-15 are padding, zero registers, or TF32 the small halves), k-steps 4 k_atom to
     // 4 k_atom + 3. (N: the callers' fragment arrays, 4 when streaming; a template, since the
     // builds that do not stream still type-check the call with their KSTEPS.)
-    template <int N> __device__ __forceinline__ void stream_query_frags(u32 (&frags)[N][4], int k_atom) const {
+    // SPLIT_STREAM_QUERY: from the query atom of slot `stage` (swizzled as TMA lands it), zero
+    // for this thread's row where `zero_row` (not real, or not finite: as staging zeroes it).
+    template <int N> __device__ __forceinline__ void stream_query_frags(u32 (&frags)[N][4], int k_atom, int stage = 0,
+                                                                        bool zero_row = false) const {
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
             u32 half[2];
-            ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 + ((lane >> 3) & 1) * 8);
+            if constexpr (SPLIT_STREAM_QUERY) {
+                const int r = query_row0 / 2 + (lane & 7), chunk = 2 * ks + ((lane >> 3) & 1);
+                ldmatrix_x2(half, sD() + stage * TILE_BYTES + SLOT_ATOMS * ATOM_BYTES + r * 128 + ((chunk ^ (r & 7)) << 4));
+                if (zero_row) half[0] = half[1] = 0u;
+            } else {
+                ldmatrix_x2(half, sQ() + (query_row0 / 2 + (lane & 7)) * LDS + (4 * k_atom + ks) * 16 + ((lane >> 3) & 1) * 8);
+            }
             if constexpr (TF32) {  // rows 8-15 take the small halves (see TF32)
                 split_tf32_bits(half[0], frags[ks][0], frags[ks][1]);
                 split_tf32_bits(half[1], frags[ks][2], frags[ks][3]);
@@ -1336,6 +1388,9 @@ struct Consumer : Block {
                 ldmatrix_x4(a_regs[ks], sQ() + (query_row0 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
         }
         const int tile_slots = slots_per_tile<T>(args.dim);
+        // SPLIT_STREAM_QUERY: whether this thread's fragment row (row lane/4 of its warp) is zeros.
+        const bool zero_query_row = SPLIT_STREAM_QUERY && (sRowQuery()[query_row0 + (lane >> 2)] < 0 ||
+                                                           sRowBad()[query_row0 + (lane >> 2)] != 0);
         // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
         // (splitting documents, each document's first slot says which it is).
         DocCursor cursor;
@@ -1409,7 +1464,7 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
-            if constexpr (STREAM_K && !SPLIT_DOCUMENT) stream_query_frags(frags, k_atom);
+            if constexpr (STREAM_K && !SPLIT_DOCUMENT) stream_query_frags(frags, k_atom, stage, zero_query_row);
             if constexpr (SPLIT_DOCUMENT) split_atom(stage, buffer);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
             wgmma_fence();

@@ -405,7 +405,48 @@ def test_one_query_streams_k_on_the_hopper_kernel(dtype, dim, families):
         assert families and set(families) == {"maxsim_fwd_wgmma"}, families
 
 
-@pytest.mark.parametrize("dim", [320, 2560])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("nq, lq, dim", [(1, 32, 2048), (1, 31, 2560), (2, 16, 4104), (1, 27, 8192)])
+def test_one_query_streams_its_atoms_too(dtype, nq, lq, dim, configs):
+    """One query group at dims from 128 k-steps on: the query's atoms ride in the split rings'
+    slots beside the documents' (one box of the group's rows by TMA from q; the slot's rows past
+    it stale, read as zeros): 31 and 27 tokens (a box short of the slot's 32 rows), two queries
+    of 16 tokens in one box, a part-zero last atom (4104), fp16 dim 8192 (the largest), masks,
+    winners, an empty document, bitwise reproducible, against float64."""
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    _check_padded(dtype, nq, lq, 7, 150, dim, seed=dim + lq)
+    if _on_hopper():
+        assert configs and all(c.get("MAXSIM_SPLIT_DOCS") == c.get("MAXSIM_STREAM_QUERY") == "1" for c in configs), configs
+
+
+def test_one_query_streamed_atoms_non_finite(configs):
+    """The query's atoms streamed (unstaged, so nothing zeroes them in shared memory): a
+    non-finite real token makes its own query's scores NaN and not its neighbour's in the same
+    box (its fragments are zeros, so the document witness stays finite), a masked one changes
+    nothing, and a non-finite document element makes its document's scores NaN for both."""
+    import cupy
+
+    rng = np.random.default_rng(31)
+    q = unit_rows(rng, (2, 16, 2560), np.float32)
+    d = unit_rows(rng, (4, 90, 2560), np.float32)
+    q_mask = np.ones((2, 16), bool)
+    q[1, 5, 2000] = np.inf  # a real token: query 1's scores NaN
+    q[0, 9, 7] = np.nan  # a masked token: nothing
+    q_mask[0, 9] = False
+    d[2, 70, 1500] = -np.inf  # a real row of the second tile: document 2's scores NaN
+    expected = reference.maxsim_reference(np.nan_to_num(q).astype(np.float64), d.astype(np.float64), q_mask)
+    got = to_numpy(cm.score(cupy.asarray(q.astype(np.float16)), cupy.asarray(d.astype(np.float16)),
+                            q_mask=cupy.asarray(q_mask)))
+    nan = np.zeros(got.shape, bool)
+    nan[1, :] = nan[:, 2] = True
+    assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any()
+    assert_scores_match(got[~nan], expected[~nan], atol=NOISE["float16"] * 32)
+    if _on_hopper():
+        assert configs and all(c.get("MAXSIM_SPLIT_DOCS") == c.get("MAXSIM_STREAM_QUERY") == "1" for c in configs), configs
+
+
+@pytest.mark.parametrize("dim", [320, 2560, 5120])
 def test_one_query_streams_k_int8_and_packed(dim, families):
     """int8 (its scales in a tile's last slot) and a packed corpus (tiles that start anywhere,
     empty documents) through the Hopper kernel's streamed atoms, with winners."""

@@ -2,6 +2,7 @@
 configurations, Hopper tile rows, TMA fall-backs, and the GPU paths' host logic on an H200's
 properties with kernels, launches and outputs stubbed (support.stubbed_gpu)."""
 
+import dataclasses
 import types
 
 import numpy as np
@@ -129,13 +130,14 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     splits the documents over three warpgroups (128-row tiles for ColPali pages, 64 for 300-token
     documents unless the padded corpus is large; int8 pages too), many queries fill three
     warpgroups, and query groups of a corpus within half the L2 start at rotated documents."""
-    def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False, argmax_bits=0, dim=128):
+    def plan(num_queries, mean_length, num_docs=10_000, suffix="fp16", packed=False, argmax_bits=0, dim=128,
+             query_length=32, tunables=DEFAULT):
         """(the plan, its kernel's defines as a dict, the kernel's name), planned afresh."""
         h200_planner.clear()
         _forward._plans.clear()
-        shape = _forward.planner.ForwardShape(suffix, num_queries, 32, dim, num_docs, False, argmax_bits, mean_length,
-                                              packed)
-        result = _forward.mma_plan(0, shape, DEFAULT)
+        shape = _forward.planner.ForwardShape(suffix, num_queries, query_length, dim, num_docs, False, argmax_bits,
+                                              mean_length, packed)
+        result = _forward.mma_plan(0, shape, tunables)
         family, name, defines = h200_planner[-1]
         return result, dict(d.lstrip("-D").split("=") for d in defines), name
 
@@ -174,17 +176,30 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
     # One query at fat dims streams k on the Hopper kernel (a slot per atom, the query block's
-    # capacity the next of WGMMA_STREAM_CAPACITIES); past the largest capacity, the mma.sync
-    # kernel's streaming k. Two queries there take documents on M in two warpgroups.
-    for suffix, dim, capacity in (("fp16", 136, "16"), ("fp16", 320, "32"), ("fp16", 2560, "160"), ("int8", 320, "16"),
-                                  ("int8", 5120, "160")):
+    # capacity the next of WGMMA_STREAM_CAPACITIES); from 128 k-steps on (fp16 dim 2048) the
+    # query's atoms stream through the slots too (capacity 512: fp16 dim 8192, one box of the
+    # group's queries); past that, the mma.sync kernel's streaming k. Two queries there take
+    # documents on M in two warpgroups.
+    for suffix, dim, capacity, streamed_query in (
+            ("fp16", 136, "16", None), ("fp16", 320, "32", None), ("fp16", 1536, "96", None), ("fp16", 2048, "512", "1"),
+            ("fp16", 2560, "512", "1"), ("fp16", 2568, "512", "1"), ("fp16", 8192, "512", "1"), ("int8", 320, "16", None),
+            ("int8", 5120, "512", "1")):
         streamed, defines, name = plan(1, 768, num_docs=1_000, suffix=suffix, dim=dim)
         assert name == f"maxsim_fwd_wgmma_{suffix}" and defines["MAXSIM_STREAM_K"] == "1"
         assert (defines["MAXSIM_KSTEPS"], defines["MAXSIM_SPLIT_DOCS"], defines["MAXSIM_HALF_ROWS"]) == (capacity, "1", "1")
-        assert streamed.tile_rows == 64
+        assert defines.get("MAXSIM_STREAM_QUERY") == streamed_query, (suffix, dim)
+        assert streamed.tile_rows == 64 and streamed.query_box == (1 if streamed_query else 0)
+    # Two queries of 16 tokens share the group's 32 rows: one box holds both.
+    streamed, defines, _ = plan(2, 768, num_docs=1_000, dim=2560, query_length=16)
+    assert defines["MAXSIM_SPLIT_DOCS"] == defines["MAXSIM_STREAM_QUERY"] == "1" and streamed.query_box == 2
+    # The resident query where asked (the tunable), up to its largest capacity (fp16 2560).
+    resident = dataclasses.replace(DEFAULT, wgmma_split_stream_query_ksteps=0)
+    defines = plan(1, 768, num_docs=1_000, dim=2560, tunables=resident)[1]
+    assert defines["MAXSIM_KSTEPS"] == "160" and "MAXSIM_STREAM_QUERY" not in defines
+    assert plan(1, 768, num_docs=1_000, dim=2568, tunables=resident)[2] == "maxsim_fwd_fp16"
     _, defines, name = plan(2, 768, num_docs=1_000, dim=320)
     assert name == "maxsim_fwd_wgmma_fp16" and defines["MAXSIM_DOCS_ON_M"] == "1" and defines["MAXSIM_WARPGROUPS"] == "2"
-    assert plan(1, 768, num_docs=1_000, dim=2568)[2] == "maxsim_fwd_fp16"
+    assert plan(1, 768, num_docs=1_000, dim=8200)[2] == "maxsim_fwd_fp16"
     assert "MAXSIM_STREAM_K" not in plan(1, 768, num_docs=1_000, dim=128)[1]
 
 

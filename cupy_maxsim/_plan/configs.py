@@ -102,6 +102,8 @@ class WgmmaConfig:
     #: atom streams through the ring slot beside the documents' (TMA from q as it is); ksteps is
     #: then the largest dim's (WGMMA_STREAM_QUERY_CAPACITY). 2: no box of q's map reaches past q
     #: (query counts that leave a group's last box short: the kernel's BOXES_WITHIN_Q).
+    #: Splitting documents (one query at fat dims, streaming k): the group's query atom streams
+    #: through each slot instead of the whole query staying resident (SPLIT_STREAM_QUERY).
     stream_query: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
@@ -122,6 +124,13 @@ class WgmmaConfig:
         """Each warpgroup owns whole queries (or, splitting documents, all share one group)."""
         return (1 if self.split_docs else self.warpgroups) * (self.group_rows // query_length)
 
+    def query_box(self, num_queries: int, query_length: int) -> int:
+        """Queries one box of q's TMA map holds where the query atoms stream: a warpgroup's
+        (documents on M), or splitting documents the launch's one group (at most 32 rows)."""
+        if self.split_docs:
+            return min(num_queries, self.queries_per_block(query_length))
+        return self.group_rows // query_length
+
     @property
     def shared_bytes(self) -> int:
         # maxsim_fwd_wgmma.cu's SHARED_BYTES (the compile checks assert the two are equal).
@@ -133,8 +142,8 @@ class WgmmaConfig:
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
         query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
         slot_bytes = slot_atoms * n * 128
-        if self.stream_query:  # every warpgroup's query atom in each slot, none resident
-            slot_bytes, query_bytes = slot_bytes + self.warpgroups * 128 * 128, 0
+        if self.stream_query:  # every warpgroup's query atom in each slot (splitting: the group's), none resident
+            slot_bytes, query_bytes = slot_bytes + (32 if self.split_docs else self.warpgroups * 128) * 128, 0
         small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 0  # two buffers a warpgroup
         return (1024 + self.stages * slot_bytes + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
@@ -202,18 +211,23 @@ STREAM_MIN_RING = 3
 
 
 def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = DEFAULT,
-                        tf32: int = 0) -> WgmmaConfig | None:
+                        tf32: int = 0, stream_queries: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel streaming k for one query of at most 32 tokens at ``ksteps`` past
     WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
     atom), or None past the largest capacity or where two slots per ring do not fit; ``tf32``:
-    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high")."""
-    capacity = next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
+    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"). With ``stream_queries`` (q's
+    rows readable by TMA), from tunables.wgmma_split_stream_query_ksteps on (and past the
+    largest capacity, up to WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the
+    slots too (stream_query), so that the ring, not a resident query, takes the shared memory."""
+    threshold = tunables.wgmma_split_stream_query_ksteps
+    streamed = bool(stream_queries and not tf32 and threshold and threshold <= ksteps <= WGMMA_STREAM_QUERY_CAPACITY)
+    capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
     def fitted(warpgroups):
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                    argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
-                                   tf32=int(tf32)))
+                                   tf32=int(tf32), stream_query=int(streamed)))
     if tf32 == 1:
         # fp32 at fp32 accuracy: two warpgroups always (maxsim_fwd_wgmma.cu, TF32), whose
         # consumers hold two accumulator and fragment sets each: in the 128 registers of three
