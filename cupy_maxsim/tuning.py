@@ -68,11 +68,13 @@ class Tunables:
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
-    #: Streaming k for one query, from this many k-steps of 32 bytes on (fp16 dim 2048, int8
-    #: 4096; 0: never) the query's atoms stream through the ring's slots beside the documents'
-    #: instead of the whole query staying resident in shared memory (where q's rows are
-    #: readable by TMA), which leaves the ring deeper and lifts the fp16 dim limit from 2560 to
-    #: 8192 (configs.wgmma_stream_config).
+    #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, int8 4096;
+    #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
+    #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):
+    #: the ring gets deeper and the fp16 dim limit goes from 2560 to 8192 (configs.
+    #: wgmma_stream_config). fp16, one query against 4 GB: dim 2560 0.92 -> 0.96 of the floor;
+    #: at 2048 the resident query's ring was deep enough (0.98 against 0.96), and at 1536 (1.01 /
+    #: 1.00): bench/results/cliffs-2026-12-04-fb1b370-stream-query-ab.txt.
     wgmma_split_stream_query_ksteps: int = 128
     #: 128-row tiles where they pad documents by at most this much more than 64-row tiles
     #: (colpali-32q 7.48 -> 6.75 ms, inbatch-128 0.235 -> 0.250: tune-wgmma-2026-11-30-462151b.log).

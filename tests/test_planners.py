@@ -176,12 +176,12 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     assert plan(4, 300, num_docs=128)[1]["MAXSIM_DOCS_ON_M"] == "0"
     assert plan(32, 300, num_docs=100_000)[0].doc_rotation == 0  # a corpus far past the L2: no rotation
     # One query at fat dims streams k on the Hopper kernel (a slot per atom, the query block's
-    # capacity the next of WGMMA_STREAM_CAPACITIES); from 128 k-steps on (fp16 dim 2048) the
+    # capacity the next of WGMMA_STREAM_CAPACITIES); past 128 k-steps (fp16 dim 2048) the
     # query's atoms stream through the slots too (capacity 512: fp16 dim 8192, one box of the
     # group's queries); past that, the mma.sync kernel's streaming k. Two queries there take
     # documents on M in two warpgroups.
     for suffix, dim, capacity, streamed_query in (
-            ("fp16", 136, "16", None), ("fp16", 320, "32", None), ("fp16", 1536, "96", None), ("fp16", 2048, "512", "1"),
+            ("fp16", 136, "16", None), ("fp16", 320, "32", None), ("fp16", 1536, "96", None), ("fp16", 2048, "128", None),
             ("fp16", 2560, "512", "1"), ("fp16", 2568, "512", "1"), ("fp16", 8192, "512", "1"), ("int8", 320, "16", None),
             ("int8", 5120, "512", "1")):
         streamed, defines, name = plan(1, 768, num_docs=1_000, suffix=suffix, dim=dim)

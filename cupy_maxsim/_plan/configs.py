@@ -216,11 +216,11 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
     atom), or None past the largest capacity or where two slots per ring do not fit; ``tf32``:
     fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"). With ``stream_queries`` (q's
-    rows readable by TMA), from tunables.wgmma_split_stream_query_ksteps on (and past the
-    largest capacity, up to WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the
-    slots too (stream_query), so that the ring, not a resident query, takes the shared memory."""
+    rows readable by TMA), past tunables.wgmma_split_stream_query_ksteps (up to
+    WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the slots too (stream_query),
+    so that the ring, not a resident query, takes the shared memory."""
     threshold = tunables.wgmma_split_stream_query_ksteps
-    streamed = bool(stream_queries and not tf32 and threshold and threshold <= ksteps <= WGMMA_STREAM_QUERY_CAPACITY)
+    streamed = bool(stream_queries and not tf32 and threshold and threshold < ksteps <= WGMMA_STREAM_QUERY_CAPACITY)
     capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
