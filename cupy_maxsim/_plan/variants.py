@@ -121,9 +121,7 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for tf32 in (1, 2):  # fp32, one query: at fp32 accuracy, and precision "high"
                 add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax, tf32=tf32))
     for argmax in (False, True):  # ... and past fp16 dim 2048, the query's atoms streamed too
-        for warpgroups in (2, 3):
-            add("maxsim_fwd_wgmma", wgmma_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, stream_queries=True,
-                                                        tunables=replace(DEFAULT, wgmma_stream_warpgroups=warpgroups)))
+        add("maxsim_fwd_wgmma", wgmma_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, stream_queries=True))
     for capacity in WGMMA_DOCS_ON_M_STREAM_CAPACITIES:  # many queries at fat dims (documents on M)
         for argmax in (False, True):
             for warpgroups in (2, 3):
