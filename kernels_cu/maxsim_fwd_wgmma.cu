@@ -59,7 +59,8 @@
 // lowest document-token index.
 //
 // Shared memory (dynamic, bytes; SHARED_BYTES): 1024 for alignment, STAGES * TILE_BYTES for
-// the tile ring (a slot: a tile's ATOMS atoms, or streaming k one), QUERY_BYTES for the query
+// the tile ring (a slot: a tile's ATOMS atoms, or streaming k one; STREAM_QUERY then its
+// SLOT_QUERY_BYTES of query atoms after the document's, and no query block), QUERY_BYTES for the query
 // block (QUERY_ROWS * LDS * 2, read once into registers; streaming k its 32 real rows, read per
 // atom; or with DOCS_ON_M held there in the swizzled layout, WARPGROUPS * ATOMS * 16384), then
 // 4 * (STAGES * TILE_N + 3 * QUERY_ROWS + (1 + ARGMAX) * MAX_SLOTS + 4 * WARPS) for
@@ -511,7 +512,7 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, u32 parit
 // (tokens, 1), box (TILE_N, 1), no swizzle), so that one TMA copies a tile's scales with the
 // tile; use_scale_tma = 0: the producer warp's lanes copy them with cp.async (4 bytes each).
 // STREAM_QUERY: q's map (3-d: elements, tokens, queries; box 128 bytes x Lq x a warpgroup's
-// queries, the 128-byte swizzle), use_query_tma set.
+// queries, or splitting documents the group's, the 128-byte swizzle), use_query_tma set.
 struct alignas(64) DocTileMap {
     unsigned long long map[16];
     unsigned long long scale_map[16];
