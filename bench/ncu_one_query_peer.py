@@ -1,0 +1,39 @@
+"""One query of 32 tokens against a padded corpus, fp16, three calls of ours or of a peer (for
+ncu: profile the third launch of its kernel, --launch-skip 2 --launch-count 1), so that one
+cell's kernels can be read side by side in ncu's sections (DRAM and L2 throughput, issue):
+
+    python bench/ncu_one_query_peer.py ours|flash_maxsim DIM DOCS [LENGTH]
+
+flash_maxsim is flash-maxsim 0.3.0's ``flash_maxsim`` (one query), as bench/cliffs.py calls it.
+"""
+
+import sys
+
+import cupy
+
+
+def main(argv) -> None:
+    provider, dim, docs = argv[0], int(argv[1]), int(argv[2])
+    length = int(argv[3]) if len(argv) > 3 else 300
+    rng = cupy.random.default_rng(0)
+    q = (rng.standard_normal((1, 32, dim), dtype=cupy.float32) / dim ** 0.5).astype(cupy.float16)
+    d = (rng.standard_normal((docs, length, dim), dtype=cupy.float32) / dim ** 0.5).astype(cupy.float16)
+    if provider == "ours":
+        import cupy_maxsim as cm
+
+        call = lambda: cm.score(q, d)  # noqa: E731
+    elif provider == "flash_maxsim":
+        import flash_maxsim as fm
+        import torch
+
+        tq, td = torch.from_dlpack(q[0]), torch.from_dlpack(d)
+        call = lambda: fm.flash_maxsim(tq, td)  # noqa: E731
+    else:
+        raise SystemExit(f"unknown provider {provider!r}: ours or flash_maxsim")
+    for _ in range(3):
+        call()
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
