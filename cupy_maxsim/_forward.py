@@ -37,8 +37,7 @@ class ForwardPlan(typing.NamedTuple):
     grid_x: int  # document ranges
     doc_rotation: int
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
-    stream_query: int = 0  # Hopper kernel: the query atoms stream by TMA (q's map, query_map_shape); 2: boxes within q
-    query_box: int = 0  # ... queries a box of q's map holds (WgmmaConfig.query_box)
+    query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
 
 
 def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
@@ -62,7 +61,6 @@ def _plan_of(key: tuple) -> ForwardPlan | None:
             resident = gpu_device.resident_blocks(kernel, config.threads, config.shared_bytes, device)
             plan = ForwardPlan(kernel, config.threads, config.shared_bytes,
                                *planner.geometry(shape, choice, resident, properties),
-                               stream_query=int(getattr(config, "stream_query", 0)),
                                query_box=config.query_box(shape.num_queries, shape.query_length)
                                if getattr(config, "stream_query", 0) else 0)
         _plans.put(key, plan)
@@ -175,13 +173,13 @@ def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int =
     """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
     ``queries`` after the pointer) for a plan whose build streams the query atoms: a box holds
     plan.query_box queries (one warpgroup's 128 rows, whole queries; splitting documents the
-    group's), and in the build that keeps every box within q (stream_query 2:
-    Block::query_box_first) all of them where fewer."""
+    group's), or all of them where fewer (the build that keeps every box within q:
+    Block::query_box_first; whole groups and the split group never have fewer)."""
     q = problem.q
     num_queries, query_length, _ = q.shape
     item = ITEMSIZE[q.dtype]
     count = num_queries - first_query
-    per_box = min(plan.query_box, count) if plan.stream_query == 2 else plan.query_box
+    per_box = min(plan.query_box, count)
     return (query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
 
 
@@ -211,7 +209,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             # and a box whose first float is off 16 bytes is an illegal instruction.
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
-            query_shape = query_map_shape(problem, plan) if plan.stream_query else None
+            query_shape = query_map_shape(problem, plan) if plan.query_box else None
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
                                         queries=None if query_shape is None else (q.ptr,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
@@ -233,7 +231,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             )
             if winners is not None:
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
-            if plan.stream_query and first:  # q's map from this launch's first query
+            if plan.query_box and first:  # q's map from this launch's first query
                 tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
                                             queries=(values["q"],) + query_map_shape(problem, plan, first_query))
             args = forward_args(**values)

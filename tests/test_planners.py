@@ -192,6 +192,14 @@ def test_hopper_plan_without_a_gpu(h200_planner):
     # Two queries of 16 tokens share the group's 32 rows: one box holds both.
     streamed, defines, _ = plan(2, 768, num_docs=1_000, dim=2560, query_length=16)
     assert defines["MAXSIM_SPLIT_DOCS"] == defines["MAXSIM_STREAM_QUERY"] == "1" and streamed.query_box == 2
+    # q's TMA map (query_map_shape): a box of a warpgroup's queries, of the launch's where fewer
+    # (the boxes-within-q build), or the split group's.
+    def box(num_queries, query_length, dim):
+        plan_ = plan(num_queries, 768, num_docs=1_000, dim=dim, query_length=query_length)[0]
+        q = types.SimpleNamespace(shape=(num_queries, query_length, dim), dtype="float16",
+                                  strides=(query_length * dim, dim, 1))
+        return _forward.query_map_shape(types.SimpleNamespace(q=q), plan_)[-1]
+    assert (box(2, 32, 2560), box(6, 32, 2560), box(16, 32, 2560), box(1, 31, 2560), box(2, 16, 4104)) == (2, 4, 4, 1, 2)
     # The resident query where asked (the tunable), up to its largest capacity (fp16 2560).
     resident = dataclasses.replace(DEFAULT, wgmma_split_stream_query_ksteps=0)
     defines = plan(1, 768, num_docs=1_000, dim=2560, tunables=resident)[1]

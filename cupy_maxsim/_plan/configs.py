@@ -208,6 +208,10 @@ WGMMA_STREAM_CAPACITIES = (16, 32, 48, 64, 96, 128, 160)
 #: Streaming k, the fewest slots a ring of three warpgroups' rings may have before two
 #: warpgroups (longer rings) take the capacity.
 STREAM_MIN_RING = 3
+#: The most k-steps a build streaming the query atoms takes (WgmmaConfig.stream_query: one query
+#: past Tunables.wgmma_split_stream_query_ksteps, documents on M past their resident capacities):
+#: fp16 dims 8192, int8 16384 (the int8 accumulators are exact far beyond).
+WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
 def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = DEFAULT,
@@ -248,10 +252,8 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
 #: queries at fat dims: fp16 dims 192, 256, 320; int8 twice that): the warpgroups' query blocks
 #: stay resident, so their bytes cap the dim (two blocks of 320 fp16 dims take 160 KB).
 WGMMA_DOCS_ON_M_STREAM_CAPACITIES = (12, 16, 20)
-#: Past them the query atoms stream too (WgmmaConfig.stream_query), up to this many k-steps
-#: (fp16 dims 8192, int8 16384; the int8 accumulators are exact far beyond), in two warpgroups:
-#: a slot is then 8 KB of documents and 16 KB of each warpgroup's queries.
-WGMMA_STREAM_QUERY_CAPACITY = 512
+#: Past them the query atoms stream too (WgmmaConfig.stream_query; in two warpgroups, a slot is
+#: then 8 KB of documents and 16 KB of each warpgroup's queries), up to WGMMA_STREAM_QUERY_CAPACITY.
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
@@ -279,7 +281,6 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
     return None
 
 
-
 def within_q_boxes(config: WgmmaConfig, num_queries: int, query_length: int) -> WgmmaConfig:
     """``config``, or where it streams the query atoms and ``num_queries`` is no multiple of a
     block's queries (a group's last box of q's map would reach past q: slow zero fill), its
@@ -287,6 +288,7 @@ def within_q_boxes(config: WgmmaConfig, num_queries: int, query_length: int) -> 
     if config.stream_query and num_queries % config.queries_per_block(query_length):
         return dataclasses.replace(config, stream_query=2)
     return config
+
 
 def int8_docs_on_m_warpgroups(argmax: bool, ksteps: int) -> int:
     """Warpgroups the Hopper kernel's int8 entry has with documents on M: two where three would
