@@ -68,8 +68,9 @@ class MmaConfig:
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
         query_blocks = self.stages if self.stream_k else 1
+        shifts = 4 * self.stages * bm if self.load_bytes in (4, 8) else 0  # SHIFTED_ROWS: each tile row's shift
         return 2 * row * (query_blocks * bn + self.stages * bm) + (8 * bn if self.stream_k else 0) + 4 * (
-            2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps)
+            2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps) + shifts
 
     def defines(self) -> tuple[str, ...]:
         return compile_defines(self)

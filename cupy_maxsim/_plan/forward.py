@@ -163,10 +163,10 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     stream = ksteps > resident_max
     config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax), suffix == "fp32",
                                stream, tunables.stream_ksteps)
+    if config is not None and load_bytes != 16:  # (rows on 4 or 8 bytes keep a shift a tile row: fewer stages may fit)
+        config = choose_stages(dataclasses.replace(config, load_bytes=load_bytes), smem_limit)
     if config is None:
         return None
-    if load_bytes != 16:
-        config = dataclasses.replace(config, load_bytes=load_bytes)
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)
 
 
