@@ -48,11 +48,12 @@
 //
 // Any dim and alignment: a row's chunks past dim are zero-filled (a tail chunk partly), and
 // rows are copied in pieces of LOAD_BYTES, the alignment of every row start (codecs.cuh); but
-// document rows on 4 or 8 bytes (dim 100 in 16-bit: 200-byte rows) come in whole 16-byte
-// chunks from the 16 bytes the row starts in (SHIFTED_ROWS): the row lands in shared memory as
-// far past its row's start as it lies past 16 bytes (its shift, kept per row in sShift), and
-// its A fragments are read a word at a time from there. Pieces of 8 bytes held one query at
-// fp16 dim 100 to 0.50 of the floor (bench/results/cliffs-2026-12-03-76dc2fa-odd.json).
+// where the planner asks (SHIFTED_ROWS: 16-bit rows on 4 bytes, fp16 dim 130's 260-byte rows)
+// document rows come in whole 16-byte chunks from the 16 bytes the row starts in: the row
+// lands in shared memory as far past its row's start as it lies past 16 bytes (its shift, kept
+// per row in sShift), and its A fragments are read a word at a time from there. One query at
+// fp16 dim 130: 3.35 -> 2.48 ms against 4 GB; rows on 8 bytes gained nothing (fp16 dim 100)
+// or lost (fp32 dim 130: 4.76 -> 6.80 ms): bench/results/cliffs-2026-12-04-f2e636a-shifted-ab.txt.
 //
 // Preconditions (checked in Python): dim at most KSTEPS k-steps (any dim streaming k); int8
 // scales non-negative (quantize_int8 makes them so); every row start LOAD_BYTES-aligned (base
@@ -86,6 +87,9 @@
 #ifndef MAXSIM_STREAM_K
 #define MAXSIM_STREAM_K 0
 #endif
+#ifndef MAXSIM_SHIFTED_ROWS
+#define MAXSIM_SHIFTED_ROWS 0
+#endif
 #ifndef MAXSIM_MIN_BLOCKS
 #define MAXSIM_MIN_BLOCKS 1
 #endif
@@ -103,9 +107,10 @@ constexpr int KPAD = KSTEPS * 16;
 // +8 elements (16 bytes) per row: the 8 rows an ldmatrix reads land on distinct banks.
 constexpr int LDS = KPAD + 8;
 constexpr int CHUNKS = KPAD / 8;  // 16-byte chunks per row
-// Document rows on 4 or 8 bytes: whole 16-byte chunks, one more than CHUNKS a row (its shift
+// Shifted rows (on 4 or 8 bytes): whole 16-byte chunks, one more than CHUNKS a row (its shift
 // pushes the row's last bytes into the row's padding: LDS's +8 elements).
-constexpr bool SHIFTED_ROWS = LOAD_BYTES == 4 || LOAD_BYTES == 8;
+constexpr bool SHIFTED_ROWS = MAXSIM_SHIFTED_ROWS != 0;
+static_assert(!SHIFTED_ROWS || LOAD_BYTES == 4 || LOAD_BYTES == 8, "shifted rows are rows on 4 or 8 bytes");
 constexpr int ROW_CHUNKS = CHUNKS + (SHIFTED_ROWS ? 1 : 0);
 static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles at a time");
 static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");

@@ -215,13 +215,13 @@ def test_misaligned_rows_match_aligned_bitwise(dtype, shift, dim, no_simt):
     assert_scores_match(results[1][0], expected, atol=1e-3 if dtype == "int8" else NOISE[dtype] * 32, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dim", [100, 2500])
-def test_rows_on_8_bytes_keep_to_their_bytes(dim, families):
-    """Rows of 200 bytes (fp16 dim 100; 5,000 at 2500, streaming k) start on 16 bytes and on 8
-    in turn, and come in whole 16-byte lines from where each starts: an odd row's first line
-    holds the row before's last 8 bytes, an even row's last line would reach into the next row's
-    first 8 (cut there). Masked rows of infs on either side of real ones change nothing; in a
-    packed corpus, single-token documents of NaNs (their first and last elements) beside real
+@pytest.mark.parametrize("dim", [130, 2502])
+def test_rows_on_4_bytes_keep_to_their_bytes(dim, families):
+    """Rows of 260 bytes (fp16 dim 130; 5,004 at 2502, streaming k) start on 16, 4, 8 and 12
+    bytes in turn, and come in whole 16-byte lines from where each starts (shifted rows): a
+    row's first line holds the row before's last bytes, its last line would reach into the next
+    row's first (cut there). Masked rows of infs on either side of real ones change nothing; in
+    a packed corpus, single-token documents of NaNs (their first and last elements) beside real
     documents on either side make only their own scores NaN. One query (the mma.sync kernel),
     winners, against float64."""
     import cupy
@@ -230,7 +230,7 @@ def test_rows_on_8_bytes_keep_to_their_bytes(dim, families):
     q = unit_rows(rng, (1, 32, dim), np.float32).astype(np.float16)
     d = unit_rows(rng, (5, 41, dim), np.float32).astype(np.float16)
     d_mask = np.ones((5, 41), bool)
-    for row in (6, 9):  # rows 88 and 91 of the corpus: even (the next row's first line) and odd
+    for row in (6, 7, 9):  # rows 88, 89 and 91 of the corpus: on 16 bytes, and on 4 and 12 (either order)
         d[2, row] = np.inf
         d_mask[2, row] = False
     expected = reference.maxsim_reference(q.astype(np.float64), np.where(d_mask[..., None], d, 0).astype(np.float64),
@@ -239,7 +239,7 @@ def test_rows_on_8_bytes_keep_to_their_bytes(dim, families):
     assert np.isfinite(to_numpy(got)).all()
     assert_scores_match(got, expected, atol=NOISE["float16"] * 32)
     tokens = unit_rows(rng, (99, dim), np.float32).astype(np.float16)
-    offsets = np.array([0, 13, 14, 40, 41, 99])  # tokens 13 (odd: on 8 bytes) and 40 (even) alone
+    offsets = np.array([0, 13, 14, 40, 41, 99])  # tokens 13 (on 4 bytes) and 40 (on 16) alone
     for token in (13, 40):
         tokens[token, :4] = tokens[token, -4:] = np.nan
     got = to_numpy(cm.score_packed(cupy.asarray(q), cupy.asarray(tokens), cupy.asarray(offsets)))
