@@ -47,7 +47,13 @@
 // column that is zero-filled), its non-finite tokens found by one pass over global memory.
 //
 // Any dim and alignment: a row's chunks past dim are zero-filled (a tail chunk partly), and
-// rows are copied in pieces of LOAD_BYTES, the alignment of every row start (codecs.cuh).
+// rows are copied in pieces of LOAD_BYTES, the alignment of every row start (codecs.cuh); but
+// where the planner asks (SHIFTED_ROWS: 16-bit rows on 4 bytes, fp16 dim 130's 260-byte rows)
+// document rows come in whole 16-byte chunks from the 16 bytes the row starts in: the row
+// lands in shared memory as far past its row's start as it lies past 16 bytes (its shift, kept
+// per row in sShift), and its A fragments are read a word at a time from there. One query at
+// fp16 dim 130: 3.35 -> 2.48 ms against 4 GB; rows on 8 bytes gained nothing (fp16 dim 100)
+// or lost (fp32 dim 130: 4.76 -> 6.80 ms): bench/results/cliffs-2026-12-04-f2e636a-shifted-ab.txt.
 //
 // Preconditions (checked in Python): dim at most KSTEPS k-steps (any dim streaming k); int8
 // scales non-negative (quantize_int8 makes them so); every row start LOAD_BYTES-aligned (base
@@ -81,6 +87,9 @@
 #ifndef MAXSIM_STREAM_K
 #define MAXSIM_STREAM_K 0
 #endif
+#ifndef MAXSIM_SHIFTED_ROWS
+#define MAXSIM_SHIFTED_ROWS 0
+#endif
 #ifndef MAXSIM_MIN_BLOCKS
 #define MAXSIM_MIN_BLOCKS 1
 #endif
@@ -98,6 +107,11 @@ constexpr int KPAD = KSTEPS * 16;
 // +8 elements (16 bytes) per row: the 8 rows an ldmatrix reads land on distinct banks.
 constexpr int LDS = KPAD + 8;
 constexpr int CHUNKS = KPAD / 8;  // 16-byte chunks per row
+// Shifted rows (on 4 or 8 bytes): whole 16-byte chunks, one more than CHUNKS a row (its shift
+// pushes the row's last bytes into the row's padding: LDS's +8 elements).
+constexpr bool SHIFTED_ROWS = MAXSIM_SHIFTED_ROWS != 0;
+static_assert(!SHIFTED_ROWS || LOAD_BYTES == 4 || LOAD_BYTES == 8, "shifted rows are rows on 4 or 8 bytes");
+constexpr int ROW_CHUNKS = CHUNKS + (SHIFTED_ROWS ? 1 : 0);
 static_assert(NT % 2 == 0, "NT must be even: B fragments are loaded two n-tiles at a time");
 static_assert(STAGES >= 2, "the cp.async ring needs at least two stages");
 // Query (B) fragments stay in registers when they fit in 64 of them; else re-read per k-step.
@@ -113,7 +127,8 @@ constexpr int ACC_K = STREAM_K ? (1 << 30) : KSTEPS * 32;
 // it out). _plan.configs.MmaConfig.shared_bytes mirrors it: the compile checks build every
 // variant with the Python value as MAXSIM_EXPECT_SHARED_BYTES.
 constexpr int SHARED_BYTES = 2 * LDS * (Q_TILES * BN + STAGES * BM) + (STREAM_K ? 8 * BN : 0) +
-                             4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS);
+                             4 * (2 * STAGES * BM + (2 + 2 * ARGMAX) * WARPS_M * BN + 3 * BN + 4 * WARPS) +
+                             (SHIFTED_ROWS ? 4 * STAGES * BM : 0);
 #ifdef MAXSIM_EXPECT_SHARED_BYTES
 static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.MmaConfig.shared_bytes disagrees");
 #endif
@@ -144,6 +159,7 @@ struct Shared {
     int* sHasRow;     // [2 parities][WARPS]
     int* sDocBad;     // [2 parities][WARPS]: a real row is not finite
     int* sRedArg;     // ARGMAX: [2 parities][WARPS_M][BN]
+    int* sShift;      // SHIFTED_ROWS: [STAGES][BM] bytes a tile row lies past its line's start
 };
 __device__ __forceinline__ Shared carve_shared(unsigned char* smem) {
     Shared S;
@@ -159,6 +175,7 @@ __device__ __forceinline__ Shared carve_shared(unsigned char* smem) {
     S.sHasRow = S.sColBad + BN;
     S.sDocBad = S.sHasRow + 2 * WARPS;
     S.sRedArg = S.sDocBad + 2 * WARPS;
+    S.sShift = S.sRedArg + (ARGMAX ? 2 * WARPS_M * BN : 0);
     return S;
 }
 
@@ -167,7 +184,7 @@ __device__ __forceinline__ Shared carve_shared(unsigned char* smem) {
 // scores -inf. Each thread always copies the same 16-byte column chunk of rows my_row,
 // my_row + ROW_STEP, ...: the per-row work is an add and a compare, not a division and a 64-bit
 // multiply. Chunk slots are a power of two (KSTEPS = 6 has 12 chunks: 16 slots, 4 idle).
-constexpr int CHUNK_SLOTS = CHUNKS <= 4 ? 4 : CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : 32;
+constexpr int CHUNK_SLOTS = ROW_CHUNKS <= 4 ? 4 : ROW_CHUNKS <= 8 ? 8 : ROW_CHUNKS <= 16 ? 16 : ROW_CHUNKS <= 32 ? 32 : 64;
 constexpr int ROW_STEP = THREADS / CHUNK_SLOTS;
 static_assert(THREADS % CHUNK_SLOTS == 0 && BM % ROW_STEP == 0 && BN % ROW_STEP == 0, "tile rows must split evenly");
 // k chunks per row: 1, or streaming k, KSTEPS k-steps each over the whole dim.
@@ -213,12 +230,12 @@ template <typename T> struct TileLoader {
     __device__ __forceinline__ void issue(const ForwardArgs& args, const Shared& S, int stage) {
         constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
         const T* __restrict__ d = (const T*)args.d;
-        if (doc >= doc_end || my_chunk >= CHUNKS) {
+        if (doc >= doc_end || my_chunk >= ROW_CHUNKS) {
             if (doc < doc_end) advance(args);
             return;
         }
         const int element = (kc * CHUNKS + my_chunk) * ELEMS;  // of the row, this thread's chunk
-        if constexpr (STREAM_K) {
+        if (STREAM_K && my_chunk < CHUNKS) {
             const T* q = (const T*)args.q;
             u16* q_dst = S.sQ + stage * BN * LDS + my_row * LDS + my_chunk * 8;
 #pragma unroll
@@ -240,9 +257,22 @@ template <typename T> struct TileLoader {
             bool real = row < length;
             if (real && args.d_mask != nullptr)
                 real = args.d_mask[doc * args.d_mask_doc_stride + row * args.d_mask_row_stride] != 0;
-            const int bytes = real ? my_chunk_bytes : 0;
-            copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)src : (const void*)d, bytes);
+            int shift = 0;
+            if constexpr (SHIFTED_ROWS) {  // this thread's chunk of the 16-byte lines the row's k chunk spans
+                const unsigned char* start = (const unsigned char*)(src - element);
+                shift = (int)((size_t)start & 15);
+                const unsigned char* line = start - shift + kc * KPAD * 2 + my_chunk * 16;
+                const long long left = start + (i64)args.dim * (Codec<T>::BITS / 8) - line;  // the row's bytes from it on
+                const int bytes = real ? (int)min(max(left, 0ll), 16ll) : 0;
+                // (the first line's bytes before the row: the row before it, in d's allocation,
+                // which starts on 16 bytes; they land before the row's first element, unread)
+                cp_async_16(dst, bytes ? (const void*)line : (const void*)d, bytes);
+            } else {
+                const int bytes = real ? my_chunk_bytes : 0;
+                copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)src : (const void*)d, bytes);
+            }
             if (my_chunk == 0) {
+                if constexpr (SHIFTED_ROWS) S.sShift[stage * BM + r] = real ? shift : 0;
                 S.sBias[stage * BM + r] = real ? 0.f : -MAXSIM_FLT_MAX;
                 // Asynchronous like the tile itself: a plain load here would stall the producer
                 // on every tile (measured: int8 ran slower than fp16). Masked rows get scale 0.
@@ -382,16 +412,35 @@ template <typename Acc> __device__ __forceinline__ void zero_tile(Acc (&acc)[MT]
 
 // The warp's rows x columns of one tile over its KSTEPS k-steps (the whole padded dim, or one
 // k chunk streaming k): acc += tile_d x query.
+// SHIFTED_ROWS: `shifts` are the tile rows' (sShift), and the A fragments are the words ldmatrix
+// would give (rows lane/4 and lane/4 + 8, bytes 4 (lane % 4) of each 16-byte half of the k-step)
+// read from each row's shifted start.
 template <typename T, typename Acc>
 __device__ __forceinline__ void multiply_tile(Acc (&acc)[MT][NT][4], const u16* tile_d, const u16* sQ,
                                               u32 (&b_regs)[b_in_registers<T>() ? KSTEPS : 1][NT / 2][4],
-                                              int warp_m, int warp_n, int lane) {
+                                              int warp_m, int warp_n, int lane, const int* shifts) {
+    const unsigned char* a_rows[MT][2];  // SHIFTED_ROWS: this thread's two rows of each m-tile, from its word
+    if constexpr (SHIFTED_ROWS) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = warp_m * 16 * MT + mt * 16 + (lane >> 2) + 8 * h;
+                a_rows[mt][h] = (const unsigned char*)(tile_d + r * LDS) + shifts[r] + 4 * (lane & 3);
+            }
+    }
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
         u32 a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            ldmatrix_x4(a[mt], tile_d + (warp_m * 16 * MT + mt * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+        for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (SHIFTED_ROWS) {
+                a[mt][0] = *(const u32*)(a_rows[mt][0] + ks * 32), a[mt][1] = *(const u32*)(a_rows[mt][1] + ks * 32);
+                a[mt][2] = *(const u32*)(a_rows[mt][0] + ks * 32 + 16), a[mt][3] = *(const u32*)(a_rows[mt][1] + ks * 32 + 16);
+            } else {
+                ldmatrix_x4(a[mt], tile_d + (warp_m * 16 * MT + mt * 16 + (lane & 15)) * LDS + ks * 16 + (lane >> 4) * 8);
+            }
+        }
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             u32 b_smem[4];
@@ -586,7 +635,7 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
 
         if (kc == 0 || CHUNK_SUMS) zero_tile(acc);
         multiply_tile<T>(acc, S.sD + stage * BM * LDS, S.sQ + (STREAM_K ? stage * BN * LDS : 0), b_regs, warp_m,
-                         warp_n, lane);
+                         warp_n, lane, S.sShift + stage * BM);
         if constexpr (CHUNK_SUMS) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)

@@ -215,6 +215,45 @@ def test_misaligned_rows_match_aligned_bitwise(dtype, shift, dim, no_simt):
     assert_scores_match(results[1][0], expected, atol=1e-3 if dtype == "int8" else NOISE[dtype] * 32, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [130, 2502])
+def test_rows_on_4_bytes_keep_to_their_bytes(dim, families):
+    """Rows of 260 bytes (fp16 dim 130; 5,004 at 2502, streaming k) start on 16, 4, 8 and 12
+    bytes in turn, and come in whole 16-byte lines from where each starts (shifted rows): a
+    row's first line holds the row before's last bytes, its last line would reach into the next
+    row's first (cut there). Masked rows of infs on either side of real ones change nothing; in
+    a packed corpus, single-token documents of NaNs (their first and last elements) beside real
+    documents on either side make only their own scores NaN. One query (the mma.sync kernel),
+    winners, against float64."""
+    import cupy
+
+    rng = np.random.default_rng(dim + 9)
+    q = unit_rows(rng, (1, 32, dim), np.float32).astype(np.float16)
+    d = unit_rows(rng, (5, 41, dim), np.float32).astype(np.float16)
+    d_mask = np.ones((5, 41), bool)
+    for row in (6, 7, 9):  # rows 88, 89 and 91 of the corpus: on 16 bytes, and on 4 and 12 (either order)
+        d[2, row] = np.inf
+        d_mask[2, row] = False
+    expected = reference.maxsim_reference(q.astype(np.float64), np.where(d_mask[..., None], d, 0).astype(np.float64),
+                                          None, d_mask)
+    got, winners = cm.score(cupy.asarray(q), cupy.asarray(d), d_mask=cupy.asarray(d_mask), return_argmax=True)
+    assert np.isfinite(to_numpy(got)).all()
+    assert_scores_match(got, expected, atol=NOISE["float16"] * 32)
+    tokens = unit_rows(rng, (99, dim), np.float32).astype(np.float16)
+    offsets = np.array([0, 13, 14, 40, 41, 99])  # tokens 13 (on 4 bytes) and 40 (on 16) alone
+    for token in (13, 40):
+        tokens[token, :4] = tokens[token, -4:] = np.nan
+    got = to_numpy(cm.score_packed(cupy.asarray(q), cupy.asarray(tokens), cupy.asarray(offsets)))
+    for n in range(5):
+        rows = tokens[offsets[n]:offsets[n + 1]].astype(np.float64)
+        if n in (1, 3):
+            assert np.isnan(got[0, n]), n
+        else:
+            want = (q[0].astype(np.float64) @ rows.T).max(axis=1).sum()
+            assert np.isclose(got[0, n], want, atol=NOISE["float16"] * 32), (n, got[0, n], want)
+    if _on_hopper():
+        assert families and set(families) == {"maxsim_fwd"}, families
+
+
 def test_views_of_wider_rows_and_strided_dims():
     """A dim cut from wider rows (16-byte row starts, a part-zero last chunk) scores bitwise as
     its contiguous copy on the same kernel; a strided dim (no unit stride) takes the CUDA

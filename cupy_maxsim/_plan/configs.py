@@ -42,6 +42,9 @@ class MmaConfig:
     #: The alignment of every row start in bytes (forward.load_alignment): rows are copied in
     #: pieces of this size, below 4 by plain loads (maxsim_fwd.cu, "Any dim and alignment").
     load_bytes: int = dataclasses.field(default=16, metadata=OPTIONAL)
+    #: Rows on 4 or 8 bytes copied as whole 16-byte lines from the line each starts in, shifted
+    #: by a per-row offset (maxsim_fwd.cu, SHIFTED_ROWS; forward.choose_kernel: 16-bit on 4).
+    shifted_rows: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -68,8 +71,9 @@ class MmaConfig:
         bm, bn = self.block_rows, self.block_cols
         warps = self.warps_m * self.warps_n
         query_blocks = self.stages if self.stream_k else 1
+        shifts = 4 * self.stages * bm if self.shifted_rows else 0  # SHIFTED_ROWS: each tile row's shift
         return 2 * row * (query_blocks * bn + self.stages * bm) + (8 * bn if self.stream_k else 0) + 4 * (
-            2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps)
+            2 * self.stages * bm + (2 + 2 * self.argmax) * self.warps_m * bn + 3 * bn + 4 * warps) + shifts
 
     def defines(self) -> tuple[str, ...]:
         return compile_defines(self)

@@ -163,10 +163,14 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     stream = ksteps > resident_max
     config = choose_mma_config(num_queries, query_length, ksteps, pairs, smem_limit, bool(argmax), suffix == "fp32",
                                stream, tunables.stream_ksteps)
+    if config is not None and load_bytes != 16:
+        # 16-bit rows on 4 bytes come as shifted 16-byte lines (a shift a tile row: fewer stages
+        # may fit); on 8 bytes, or fp32 and int8, in pieces (shifted lines measured no faster at
+        # fp16 dim 100 and slower at fp32 dim 130: bench/results/cliffs-2026-12-04-f2e636a-shifted-ab.txt).
+        shifted = int(load_bytes == 4 and ITEMSIZE[suffix] == 2)
+        config = choose_stages(dataclasses.replace(config, load_bytes=load_bytes, shifted_rows=shifted), smem_limit)
     if config is None:
         return None
-    if load_bytes != 16:
-        config = dataclasses.replace(config, load_bytes=load_bytes)
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)
 
 

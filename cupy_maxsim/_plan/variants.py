@@ -99,9 +99,10 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for stream_ksteps in STREAM_KSTEPS_CHOICES:
                 add("maxsim_fwd", mma_config(width, 0, argmax, stream=True, stream_ksteps=stream_ksteps))
     for load_bytes in LOAD_ALIGNMENTS[:-1]:  # rows not 16-byte aligned (odd dims), dim 100-ish
-        for argmax in (False, True):
-            add("maxsim_fwd", replace(mma_config(32, 7, argmax), load_bytes=load_bytes))
-        add("maxsim_fwd", replace(mma_config(256, 7), load_bytes=load_bytes))
+        for shifted in (0, 1) if load_bytes == 4 else (0,):  # 16-bit rows on 4 bytes: shifted lines
+            for argmax in (False, True):
+                add("maxsim_fwd", replace(mma_config(32, 7, argmax), load_bytes=load_bytes, shifted_rows=shifted))
+            add("maxsim_fwd", replace(mma_config(256, 7), load_bytes=load_bytes, shifted_rows=shifted))
     for ksteps in (2, 4, 6, 8):
         for argmax in (False, True):
             for warpgroups in (1, 2, 3):  # 1: one query group, documents split
