@@ -265,8 +265,12 @@ template <typename T> struct TileLoader {
                 const long long left = start + (i64)args.dim * (Codec<T>::BITS / 8) - line;  // the row's bytes from it on
                 const int bytes = real ? (int)min(max(left, 0ll), 16ll) : 0;
                 // (the first line's bytes before the row: the row before it, in d's allocation,
-                // which starts on 16 bytes; they land before the row's first element, unread)
-                cp_async_16(dst, bytes ? (const void*)line : (const void*)d, bytes);
+                // which starts on 16 bytes; they land before the row's first element, unread).
+                // A row's cut last line comes in pieces: a 16-byte copy of fewer source bytes
+                // still addresses the whole line, past the end of d's allocation for its last
+                // row (memcheck: bench/sanitize_forward.py, fp16 rows on 4 bytes).
+                if (bytes == 16) cp_async_16(dst, line, 16);
+                else copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)line : (const void*)d, bytes);
             } else {
                 const int bytes = real ? my_chunk_bytes : 0;
                 copy_chunk<LOAD_BYTES>(dst, bytes ? (const void*)src : (const void*)d, bytes);
