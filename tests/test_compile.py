@@ -7,7 +7,7 @@ import pytest
 
 from cupy_maxsim._gpu import nvrtc
 from cupy_maxsim._gpu.registry import ARCH_SPECIFIC
-from cupy_maxsim._plan.variants import compile_targets, compile_variants, family_kernels
+from cupy_maxsim._plan.variants import compile_targets, compile_variants, family_kernels, first_use_variants
 
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
 
@@ -42,4 +42,17 @@ def test_compiles_without_spills(arch, family, defines):
         # compile silently and cost much: a documents-on-M reduction indexed at run time once
         # put the maxima in a 128-byte stack frame, and an MMA issued before divergent code
         # serialized every wgmma of the kernel (both measured slower on the H200).
+        assert report.stack_frame_bytes == 0 and not report.serialized_wgmma, report
+
+
+@pytest.mark.parametrize("arch,family,defines", first_use_variants(),
+                         ids=lambda v: v if isinstance(v, str) else "-".join(d.split("=")[1] for d in v) or "default")
+def test_first_use_builds_compile_without_spills(arch, family, defines):
+    """The builds of rows on 4 or 8 bytes the planner asks for beyond the compile list (they
+    compile at first use, not prebuilt): each on its own architecture, no spills either."""
+    _nvrtc_or_skip()
+    target = compile_targets(family, [arch])[0]
+    for report in nvrtc.compile_with_nvrtc(family, target, defines):
+        assert report.registers > 0, report
+        assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report
         assert report.stack_frame_bytes == 0 and not report.serialized_wgmma, report

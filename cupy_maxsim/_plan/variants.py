@@ -142,6 +142,36 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     return variants
 
 
+def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
+    """The builds the planner asks for rows on 4 or 8 bytes (odd dims, views shifted off 16
+    bytes) beyond :func:`compile_variants`: (architecture, family, defines as the compile checks
+    take them) over a grid of such shapes on an A100's and an H200's properties (sm_86 and sm_89
+    ask for the same shapes with fewer stages: 663 builds with them, 351 without, a compile
+    each in CI). They compile at first use on a GPU (a second or so each) rather than ship as
+    prebuilt cubins (tens of MB); the compile test holds each to no spills on its own
+    architecture."""
+    import itertools
+
+    from .forward import ForwardShape, choose_kernel
+
+    listed = {(family, defines) for family, defines in compile_variants()}
+    found = []
+    for arch in ("sm_80", "sm_90"):
+        properties = ARCH_PROPERTIES[arch]
+        for suffix, dim, (queries, length), (tokens, docs), argmax, packed, load_bytes in itertools.product(
+                ("fp16", "bf16", "fp32", "int8"), (20, 60, 100, 130, 200, 1000, 2500),
+                ((1, 1), (1, 32), (2, 16), (1, 64), (3, 20), (4, 32), (40, 32)), ((17, 10), (150, 10), (1030, 100000)),
+                (0, 16), (False, True), (4, 8)):
+            choice = choose_kernel(ForwardShape(suffix, queries, length, dim, docs, False, argmax, tokens, packed,
+                                                load_bytes), properties, DEFAULT)
+            if choice is None:
+                continue
+            variant = (arch, choice.family, _checked(choice.config))
+            if (choice.family, variant[2]) not in listed and variant not in found:
+                found.append(variant)
+    return found
+
+
 def compile_targets(family: str, archs) -> tuple[str, ...]:
     """The architectures among ``archs`` that ``family`` is built for (sm_90a stands for sm_90)."""
     arch = ARCH_SPECIFIC.get(family)
