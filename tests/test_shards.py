@@ -105,6 +105,23 @@ def test_ray_index_is_one_index(ray_cluster):
         remote.add([np.zeros((3, DIM + 1), np.float32)] * 2)
 
 
+def _wait_until_dead(ray, actor, seconds=60.0):
+    """ray.kill returns before the actor is gone: a call made at once may still be answered
+    (CI once saw the search below succeed). Waits until a call reports the death."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.nbytes.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answers after {seconds} s")
+
+
 def test_a_dead_actor_is_reported(ray_cluster):
     import cupy_maxsim.ray as cmr
 
@@ -112,6 +129,7 @@ def test_a_dead_actor_is_reported(ray_cluster):
     remote = cmr.RayIndex(DIM, dtype="float32", actors=2, timeout=60)
     remote.add(_corpus(rng, 10))
     ray_cluster.kill(remote.actors[1])
+    _wait_until_dead(ray_cluster, remote.actors[1])
     with pytest.raises(RuntimeError, match="shard 1's Ray actor died"):
         remote.search(unit_rows(rng, (1, 3, DIM), np.float32), 3)
 
