@@ -154,8 +154,8 @@ def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
 
     from .forward import ForwardShape, choose_kernel
 
-    listed = {(family, defines) for family, defines in compile_variants()}
-    found = []
+    listed = set(compile_variants())
+    found = {}  # (an ordered set)
     for arch in ("sm_80", "sm_90"):
         properties = ARCH_PROPERTIES[arch]
         for suffix, dim, (queries, length), (tokens, docs), argmax, packed, load_bytes in itertools.product(
@@ -166,10 +166,10 @@ def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
                                                 load_bytes), properties, DEFAULT)
             if choice is None:
                 continue
-            variant = (arch, choice.family, _checked(choice.config))
-            if (choice.family, variant[2]) not in listed and variant not in found:
-                found.append(variant)
-    return found
+            defines = _checked(choice.config)
+            if (choice.family, defines) not in listed:
+                found[(arch, choice.family, defines)] = None
+    return list(found)
 
 
 def compile_targets(family: str, archs) -> tuple[str, ...]:
