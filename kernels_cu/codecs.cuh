@@ -119,16 +119,18 @@ template <typename T> __device__ __forceinline__ void note_non_finite(bool& bad,
     for (int w = 0; w < 4; ++w) bad |= (words[w] & low) == low || (words[w] & high) == high;
 }
 // Whether 16-byte chunk `chunk` of token `token` of query `query` (16-bit or fp32, read from q;
-// past dim, zeros) holds NaN or inf: for a build that streams the query's atoms unstaged.
-template <typename T>
+// past dim, zeros) holds NaN or inf: for the builds that stream the query unstaged (the Hopper
+// split group, rows on 16 bytes; the mma.sync kernel streaming k, rows at ALIGN bytes, any).
+// Rows off 16 bytes, and a dim's partial last chunk, are read in 16-bit pieces.
+template <typename T, int ALIGN = 16>
 __device__ __forceinline__ bool query_chunk_non_finite(const ForwardArgs& args, i64 query, int token, int chunk) {
     constexpr int ELEMS = Codec<T>::CHUNK_ELEMS;
     const T* src = (const T*)args.q + query * args.q_query_stride + token * args.q_row_stride + chunk * ELEMS;
     const int bytes = chunk_bytes<T>(args.dim, chunk * ELEMS);
     uint4 c = make_uint4(0, 0, 0, 0);
-    if (bytes == 16) {
+    if (ALIGN >= 16 && bytes == 16) {
         c = *(const uint4*)src;
-    } else {  // a dim's partial last chunk: its 16-bit pieces (registers, not a local array)
+    } else {  // 16-bit pieces (registers, not a local array)
         u32 w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
         for (int h = 0; h < 8; ++h)

@@ -295,9 +295,10 @@ template <typename T> struct TileLoader {
 };
 
 // Streaming k: each column's query, scale and row in q, and whether the token holds NaN or
-// inf, by one warp per column reading the row from global memory (an element a lane, any
-// alignment; a bad token is zero-filled from then on, so that it stays a witness for non-finite
-// documents). Ends with a barrier: the loader reads sColSrc.
+// inf, by one warp per column reading the row from global memory (a 16-byte chunk a lane,
+// codecs.cuh's query_chunk_non_finite as the Hopper split group's: 16-bit pieces where rows are
+// off 16 bytes; a bad token is zero-filled from then on, so that it stays a witness for
+// non-finite documents). Ends with a barrier: the loader reads sColSrc.
 template <typename T>
 __device__ __forceinline__ void stream_query_columns(const ForwardArgs& args, const Shared& S, i64 first_query,
                                                      int group_size, int tid) {
@@ -314,17 +315,12 @@ __device__ __forceinline__ void stream_query_columns(const ForwardArgs& args, co
     __syncthreads();
     const int warp = tid >> 5, lane = tid & 31;
     for (int col = warp; col < BN; col += WARPS) {
-        const i64 start = S.sColSrc[col];
         bool bad = false;
-        if constexpr (!Codec<T>::SCALED) {
-            static_assert(Codec<T>::BITS == 16 || Codec<T>::BITS == 32, "16-bit or fp32 query tokens");
-            const u32 exponent = (u32)Codec<T>::EXPONENT;
-            if (start >= 0)
-                for (int e = lane; e < args.dim; e += 32) {
-                    const u32 bits = Codec<T>::BITS == 16 ? (u32)((const u16*)args.q)[start + e]
-                                                          : ((const u32*)args.q)[start + e];
-                    bad |= (bits & exponent) == exponent;
-                }
+        if constexpr (!Codec<T>::SCALED) {  // (int8 tokens are finite)
+            if (S.sColSrc[col] >= 0)  // a lane a 16-byte chunk of the token
+                for (int chunk = lane; chunk * Codec<T>::CHUNK_ELEMS < args.dim; chunk += 32)
+                    bad |= query_chunk_non_finite<T, LOAD_BYTES>(args, first_query + col / args.query_length,
+                                                                 col % args.query_length, chunk);
         }
         bad = __any_sync(0xffffffffu, bad);
         if (lane == 0) {

@@ -132,21 +132,27 @@ def test_int8_fat_and_streamed(dim):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_non_finite_policy_streamed(dtype):
+@pytest.mark.parametrize("dim,wgmma", [(640, True), (640, False), (641, False)])
+def test_non_finite_policy_streamed(dtype, dim, wgmma):
     """A non-finite document element makes its documents' scores NaN; a non-finite query token
-    its own query's only (streaming k finds them by another road than the resident block)."""
+    its own query's only (streaming k finds them by another road than the resident block): on
+    the Hopper kernel, and on the mma.sync kernel (use_wgmma off), there with rows on 16 bytes
+    and, at dim 641, on 2 (fp16: q's rows scanned in 16-bit pieces) or 4 (fp32)."""
     import cupy
 
     rng = np.random.default_rng(23)
-    q = unit_rows(rng, (3, 32, 640), np.float32)
-    d = unit_rows(rng, (4, 40, 640), np.float32)
+    q = unit_rows(rng, (3, 32, dim), np.float32)
+    d = unit_rows(rng, (4, 40, dim), np.float32)
     d[0, 5, 600] = np.nan
     d[1, 39, 0] = -np.inf
     q[1, 4, 333] = np.inf
+    q[2, 7, dim - 1] = np.nan  # the last element: the partial last chunk at dim 641
     expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
-    got = to_numpy(cm.score(cupy.asarray(q.astype(dtype)), cupy.asarray(d.astype(dtype))))
-    assert np.isnan(got[:, :2]).all() and np.isnan(got[1]).all()
+    with tuning.override(use_wgmma=wgmma):
+        got = to_numpy(cm.score(cupy.asarray(q.astype(dtype)), cupy.asarray(d.astype(dtype))))
+    assert np.isnan(got[:, :2]).all() and np.isnan(got[1]).all() and np.isnan(got[2]).all()
     finite = np.isfinite(expected)
+    assert finite.any()
     assert np.isfinite(got[finite]).all()
     assert_scores_match(got[finite], expected[finite], atol=5e-2)
 
