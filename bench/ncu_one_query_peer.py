@@ -1,5 +1,6 @@
 """One query of 32 tokens against a padded corpus, fp16, three calls of ours or of a peer (for
-ncu: profile the third launch of its kernel, --launch-skip 2 --launch-count 1), so that one
+ncu: the third call runs between cudaProfilerStart and Stop, so ``--profile-from-start off``
+profiles its kernels alone, whatever a peer's autotuner launched before), so that one
 cell's kernels can be read side by side in ncu's sections (DRAM and L2 throughput, issue):
 
     python bench/ncu_one_query_peer.py ours|flash_maxsim DIM DOCS [LENGTH]
@@ -30,9 +31,13 @@ def main(argv) -> None:
         call = lambda: fm.flash_maxsim(tq, td)  # noqa: E731
     else:
         raise SystemExit(f"unknown provider {provider!r}: ours or flash_maxsim")
-    for _ in range(3):
+    for _ in range(2):
         call()
     cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.profiler.start()
+    call()
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.cuda.profiler.stop()
 
 
 if __name__ == "__main__":

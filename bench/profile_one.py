@@ -4,7 +4,8 @@ compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
     python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward] [float32] [dim=N] [tune:KEY=VALUE ...]
 
 ``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
-with lengths uniform in [16, LD] (the benchmark's ragged corpus). CUPY_MAXSIM_WGMMA=0 profiles
+with lengths uniform in [16, LD] (the benchmark's ragged corpus); ``fixed``: packed documents all
+of length LD (an Index of equal documents, issue 25's 1M x 128 corpus). CUPY_MAXSIM_WGMMA=0 profiles
 the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then three
 ``score_backward`` calls (the same launch-skip profiles the third backward's kernels; padded
 fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N;
@@ -28,10 +29,12 @@ if "backward" in flags and flags & {"int8", "packed"}:
     raise SystemExit("backward: padded fp16 documents only")
 rng = cupy.random.default_rng(0)
 q = (rng.standard_normal((nq, lq, dim), dtype=cupy.float32) / 11).astype(dtype)
-d = (rng.standard_normal((nd, ld, dim), dtype=cupy.float32) / 11).astype(dtype)
+d = cupy.empty((nd, ld, dim), dtype)
+for start in range(0, nd, 50_000):  # (a float32 temporary of the whole corpus would not fit at 1M x 128 x 128)
+    d[start:start + 50_000] = (rng.standard_normal((min(50_000, nd - start), ld, dim), dtype=cupy.float32) / 11).astype(dtype)
 extra = {}
 if "packed" in flags:
-    lengths = rng.integers(16, ld + 1, nd)
+    lengths = cupy.full(nd, ld) if "fixed" in flags else rng.integers(16, ld + 1, nd)
     offsets = cupy.concatenate([cupy.zeros(1, cupy.int64), cupy.cumsum(lengths)])
     d = cupy.ascontiguousarray(d.reshape(-1, dim)[: int(offsets[-1])])
 if "int8" in flags:
