@@ -68,7 +68,7 @@ class Tunables:
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
-    #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, int8 4096;
+    #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):
     #: the ring gets deeper and the fp16 dim limit goes from 2560 to 8192 (configs.

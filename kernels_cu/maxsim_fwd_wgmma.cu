@@ -271,8 +271,8 @@ static_assert(!STREAM_K || ((DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS)) && KSTEPS %
               "streaming k: one query (half rows) or documents on M, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
 static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
-static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS && !TF32))),
-              "streaming queries: streaming k, documents on M or one query's half rows (not TF32)");
+static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
+              "streaming queries: streaming k, documents on M or one query's half rows");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
 static_assert(!STREAM_QUERY || TILE_BYTES % 1024 == 0, "a slot's query atom lands on a 1024-byte swizzle boundary");
 }  // namespace wg
@@ -1452,7 +1452,7 @@ struct Consumer : Block {
             // Streaming k, the atom's query fragments: splitting the document, before the slot's
             // wait (they need only k_atom); otherwise after its branches: registers of the wgmmas
             // set before a branch made ptxas fence them (C7519/C7520).
-            if constexpr (SPLIT_DOCUMENT) stream_query_frags(frags, k_atom);
+            if constexpr (SPLIT_DOCUMENT && !SPLIT_STREAM_QUERY) stream_query_frags(frags, k_atom);
             mbarrier_wait(full() + stage, phase);
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
@@ -1465,7 +1465,7 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
-            if constexpr (STREAM_K && !SPLIT_DOCUMENT) stream_query_frags(frags, k_atom, stage, zero_query_row);
+            if constexpr (STREAM_K && (!SPLIT_DOCUMENT || SPLIT_STREAM_QUERY)) stream_query_frags(frags, k_atom, stage, zero_query_row);
             if constexpr (SPLIT_DOCUMENT) split_atom(stage, buffer);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
             wgmma_fence();

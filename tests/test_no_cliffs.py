@@ -465,6 +465,48 @@ def test_one_query_streams_its_atoms_too(dtype, nq, lq, dim, configs):
         assert configs and all(c.get("MAXSIM_SPLIT_DOCS") == c.get("MAXSIM_STREAM_QUERY") == "1" for c in configs), configs
 
 
+@pytest.mark.parametrize("nq, lq, dim", [(1, 32, 2080), (1, 27, 2560), (2, 16, 4104)])
+def test_fp32_one_query_streams_its_atoms_too(nq, lq, dim, configs):
+    """fp32 at fp32 accuracy, one query group past 128 k-steps (dim 1024): the query's atoms
+    ride in the slots beside the documents' (its TF32 halves split in registers as they are
+    read), masks, winners, an empty document, bitwise reproducible, within 1e-5 of float64
+    (near-tied rows too). (Precision "high" at these dims: test_fp32_one_query_at_precision_high.)"""
+    import cupy
+
+    _check_padded("float32", nq, lq, 7, 150, dim, seed=dim + lq)
+    q, d, expected = near_tied_fp32(dim, (nq, lq, dim), (9, 60, dim))
+    got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d)))
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
+    if _on_hopper():
+        assert configs and all(c.get("MAXSIM_TF32") == "1" and c.get("MAXSIM_STREAM_QUERY") == "1"
+                               for c in configs), configs
+
+
+def test_fp32_one_query_streamed_atoms_non_finite(configs):
+    """fp32 with the query's atoms streamed: a non-finite real token makes its own query's
+    scores NaN (its fragments zero, its flag set), a masked one changes nothing, and a
+    non-finite document element makes its document's scores NaN for both queries."""
+    import cupy
+
+    rng = np.random.default_rng(32)
+    q = unit_rows(rng, (2, 16, 2560), np.float32)
+    d = unit_rows(rng, (4, 90, 2560), np.float32)
+    q_mask = np.ones((2, 16), bool)
+    q[1, 5, 2000] = np.inf
+    q[0, 9, 7] = np.nan
+    q_mask[0, 9] = False
+    d[2, 70, 1500] = -np.inf
+    expected = reference.maxsim_reference(np.nan_to_num(q).astype(np.float64), d.astype(np.float64), q_mask)
+    got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d), q_mask=cupy.asarray(q_mask)))
+    nan = np.zeros(got.shape, bool)
+    nan[1, :] = nan[:, 2] = True
+    assert np.isnan(got[nan]).all() and not np.isnan(got[~nan]).any()
+    assert np.abs(got[~nan] - expected[~nan]).max() <= 1e-5 * np.abs(expected[~nan]).max()
+    if _on_hopper():
+        assert configs and all(c.get("MAXSIM_TF32") == "1" and c.get("MAXSIM_STREAM_QUERY") == "1"
+                               for c in configs), configs
+
+
 def test_one_query_streamed_atoms_non_finite(configs):
     """The query's atoms streamed (unstaged, so nothing zeroes them in shared memory): a
     non-finite real token makes its own query's scores NaN and not its neighbour's in the same
@@ -746,7 +788,7 @@ def test_fp32_one_query_non_finite_on_the_hopper_kernel(families):
         assert set(families) == {"maxsim_fwd_wgmma"}, families
 
 
-@pytest.mark.parametrize("dim", [128, 1000])
+@pytest.mark.parametrize("dim", [128, 1000, 2560])  # 2560: the query's atoms streamed too
 def test_fp32_one_query_at_precision_high(dim, families):
     """float32_matmul_precision("high"): one fp32 query reads the documents as TF32 (within
     2^-10 of each element: |error| <= 2^-9 sum |q||d| a token pair), masks and winners as ever;

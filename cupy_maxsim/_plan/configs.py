@@ -226,9 +226,12 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"). With ``stream_queries`` (q's
     rows readable by TMA), past tunables.wgmma_split_stream_query_ksteps (up to
     WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the slots too (stream_query),
-    so that the ring, not a resident query, takes the shared memory."""
+    so that the ring, not a resident query, takes the shared memory (fp32 too: each thread
+    splits its query fragments into TF32 halves as it reads them from the slot; before, fp32
+    past dim 1280 fell to the mma.sync kernel's 3xTF32 at 0.25-0.33 of the floor,
+    bench/results/cliffs-2026-12-04-112bace-fp32-int8.json)."""
     threshold = tunables.wgmma_split_stream_query_ksteps
-    streamed = bool(stream_queries and not tf32 and threshold and threshold < ksteps <= WGMMA_STREAM_QUERY_CAPACITY)
+    streamed = bool(stream_queries and threshold and threshold < ksteps <= WGMMA_STREAM_QUERY_CAPACITY)
     capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None

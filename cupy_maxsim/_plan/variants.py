@@ -121,8 +121,10 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
             for tf32 in (1, 2):  # fp32, one query: at fp32 accuracy, and precision "high"
                 add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax, tf32=tf32))
-    for argmax in (False, True):  # ... and past fp16 dim 2048, the query's atoms streamed too
-        add("maxsim_fwd_wgmma", wgmma_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, stream_queries=True))
+    for argmax in (False, True):  # ... and past fp16 dim 2048 (fp32 1024), the query's atoms streamed too
+        for tf32 in (0, 1, 2):
+            add("maxsim_fwd_wgmma", wgmma_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tf32=tf32,
+                                                        stream_queries=True))
     for capacity in WGMMA_DOCS_ON_M_STREAM_CAPACITIES:  # many queries at fat dims (documents on M)
         for argmax in (False, True):
             for warpgroups in (2, 3):
