@@ -479,22 +479,19 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch):
     that ptxas spilled; dims 16 to 48 and fp32 dim 96 compiled only at first use.)"""
     import itertools
 
-    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
-    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
+    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, planned_forwards, runtime_variants
 
+    grid = [(suffix, nq, lq, dim, nd, pairs, argmax, ld, packed)
+            for suffix, dim, (nq, lq), (ld, nd), argmax, packed, pairs in itertools.product(
+                ("fp16", "bf16", "fp32", "int8"), (16, 32, 48, 64, 96, 128, 256, 320, 2560),
+                ((1, 1), (1, 27), (1, 32), (1, 33), (1, 64), (1, 100), (2, 32), (3, 20), (4, 32), (5, 31), (9, 32),
+                 (13, 27), (40, 32), (2, 64), (3, 100)),
+                ((17, 10), (150, 10), (700, 1000), (1030, 100000)), (0, 16, 32), (False, True), (False, True))
+            if not (pairs and (packed or nq == 1))]
     known = set(runtime_variants())
-    properties = ARCH_PROPERTIES[arch]
-    missing = set()
-    for suffix, dim, (nq, lq), (ld, nd), argmax, packed, pairs in itertools.product(
-            ("fp16", "bf16", "fp32", "int8"), (16, 32, 48, 64, 96, 128, 256, 320, 2560),
-            ((1, 1), (1, 27), (1, 32), (1, 33), (1, 64), (1, 100), (2, 32), (3, 20), (4, 32), (5, 31), (9, 32),
-             (13, 27), (40, 32), (2, 64), (3, 100)),
-            ((17, 10), (150, 10), (700, 1000), (1030, 100000)), (0, 16, 32), (False, True), (False, True)):
-        if pairs and (packed or nq == 1):
-            continue
-        choice = choose_kernel(ForwardShape(suffix, nq, lq, dim, nd, pairs, argmax, ld, packed), properties, DEFAULT)
-        if choice is not None and (choice.family, choice.config.defines()) not in known:
-            missing.add((choice.family, choice.config.defines(), (suffix, dim, nq, lq, ld, argmax, packed, pairs)))
+    missing = {(choice.family, choice.config.defines(), fields)
+               for fields, choice in planned_forwards(ARCH_PROPERTIES[arch], grid)
+               if (choice.family, choice.config.defines()) not in known}
     assert not missing, sorted(missing)[:5]
 
 

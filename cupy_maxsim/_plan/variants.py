@@ -9,6 +9,7 @@ source to it.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import replace
 
 from .._gpu.nvrtc import CompileReport, compile_with_nvrtc
@@ -144,6 +145,19 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     return variants
 
 
+def planned_forwards(properties: tuple, grid) -> typing.Iterator[tuple[tuple, object]]:
+    """(fields, the planner's KernelChoice) for each ForwardShape's ``fields`` in ``grid`` that
+    a tensor-core forward takes on a device of ``properties`` (the default tunables): the walk
+    that holds the planner to the compile list (tests/test_planners.py) and finds the
+    first-use builds (:func:`first_use_variants`)."""
+    from .forward import ForwardShape, choose_kernel
+
+    for fields in grid:
+        choice = choose_kernel(ForwardShape(*fields), properties, DEFAULT)
+        if choice is not None:
+            yield fields, choice
+
+
 def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
     """The builds the planner asks for rows on 4 or 8 bytes (odd dims, views shifted off 16
     bytes) beyond :func:`compile_variants`: (architecture, family, defines as the compile checks
@@ -154,20 +168,15 @@ def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
     architecture."""
     import itertools
 
-    from .forward import ForwardShape, choose_kernel
-
+    grid = [(suffix, queries, length, dim, docs, False, argmax, tokens, packed, load_bytes)
+            for suffix, dim, (queries, length), (tokens, docs), argmax, packed, load_bytes in itertools.product(
+                ("fp16", "bf16", "fp32", "int8"), (20, 60, 100, 130, 200, 1000, 2500),
+                ((1, 1), (1, 32), (2, 16), (1, 64), (3, 20), (4, 32), (40, 32)), ((17, 10), (150, 10), (1030, 100000)),
+                (0, 16), (False, True), (4, 8))]
     listed = set(compile_variants())
     found = {}  # (an ordered set)
     for arch in ("sm_80", "sm_90"):
-        properties = ARCH_PROPERTIES[arch]
-        for suffix, dim, (queries, length), (tokens, docs), argmax, packed, load_bytes in itertools.product(
-                ("fp16", "bf16", "fp32", "int8"), (20, 60, 100, 130, 200, 1000, 2500),
-                ((1, 1), (1, 32), (2, 16), (1, 64), (3, 20), (4, 32), (40, 32)), ((17, 10), (150, 10), (1030, 100000)),
-                (0, 16), (False, True), (4, 8)):
-            choice = choose_kernel(ForwardShape(suffix, queries, length, dim, docs, False, argmax, tokens, packed,
-                                                load_bytes), properties, DEFAULT)
-            if choice is None:
-                continue
+        for _, choice in planned_forwards(ARCH_PROPERTIES[arch], grid):
             defines = _checked(choice.config)
             if (choice.family, defines) not in listed:
                 found[(arch, choice.family, defines)] = None
