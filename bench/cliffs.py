@@ -241,7 +241,9 @@ def report(results, stem: Path, meta: dict, ceilings: dict, options: dict) -> No
         {"provenance": meta, "ceilings": ceilings, "options": options, "results": results, "below_lines": misses},
         indent=1))
     picture = heatmap(results, stem.with_suffix(".png"))
-    print(f"cells below the lines: {len(misses)} of {len(results)}")
+    # (a cell can miss several lines: its floor and a peer, say; each miss names its cell first)
+    cells = {miss.split(":", 1)[0] for miss in misses}
+    print(f"cells below the lines: {len(cells)} of {len(results)} ({len(misses)} lines missed)")
     for miss in misses:
         print(f"- {miss}")
     print(f"wrote {stem.with_suffix('.json')}" + (f" and {picture}" if picture else ""))

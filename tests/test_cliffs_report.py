@@ -54,4 +54,12 @@ def test_merge_joins_runs_a_later_cell_replacing_an_earlier(tmp_path, capsys):
     assert sorted(cells) == [("float16", 128, 1), ("float16", 256, 1), ("int8", 128, 32)]
     assert cells[("float16", 128, 1)]["providers"]["cupy_maxsim"]["ms"] == 1.0  # the later run's
     assert report["below_lines"] == []
-    assert "cells below the lines: 0 of 3" in capsys.readouterr().out
+    assert "cells below the lines: 0 of 3 (0 lines missed)" in capsys.readouterr().out
+
+
+def test_report_counts_cells_not_missed_lines(tmp_path, capsys):
+    """A cell under two lines (its floor and a peer) counts once among the cells below."""
+    results = [_cell("float16", 256, 1, 1.0, 0.8, {"flash_maxsim": 0.9}),  # two lines missed
+               _cell("float16", 128, 1, 1.0, 0.9)]
+    cliffs.report(results, tmp_path / "run", {}, {}, {})
+    assert "cells below the lines: 1 of 2 (2 lines missed)" in capsys.readouterr().out
