@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_forward import _median_ms, provenance  # noqa: E402
+from cliffs import unit  # noqa: E402
 
 import cupy_maxsim as cm  # noqa: E402
 from cupy_maxsim import tuning  # noqa: E402
@@ -40,22 +41,19 @@ CELLS = (
 )
 
 
-def corpus(dtype, dim, docs, length, packed, generator):
-    """(q, d, extra keyword arguments, offsets or None, bytes read) of one cell."""
-    store = torch.float16 if dtype == "int8" else getattr(torch, dtype)
-    d = torch.empty((docs, length, dim), dtype=store, device="cuda")
-    flat = d.view(-1, dim)
-    for start in range(0, flat.shape[0], 2**22):
-        rows = flat[start:start + 2**22]
-        rows.copy_(torch.randn(rows.shape, device="cuda", generator=generator) / dim ** 0.5)
-    q = (torch.randn((1, 32, dim), device="cuda", generator=generator) / dim ** 0.5).to(store)
+def corpus(dtype, dim, docs, length, packed, seed):
+    """(q, d, extra keyword arguments, offsets or None, bytes read) of one cell: unit rows as
+    bench/cliffs.py makes them (int8: quantised here)."""
+    d = unit(torch, (docs, length, dim), seed, dtype)
+    q = unit(torch, (1, 32, dim), seed + 1, dtype)
     offsets = None
     if packed:
+        generator = torch.Generator(device="cuda").manual_seed(seed + 2)
         lengths = (torch.full((docs,), length, device="cuda") if packed == "fixed"
                    else torch.randint(16, length + 1, (docs,), device="cuda", generator=generator))
         offsets = torch.zeros(docs + 1, dtype=torch.int64, device="cuda")
         offsets[1:] = torch.cumsum(lengths, 0)
-        d = flat[:int(offsets[-1])].contiguous()
+        d = d.view(-1, dim)[:int(offsets[-1])].contiguous()
     extra = {}
     if dtype == "int8":
         (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
@@ -80,7 +78,6 @@ def main() -> int:
     for text in options.variant:
         name, _, changes = text.partition(":")
         tunables[name] = tuning.changes_from_text(item for item in changes.split(",") if item)
-    generator = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     wanted = set(options.cells.split(","))
     names = list(tunables) + (["flash_maxsim"] if flash_maxsim is not None else [])
@@ -90,7 +87,7 @@ def main() -> int:
     for name, dtype, dim, docs, length, packed in CELLS:
         if name not in wanted:
             continue
-        q, d, extra, offsets, read = corpus(dtype, dim, docs, length, packed, generator)
+        q, d, extra, offsets, read = corpus(dtype, dim, docs, length, packed, seed=3 * len(rows))
 
         def ours(changes):
             def call():
