@@ -23,6 +23,17 @@ def _nvrtc_or_skip():
         pytest.skip(str(error))
 
 
+def _assert_clean(report) -> None:
+    """ptxas's report of one kernel: registers used, no spills, no stack frame, no serialized
+    wgmma. Local memory (an array ptxas could not keep in registers) and serialized wgmma
+    compile silently and cost much: a documents-on-M reduction indexed at run time once put the
+    maxima in a 128-byte stack frame, and an MMA issued before divergent code serialized every
+    wgmma of the kernel (both measured slower on the H200)."""
+    assert report.registers > 0, report
+    assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report
+    assert report.stack_frame_bytes == 0 and not report.serialized_wgmma, report
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("family,defines", compile_variants(),
                          ids=lambda v: v if isinstance(v, str) else "-".join(d.split("=")[1] for d in v) or "default")
@@ -36,13 +47,7 @@ def test_compiles_without_spills(arch, family, defines):
     expected = set(family_kernels(family, defines))
     assert {r.kernel for r in reports} == expected
     for report in reports:
-        assert report.registers > 0, report
-        assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report
-        # Local memory (an array ptxas could not keep in registers) and serialized wgmma
-        # compile silently and cost much: a documents-on-M reduction indexed at run time once
-        # put the maxima in a 128-byte stack frame, and an MMA issued before divergent code
-        # serialized every wgmma of the kernel (both measured slower on the H200).
-        assert report.stack_frame_bytes == 0 and not report.serialized_wgmma, report
+        _assert_clean(report)
 
 
 @pytest.mark.parametrize("arch,family,defines", first_use_variants(),
@@ -53,6 +58,4 @@ def test_first_use_builds_compile_without_spills(arch, family, defines):
     _nvrtc_or_skip()
     target = compile_targets(family, [arch])[0]
     for report in nvrtc.compile_with_nvrtc(family, target, defines):
-        assert report.registers > 0, report
-        assert report.spill_store_bytes == 0 and report.spill_load_bytes == 0, report
-        assert report.stack_frame_bytes == 0 and not report.serialized_wgmma, report
+        _assert_clean(report)
