@@ -1449,10 +1449,12 @@ struct Consumer : Block {
         int k_atom = 0;
         const unsigned long long small_desc = SPLIT_DOCUMENT ? tile_descriptor(sSmall() + 2 * warpgroup * ATOM_BYTES) : 0;
         auto issue_mma = [&](Acc (&acc)[ACC], u32 (&frags)[STREAM_K ? 4 : KSTEPS][4], int buffer) -> bool {
-            // Streaming k, the atom's query fragments: splitting the document, before the slot's
-            // wait (they need only k_atom); otherwise after its branches: registers of the wgmmas
-            // set before a branch made ptxas fence them (C7519/C7520).
-            if constexpr (SPLIT_DOCUMENT && !SPLIT_STREAM_QUERY) stream_query_frags(frags, k_atom);
+            // Streaming k, the atom's query fragments: splitting the document from a resident
+            // query, before the slot's wait (they need only k_atom); otherwise (the query's atom in
+            // the slot too) after its branches: registers of the wgmmas set before a branch made
+            // ptxas fence them (C7519/C7520).
+            constexpr bool FRAGS_BEFORE_WAIT = SPLIT_DOCUMENT && !SPLIT_STREAM_QUERY;
+            if constexpr (FRAGS_BEFORE_WAIT) stream_query_frags(frags, k_atom);
             mbarrier_wait(full() + stage, phase);
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
@@ -1465,7 +1467,7 @@ struct Consumer : Block {
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
             // writes through the async proxy: no fence).
             if (!tile_map.use_tma) fence_proxy_async();
-            if constexpr (STREAM_K && (!SPLIT_DOCUMENT || SPLIT_STREAM_QUERY)) stream_query_frags(frags, k_atom, stage, zero_query_row);
+            if constexpr (STREAM_K && !FRAGS_BEFORE_WAIT) stream_query_frags(frags, k_atom, stage, zero_query_row);
             if constexpr (SPLIT_DOCUMENT) split_atom(stage, buffer);
             const unsigned long long desc = tile_descriptor(sD() + stage * TILE_BYTES);
             wgmma_fence();
