@@ -270,7 +270,8 @@ static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments liv
 static_assert(!STREAM_K || ((DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS)) && KSTEPS % 4 == 0),
               "streaming k: one query (half rows) or documents on M, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
-static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
+static_assert(!TF32 || (STREAM_K && SPLIT_DOCS) || (DOCS_ON_M && !SPLIT_DOCUMENT),
+              "TF32: one query streaming k (one atom a slot), or documents on M under precision high");
 static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
               "streaming queries: streaming k, documents on M or one query's half rows");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
@@ -380,6 +381,17 @@ template <typename T> struct WgmmaDocsOnM;
     };
 MAXSIM_WGMMA_SS_F32(fp16_t, "f16.f16")
 MAXSIM_WGMMA_SS_F32(bf16_t, "bf16.bf16")
+// fp32 under precision "high" (MAXSIM_TF32 2): both operands read as TF32 (the tensor cores drop
+// each element's 13 low bits), k-steps of 8; TF32 takes no transpose immediates.
+template <> struct WgmmaDocsOnM<float> {
+    static __device__ __forceinline__ void run(float (&d)[wg::ACC], unsigned long long a_desc, unsigned long long b_desc,
+                                               int accumulate) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 " MAXSIM_WGMMA_D64_LIST ", %64, %65, p, 1, 1;\n}\n"
+                     : MAXSIM_WGMMA_D64("+f")
+                     : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+    }
+};
 template <> struct WgmmaDocsOnM<i8> {
     static __device__ __forceinline__ void run(int (&d)[wg::ACC], unsigned long long a_desc, unsigned long long b_desc,
                                                int accumulate) {
