@@ -60,9 +60,10 @@ class Tunables:
     #: TF32 halves of both operands, streaming k). False: the mma.sync kernel's 3xTF32.
     wgmma_tf32: bool = True
     #: float32 products: "highest" (fp32 accuracy, the contract) or "high" (opt-in, as
-    #: torch.set_float32_matmul_precision names it: the document's elements may be read as TF32,
-    #: 2^-10 relative; one query on Hopper only, elsewhere still "highest"). Set with
-    #: :func:`float32_matmul_precision`.
+    #: torch.set_float32_matmul_precision names it: elements may be read as TF32, at most 2^-9
+    #: sum |q||d| off a similarity; on Hopper only: one query reads the documents as TF32, several
+    #: queries with rows on 16 bytes both operands (documents on M); elsewhere still "highest").
+    #: Set with :func:`float32_matmul_precision`.
     float32_precision: str = "highest"
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
@@ -147,9 +148,10 @@ def current() -> Tunables:
 @contextlib.contextmanager
 def float32_matmul_precision(precision: str):
     """Score float32 inputs inside the ``with`` block at ``precision``: "highest" (the default:
-    fp32 accuracy, relative error at most 1e-5 against float64) or "high" (the documents'
-    elements may be read as TF32, about 1e-3 relative, where that is faster: one query on
-    Hopper; elsewhere the scores stay at "highest"). Other dtypes are not affected.
+    fp32 accuracy, relative error at most 1e-5 against float64) or "high" (elements may be read
+    as TF32, a similarity at most 2^-9 sum |q||d| off, about 1e-3 relative, where that is faster:
+    on Hopper, one query (the documents as TF32) or several with rows on 16 bytes (both operands);
+    elsewhere the scores stay at "highest"). Other dtypes are not affected.
 
     >>> with cupy_maxsim.tuning.float32_matmul_precision("high"):
     ...     scores = cupy_maxsim.score(q, d)  # doctest: +SKIP

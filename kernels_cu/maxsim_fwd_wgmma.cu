@@ -270,7 +270,8 @@ static_assert((KSTEPS <= 8 || STREAM_K) && KSTEPS % 2 == 0, "query fragments liv
 static_assert(!STREAM_K || ((DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS)) && KSTEPS % 4 == 0),
               "streaming k: one query (half rows) or documents on M, whole atoms");
 static_assert(LOAD_BYTES >= 4, "rows below 4-byte alignment take the mma.sync kernel (plain loads)");
-static_assert(!TF32 || (STREAM_K && SPLIT_DOCS), "TF32: streaming k (one atom a slot), one query");
+static_assert(!TF32 || (STREAM_K && SPLIT_DOCS) || (DOCS_ON_M && !SPLIT_DOCUMENT),
+              "TF32: one query streaming k (one atom a slot), or documents on M under precision high");
 static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
               "streaming queries: streaming k, documents on M or one query's half rows");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
@@ -365,30 +366,27 @@ MAXSIM_WGMMA_RS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
 MAXSIM_WGMMA_RS(i8, int, "+r", "k32.s32.s8.s8", "")
 
 // DOCS_ON_M: D (64 document rows x 128 query rows) = or += A (document tile descriptor) * B
-// (query block descriptor), one k-step; both K-major (no transpose), scales 1.
+// (query block descriptor), one k-step; both K-major; per format its accumulator type and asm
+// constraint, shape and types, and the immediates after the predicate (16-bit: scales 1, no
+// transpose; fp32 under precision "high", MAXSIM_TF32 2: both operands read as TF32, the tensor
+// cores dropping each element's 13 low bits, k-steps of 8, scales 1 and no transpose immediates;
+// int8: none).
 template <typename T> struct WgmmaDocsOnM;
-#define MAXSIM_WGMMA_SS_F32(T, TYPES)                                                                           \
+#define MAXSIM_WGMMA_SS(T, ACC_T, C, SHAPE_TYPES, IMMEDIATES)                                                 \
     template <> struct WgmmaDocsOnM<T> {                                                                        \
-        static __device__ __forceinline__ void run(float (&d)[wg::ACC], unsigned long long a_desc,              \
+        static __device__ __forceinline__ void run(ACC_T (&d)[wg::ACC], unsigned long long a_desc,              \
                                                    unsigned long long b_desc, int accumulate) {                 \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                          \
-                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " " MAXSIM_WGMMA_D64_LIST         \
-                         ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
-                         : MAXSIM_WGMMA_D64("+f")                                                               \
+                         "wgmma.mma_async.sync.aligned.m64n128" SHAPE_TYPES " " MAXSIM_WGMMA_D64_LIST           \
+                         ", %64, %65, p" IMMEDIATES ";\n}\n"                                                    \
+                         : MAXSIM_WGMMA_D64(C)                                                                  \
                          : "l"(a_desc), "l"(b_desc), "r"(accumulate));                                          \
         }                                                                                                       \
     };
-MAXSIM_WGMMA_SS_F32(fp16_t, "f16.f16")
-MAXSIM_WGMMA_SS_F32(bf16_t, "bf16.bf16")
-template <> struct WgmmaDocsOnM<i8> {
-    static __device__ __forceinline__ void run(int (&d)[wg::ACC], unsigned long long a_desc, unsigned long long b_desc,
-                                               int accumulate) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " MAXSIM_WGMMA_D64_LIST ", %64, %65, p;\n}\n"
-                     : MAXSIM_WGMMA_D64("+r")
-                     : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-    }
-};
+MAXSIM_WGMMA_SS(fp16_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0, 0")
+MAXSIM_WGMMA_SS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0, 0")
+MAXSIM_WGMMA_SS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
+MAXSIM_WGMMA_SS(i8, int, "+r", "k32.s32.s8.s8", "")
 
 // Running max (and argmax) of one accumulator row over the document's columns so far.
 struct RowBest {

@@ -792,3 +792,57 @@ def test_fp32_one_query_at_precision_high(dim, families):
     assert np.abs(exact[finite] - expected[finite]).max() <= 1e-5 * np.abs(expected[finite]).max()
     if _on_hopper():
         assert set(families) == {"maxsim_fwd_wgmma"}, families
+
+
+@pytest.mark.parametrize("nq, lq, dim", [(9, 32, 48), (5, 32, 64), (2, 32, 96), (9, 32, 128), (40, 16, 160),
+                                         (3, 31, 320), (9, 32, 1000)])
+def test_fp32_many_queries_at_precision_high(nq, lq, dim, configs):
+    """float32_matmul_precision("high") with several queries on Hopper: documents on M with both
+    operands read as TF32 (|error| <= 2^-9 sum |q||d| a token pair, as one query's bound),
+    resident query blocks (dims 48, 64), streamed documents (96-160) and streamed query atoms
+    (320, 1000), 2 to 40 queries (a group's last box short at 3, 9 and 40), masks, winners,
+    packed documents with an empty one; "highest" stays within 1e-5 of float64."""
+    import cupy
+
+    rng = np.random.default_rng(dim + nq)
+    q = unit_rows(rng, (nq, lq, dim), np.float32)
+    d = unit_rows(rng, (7, 90, dim), np.float32)
+    q_mask, d_mask = holey_mask(rng, (nq, lq), 0.8), holey_mask(rng, (7, 90), 0.7)
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), q_mask, d_mask)
+    bound = 2.0 ** -9 * reference.maxsim_reference(np.abs(q).astype(np.float64), np.abs(d).astype(np.float64),
+                                                   q_mask, d_mask)
+    finite = np.isfinite(expected)
+    masks = dict(q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask))
+    with tuning.float32_matmul_precision("high"):
+        got, winners = cm.score(cupy.asarray(q), cupy.asarray(d), **masks, return_argmax=True)
+        got = to_numpy(got)
+        assert np.array_equal(np.isfinite(got), finite)
+        assert np.all(np.abs(got[finite] - expected[finite]) <= bound[finite] + 1e-6)
+        # Winners reach the max up to the bound; -1 exactly where no token can win.
+        ref_winners = reference.maxsim_argmax_reference(q.astype(np.float64), d.astype(np.float64), q_mask, d_mask)
+        winners = to_numpy(winners).astype(np.int64)
+        np.testing.assert_array_equal(winners < 0, ref_winners < 0)
+        sims = np.where(d_mask[None, :, None, :], np.einsum("qtd,njd->qntj", q.astype(np.float64),
+                                                            d.astype(np.float64)), -np.inf)
+        chosen = np.take_along_axis(sims, np.maximum(winners, 0)[..., None], axis=-1)[..., 0]
+        real = ref_winners >= 0  # (unit rows: each of the two similarities within 2^-9 of its TF32 value)
+        assert np.all(sims.max(-1)[real] - chosen[real] <= 2.0 ** -8)
+        again = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d), **masks))
+        np.testing.assert_array_equal(got, again)  # bitwise reproducible
+        lengths = np.array([90, 0, 1, 33, 64, 65, 20])
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        tokens = np.concatenate([d[n, :lengths[n]] for n in range(7)])
+        packed = to_numpy(cm.score_packed(cupy.asarray(q), cupy.asarray(tokens), cupy.asarray(offsets),
+                                          q_mask=masks["q_mask"]))
+        packed_expected = reference.maxsim_packed_reference(q.astype(np.float64), tokens.astype(np.float64), offsets,
+                                                            q_mask)
+        packed_bound = 2.0 ** -9 * reference.maxsim_packed_reference(np.abs(q).astype(np.float64),
+                                                                     np.abs(tokens).astype(np.float64), offsets, q_mask)
+        real = np.isfinite(packed_expected)
+        assert np.array_equal(np.isfinite(packed), real)
+        assert np.all(np.abs(packed[real] - packed_expected[real]) <= packed_bound[real] + 1e-6)
+    exact = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d), **masks))
+    assert np.abs(exact[finite] - expected[finite]).max() <= 1e-5 * np.abs(expected[finite]).max()
+    if _on_hopper():
+        high = [c for c in configs if c.get("MAXSIM_TF32") == "2"]
+        assert high and all(c.get("MAXSIM_DOCS_ON_M") == "1" for c in high), configs

@@ -469,16 +469,19 @@ def test_csr_layout_keeps_dq_occupancy():
     assert configs.bwd_csr_layout(30000, smem_limit, smem_per_sm) == (1, configs.bwd_csr_shared_bytes(1, 30000) // 4)
 
 
+@pytest.mark.parametrize("precision", ["highest", "high"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90"])
-def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch):
+def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precision):
     """Over a grid of shapes (every tensor-core format, dims 16 to 2560 of whole 16-byte rows,
     one query to stacks of many, query lengths about each tile width, short and long documents,
     padded and packed, pairs, winners of 16 and 32 bits), every forward the planner picks on
     ``arch``'s properties is among the compile checks' variants, so CI compiles it (no spills)
     and a wheel ships its cubin. (fp16 dim 32 with winners once picked a 128-row Hopper tile
-    that ptxas spilled; dims 16 to 48 and fp32 dim 96 compiled only at first use.)"""
+    that ptxas spilled; dims 16 to 48 and fp32 dim 96 compiled only at first use.) Under both
+    float32 precisions (fp32 plans differently under "high")."""
     import itertools
 
+    from cupy_maxsim import tuning
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, planned_forwards, runtime_variants
 
     grid = [(suffix, nq, lq, dim, nd, pairs, argmax, ld, packed)
@@ -490,15 +493,18 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch):
             if not (pairs and (packed or nq == 1))]
     known = set(runtime_variants())
     missing = {(choice.family, choice.config.defines(), fields)
-               for fields, choice in planned_forwards(ARCH_PROPERTIES[arch], grid)
+               for fields, choice in planned_forwards(ARCH_PROPERTIES[arch], grid,
+                                                      tuning.Tunables(float32_precision=precision))
                if (choice.family, choice.config.defines()) not in known}
     assert not missing, sorted(missing)[:5]
 
 
 def test_float32_precision_high_on_the_planner():
     """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
-    reads the documents as TF32 (tf32=2, no small halves); many queries and other dtypes plan
-    as under "highest"; a precision torch does not name for this is a ValueError."""
+    reads the documents as TF32 (tf32=2, no small halves), many queries the Hopper kernel with
+    documents on M reading both operands as TF32 (where "highest" keeps them on mma.sync's
+    3xTF32), but not with rows off 16 bytes; other dtypes plan as under "highest"; a precision
+    torch does not name for this is a ValueError."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
@@ -515,7 +521,12 @@ def test_float32_precision_high_on_the_planner():
     choice = choose_kernel(one, properties, high)
     assert choice.config.tf32 == 2 and (choice.family, choice.config.defines()) in known
     assert choice.config.stages > choose_kernel(one, properties, highest).config.stages  # no small halves
-    assert choose_kernel(many, properties, high) == choose_kernel(many, properties, highest)
+    assert choose_kernel(many, properties, highest).family == "maxsim_fwd"
+    choice = choose_kernel(many, properties, high)
+    assert choice.family == "maxsim_fwd_wgmma" and choice.config.docs_on_m and choice.config.tf32 == 2
+    assert (choice.family, choice.config.defines()) in known
+    odd_rows = ForwardShape("fp32", 32, 32, 130, 1000, False, 0, 300, False, 8)
+    assert choose_kernel(odd_rows, properties, high) == choose_kernel(odd_rows, properties, highest)
     fp16 = ForwardShape("fp16", 1, 32, 128, 1000, False, 0, 300, False)
     assert choose_kernel(fp16, properties, high) == choose_kernel(fp16, properties, highest)
     for bad in ("medium", "HIGH", None):

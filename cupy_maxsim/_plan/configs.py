@@ -173,11 +173,13 @@ WGMMA_MAX_KSTEPS = 8
 
 def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, tile_n: int = 64,
                  query_rows: int = 64, docs_on_m: bool = False, int8: bool = False,
-                 tunables: Tunables = DEFAULT) -> WgmmaConfig | None:
+                 tunables: Tunables = DEFAULT, tf32: int = 0) -> WgmmaConfig | None:
     """The Hopper kernel's shape for ``warpgroups_wanted`` warpgroups' worth of query rows
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
     kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
-    128 query rows wanted; int8 in at most int8_docs_on_m_warpgroups)."""
+    128 query rows wanted; int8 in at most int8_docs_on_m_warpgroups); ``tf32`` 2: fp32 under
+    precision "high" (documents on M only: both operands as TF32)."""
+    assert tf32 in (0, 2) and (not tf32 or docs_on_m), "TF32 builds with queries on M stream k (wgmma_stream_config)"
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not tunables.wgmma_split_docs):
         return None
     shape = dict(WGMMA_SHAPE)
@@ -193,7 +195,7 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
                      half_rows=int(tunables.wgmma_half_rows and query_rows <= 32))
     else:
         shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
-    return _fitted(WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, **shape))
+    return _fitted(WgmmaConfig(ksteps=ksteps, argmax=int(argmax), tile_n=tile_n, tf32=tf32, **shape))
 
 
 def _fitted(config: WgmmaConfig) -> WgmmaConfig:
@@ -264,12 +266,14 @@ WGMMA_DOCS_ON_M_STREAM_CAPACITIES = (12, 16, 20)
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False, stream_queries: bool = True) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True, tf32: int = 0) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
     whose query blocks fit with a ring of at least four slots; past the largest capacity, with
     ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too (stream_query 1:
-    whole groups' build; within_q_boxes gives the other); else None."""
+    whole groups' build; within_q_boxes gives the other); else None. ``tf32`` 2: fp32 under
+    precision "high" (both operands as TF32; a k-step of 32 bytes is 8 elements, so the
+    capacities are fp32 dims 96 / 128 / 160, and 4096 streaming the query atoms)."""
     if warpgroups_wanted < 2:
         return None
     capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
@@ -277,12 +281,13 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1))
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1,
+                                     tf32=tf32))
         return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):
         config = _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1))
+                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, tf32=tf32))
         if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages >= 4:
             return config
     return None

@@ -118,8 +118,11 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     # bytes, plain loads: the mma.sync kernel.
     hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
     # fp32 takes the Hopper kernel for one query (its TF32 builds, streaming k: the document as
-    # TF32 under precision "high"); many queries stay on mma.sync's 3xTF32 either way.
+    # TF32 under precision "high"), and under precision "high" for several queries too (documents
+    # on M, both operands as TF32, rows on 16 bytes); many queries at fp32 accuracy stay on
+    # mma.sync's 3xTF32.
     tf32 = (2 if tunables.float32_precision == "high" else 1) if suffix == "fp32" and tunables.wgmma_tf32 else 0
+    docs_tf32 = tf32 == 2 and load_bytes == 16
     if (tunables.use_wgmma and hopper and capability == 90 and (suffix in HOPPER_SUFFIXES or tf32) and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
@@ -134,8 +137,9 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
             tunables=tunables, argmax=bool(argmax),
             half_rows=bool(tunables.wgmma_half_rows) and num_queries * query_length <= 32)
-        config = None if tf32 else wgmma_config(even_ksteps, bool(argmax), warpgroups, tile_rows,
-                                                num_queries * query_length, docs_on_m, scaled, tunables=tunables)
+        config = None if tf32 and not (docs_on_m and docs_tf32) else wgmma_config(
+            even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length, docs_on_m, scaled,
+            tunables=tunables, tf32=tf32)
         if (config is None and warpgroups < 2 and num_queries * query_length <= 32 and tunables.wgmma_stream_k
                 and tunables.wgmma_split_docs and tunables.wgmma_half_rows):
             # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
@@ -148,11 +152,11 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         # 8x32 0.86-0.92 ms on documents on M (bench/results/cliffs-2026-12-03-aa99d32-few-queries.json).
         few_rows = (not docs_on_m and num_queries * query_length > 32 and tunables.wgmma_docs_on_m
                     and argmax != 32)
-        if config is None and (docs_on_m or few_rows) and not tf32 and tunables.wgmma_stream_k:
+        if config is None and (docs_on_m or few_rows) and (not tf32 or docs_tf32) and tunables.wgmma_stream_k:
             # Many queries at a fat dim: the documents' atoms streamed past resident query blocks,
             # or at fatter dims beside the query atoms (by TMA from q: 16-byte rows).
             config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), max(warpgroups, 2), scaled,
-                                                   stream_queries=load_bytes == 16 and tunables.use_tma)
+                                                   stream_queries=load_bytes == 16 and tunables.use_tma, tf32=tf32)
             if config is not None:
                 config = within_q_boxes(config, num_queries, query_length)
         if config is not None and config.shared_bytes <= smem_limit:

@@ -113,10 +113,11 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                         if tile_n == 128 and long_tiles_spill(config.split_docs, ksteps, argmax, config.half_rows):
                             continue  # (the planner takes 64-row tiles there)
                         add("maxsim_fwd_wgmma", config)
-        for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups)
+        for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups; fp32 under "high")
             for argmax in (False, True):
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8))
+                add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, tf32=2))
     for capacity in WGMMA_STREAM_CAPACITIES:  # one query at fat dims on the Hopper kernel (streaming k)
         for argmax in (False, True):
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
@@ -131,10 +132,12 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             for warpgroups in (2, 3):
                 for int8 in (False, True):
                     add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, int8))
+                add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, tf32=2))
     for argmax in (False, True):  # ... and past them, the query atoms streamed too
-        whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax)
-        add("maxsim_fwd_wgmma", whole_groups)
-        add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))  # (one query: a box short)
+        for tf32 in (0, 2):
+            whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tf32=tf32)
+            add("maxsim_fwd_wgmma", whole_groups)
+            add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))  # (one query: a box short)
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
@@ -145,15 +148,15 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     return variants
 
 
-def planned_forwards(properties: tuple, grid) -> typing.Iterator[tuple[tuple, object]]:
+def planned_forwards(properties: tuple, grid, tunables=DEFAULT) -> typing.Iterator[tuple[tuple, object]]:
     """(fields, the planner's KernelChoice) for each ForwardShape's ``fields`` in ``grid`` that
-    a tensor-core forward takes on a device of ``properties`` (the default tunables): the walk
+    a tensor-core forward takes on a device of ``properties`` under ``tunables``: the walk
     that holds the planner to the compile list (tests/test_planners.py) and finds the
     first-use builds (:func:`first_use_variants`)."""
     from .forward import ForwardShape, choose_kernel
 
     for fields in grid:
-        choice = choose_kernel(ForwardShape(*fields), properties, DEFAULT)
+        choice = choose_kernel(ForwardShape(*fields), properties, tunables)
         if choice is not None:
             yield fields, choice
 
