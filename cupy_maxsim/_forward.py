@@ -211,6 +211,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
             query_shape = query_map_shape(problem, plan) if plan.query_box else None
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
+                                        l2_promotion=tunables.tma_l2_promotion,
                                         queries=None if query_shape is None else (q.ptr,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
         # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
@@ -233,6 +234,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
             if plan.query_box and first:  # q's map from this launch's first query
                 tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
+                                            l2_promotion=tunables.tma_l2_promotion,
                                             queries=(values["q"],) + query_map_shape(problem, plan, first_query))
             args = forward_args(**values)
             gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),

@@ -225,8 +225,8 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     monkeypatch.setattr(gpu_launch, "launch", launch)
     monkeypatch.setattr(gpu_launch, "PreparedLaunch", prepared)
     monkeypatch.setattr(tma, "doc_tile_map",
-                        lambda pointer, *shape, scales=None, use_tma=True, queries=None: ("map", pointer) + shape
-                        + (scales, queries))
+                        lambda pointer, *shape, scales=None, use_tma=True, queries=None, l2_promotion=256:
+                        ("map", pointer) + shape + (scales, queries))
     shape = _forward.planner.ForwardShape("fp16", 1, 32, 128, 1_000, False, 0, 300, False)
     plan = _forward.mma_plan(0, shape, DEFAULT)
     names = [name for name, _ in gpu_args.FORWARD_ARGS]
@@ -614,3 +614,17 @@ def test_few_queries_at_fat_dims_take_documents_on_m(suffix):
     assert not one.config.docs_on_m
     wide = choose_kernel(ForwardShape(suffix, 4, 32, 2560, 2000, False, 32, 300, False), properties, tuning.current())
     assert wide is None or wide.family == "maxsim_fwd"
+
+
+def test_tma_l2_promotion_is_one_the_driver_names():
+    """Tunables.tma_l2_promotion (the TMA maps' L2 promotion, an A/B knob) takes 0, 64, 128 or
+    256 bytes; anything else is a ValueError when the override is made, before any launch."""
+    from cupy_maxsim import tuning
+
+    for good in (0, 64, 128, 256):
+        with tuning.override(tma_l2_promotion=good) as chosen:
+            assert chosen.tma_l2_promotion == good
+    for bad in (32, 512, "256", None):
+        with pytest.raises(ValueError, match="tma_l2_promotion"):
+            with tuning.override(tma_l2_promotion=bad):
+                pass

@@ -30,10 +30,15 @@ def _cuda_driver() -> ctypes.CDLL | None:
 _ELEMENT_TYPES = {1: 0, 2: 1, 4: 2}
 
 
-def _swizzled_map(driver, pointer: int, itemsize: int, extents: tuple, strides: tuple, box: tuple) -> bytes | None:
+#: CU_TENSOR_MAP_L2_PROMOTION_* by bytes (Tunables.tma_l2_promotion).
+_L2_PROMOTIONS = {0: 0, 64: 1, 128: 2, 256: 3}
+
+
+def _swizzled_map(driver, pointer: int, itemsize: int, extents: tuple, strides: tuple, box: tuple,
+                  l2_promotion: int = 256) -> bytes | None:
     """A 3-d tensor map (elements, rows, blocks; ``strides`` of rows and blocks in bytes) with
     boxes of 128 bytes x ``box`` (rows, blocks) in the 128-byte swizzle, zeros past the tensor,
-    or None where the driver refuses it."""
+    ``l2_promotion`` bytes fetched into L2 a miss, or None where the driver refuses it."""
     encoded = (ctypes.c_uint64 * 16)()
     u64s, u32s = ctypes.c_uint64 * 3, ctypes.c_uint32 * 3
     status = driver.cuTensorMapEncodeTiled(
@@ -42,14 +47,14 @@ def _swizzled_map(driver, pointer: int, itemsize: int, extents: tuple, strides: 
         (ctypes.c_uint64 * 2)(*strides), u32s(128 // itemsize, *box), u32s(1, 1, 1),
         ctypes.c_int(0),  # no interleave
         ctypes.c_int(3),  # CU_TENSOR_MAP_SWIZZLE_128B
-        ctypes.c_int(3),  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+        ctypes.c_int(_L2_PROMOTIONS[l2_promotion]),
         ctypes.c_int(0))  # out-of-range elements read as zeros
     return bytes(encoded) if status == 0 else None
 
 
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
                  doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None,
-                 use_tma: bool = True, queries: tuple | None = None) -> bytes:
+                 use_tma: bool = True, queries: tuple | None = None, l2_promotion: int = 256) -> bytes:
     """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
     elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
     of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
@@ -59,10 +64,11 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     rows; their own map where TMA can read them (rows of contiguous float32), else the kernel's
     lanes copy them. ``queries`` (the build streaming queries, WgmmaConfig.stream_query): q's
     (pointer, tokens, queries, row stride, query stride in bytes, queries a box), whose map the
-    kernel needs (ValueError where TMA cannot read q)."""
+    kernel needs (ValueError where TMA cannot read q). ``l2_promotion``: Tunables.tma_l2_promotion."""
     if not use_tma and queries is None:  # the tunables' use_tma (A/B against cp.async)
         return NO_DOC_TILE_MAP
-    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales, use_tma, queries)
+    key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales, use_tma, queries,
+           l2_promotion)
     found = _doc_tile_maps.get(key)
     if found is not None:
         return found
@@ -72,7 +78,7 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
             and (doc_stride > 0 or docs == 1) and rows + tile_rows < 2**31 and docs < 2**31
             and max(row_stride * rows, doc_stride * docs) < 2**40 and itemsize in _ELEMENT_TYPES and driver is not None):
         doc_map = _swizzled_map(driver, pointer, itemsize, (dim, rows, docs),
-                                (row_stride, max(doc_stride, row_stride * rows)), (tile_rows, 1))
+                                (row_stride, max(doc_stride, row_stride * rows)), (tile_rows, 1), l2_promotion)
         if doc_map is not None:
             scale_map = _scale_tile_map(driver, scales, rows, docs, tile_rows)
     if queries is not None:
@@ -81,7 +87,7 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
         if (driver is not None and q_pointer % 16 == 0 and q_row_stride % 16 == 0 and q_stride % 16 == 0
                 and q_stride >= q_row_stride * tokens and count < 2**31):
             query_map = _swizzled_map(driver, q_pointer, itemsize, (dim, tokens, count), (q_row_stride, q_stride),
-                                      (tokens, per_box))
+                                      (tokens, per_box), l2_promotion)
         if query_map is None:
             raise ValueError("q's rows cannot be read by TMA (16-byte pointer and strides are needed)")
     result = NO_DOC_TILE_MAP
