@@ -39,6 +39,27 @@ CELLS = (
     ("int8-packed-ragged-200k", "int8", 128, 200_000, 128, "ragged"),
     ("fp16-packed-ragged-200k", "float16", 128, 200_000, 128, "ragged"),
 )
+#: Short dtype names of the cells, beside --cells' DTYPE-DIM-4GB form (any dtype and dim: 4 GB of
+#: 300-token documents, as bench/cliffs.py's one-query cells).
+DTYPES = {"fp16": ("float16", 2), "bf16": ("bfloat16", 2), "fp32": ("float32", 4), "int8": ("int8", 1)}
+
+
+def cells(names: list[str]) -> list[tuple]:
+    """The CELLS rows of ``names``, in their order; a name not in CELLS of the DTYPE-DIM-4GB form
+    is 4 GB of 300-token padded documents (ValueError for any other)."""
+    known = {cell[0]: cell for cell in CELLS}
+    rows = []
+    for name in names:
+        if name in known:
+            rows.append(known[name])
+            continue
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] not in DTYPES or not parts[1].isdigit() or parts[2] != "4GB":
+            raise ValueError(f"unknown cell {name!r}: one of {sorted(known)} or DTYPE-DIM-4GB (DTYPE in {sorted(DTYPES)})")
+        dtype, itemsize = DTYPES[parts[0]]
+        dim = int(parts[1])
+        rows.append((name, dtype, dim, round(4e9 / (300 * dim * itemsize)), 300, None))
+    return rows
 
 
 def corpus(dtype, dim, docs, length, packed, seed):
@@ -67,7 +88,8 @@ def main() -> int:
     parser.add_argument("--variant", action="append", required=True, metavar="NAME:KEY=VALUE,...",
                         help="a set of tuning.override changes (none after the colon: the defaults)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--cells", default=",".join(cell[0] for cell in CELLS))
+    parser.add_argument("--cells", default=",".join(cell[0] for cell in CELLS),
+                        help="names from CELLS, or DTYPE-DIM-4GB (fp16, bf16, fp32, int8)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     options = parser.parse_args()
     try:
@@ -79,14 +101,11 @@ def main() -> int:
         name, _, changes = text.partition(":")
         tunables[name] = tuning.changes_from_text(item for item in changes.split(",") if item)
     rows = []
-    wanted = set(options.cells.split(","))
     names = list(tunables) + (["flash_maxsim"] if flash_maxsim is not None else [])
     print("| cell | GB | " + " | ".join(f"{name} ms" for name in names) + " | "
           + " | ".join(f"{name} TB/s" for name in tunables) + " |")
     print("|---|---|" + "---|" * (len(names) + len(tunables)))
-    for name, dtype, dim, docs, length, packed in CELLS:
-        if name not in wanted:
-            continue
+    for name, dtype, dim, docs, length, packed in cells(options.cells.split(",")):
         q, d, extra, offsets, read = corpus(dtype, dim, docs, length, packed, seed=3 * len(rows))
 
         def ours(changes):
