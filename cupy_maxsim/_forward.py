@@ -193,7 +193,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         suffix = fields[0]
         alignment = planner.load_alignment(suffix, dim, query_length, (q.strides, d.strides), (q.ptr, d.ptr),
                                            properties[3])
-        plan = _plan_of((q.device,) + fields + (alignment, tunables)) if alignment else None
+        plan = _plan_of((q.device,) + fields + (alignment, problem.ragged, tunables)) if alignment else None
         if plan is None:
             simt = planner.simt_plan(suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
             kernel = gpu_compile.get_kernel(q.device, "maxsim_fwd_simt", simt.name, (), simt.shared)

@@ -42,6 +42,7 @@ class ScoreProblem(typing.NamedTuple):
     doc_length: int  # padded documents' length; 0 for packed ones
     doc_stride: int  # elements between padded documents; 0 for packed ones
     result_dtype: str  # the scores' dtype
+    ragged: bool  # packed documents of unequal lengths (the Hopper tile rows)
 
 
 class BackwardProblem(typing.NamedTuple):
@@ -110,12 +111,15 @@ def packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax, 
     check_device(q_op, o_op)
     bounds = check_offsets(o_op, t_op.shape[0]) if checked_offsets is None else checked_offsets
     q_mask_op = mask_operand(q_mask, "q_mask", q_op.shape[:-1], q_op)
-    problem = _batched(like, q_op, t_op, q_mask_op, None, q_scale_op, d_scale_op, o_op, False, o_op.shape[0] - 1,
-                       argmax_dtype(bounds[2]) if return_argmax else None)
+    first, last, longest = bounds
+    num_docs = o_op.shape[0] - 1
+    problem = _batched(like, q_op, t_op, q_mask_op, None, q_scale_op, d_scale_op, o_op, False, num_docs,
+                       argmax_dtype(longest) if return_argmax else None, ragged=longest * num_docs > last - first)
     return problem, bounds
 
 
-def _batched(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, num_docs, winners) -> ScoreProblem:
+def _batched(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, num_docs, winners,
+             ragged: bool = False) -> ScoreProblem:
     """The problem with a single query (Lq, D) viewed as a batch of one (1, Lq, D)."""
     single = q.ndim == 2
     if single:
@@ -125,7 +129,7 @@ def _batched(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, num_d
     shape = (num_docs,) if single or pairs else (q.shape[0], num_docs)
     packed = offsets is not None
     return ScoreProblem(like, q, d, q_mask, d_mask, q_scale, d_scale, offsets, pairs, single, num_docs, winners,
-                        shape, 0 if packed else d.shape[1], 0 if packed else d.strides[0], result_dtype(q.dtype))
+                        shape, 0 if packed else d.shape[1], 0 if packed else d.strides[0], result_dtype(q.dtype), ragged)
 
 
 def backward_problem(q, d, argmax, offsets, pairs, checked_offsets) -> BackwardProblem:

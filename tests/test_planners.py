@@ -52,6 +52,26 @@ def test_hopper_tile_rows(length, int8, rows, monkeypatch):
     assert configs.wgmma_tile_rows(length, int8, split_docs=True, tunables=forced) == 128
 
 
+def test_ragged_packed_documents_take_short_tiles():
+    """Packed documents of unequal lengths pad half a tile each on average, whatever their
+    mean: 16-128 tokens (mean 72) take 64-row tiles, where equal documents of 72 or 128 tokens
+    take 128; long ragged documents (mean 1030) keep 128. The flag comes from the offsets'
+    longest document against their mean."""
+    from cupy_maxsim import _problem
+
+    for int8 in (False, True):
+        assert configs.wgmma_tile_rows(72, int8, split_docs=True, ksteps=4) == 128
+        assert configs.wgmma_tile_rows(72, int8, split_docs=True, ksteps=4, ragged=True) == 64
+        assert configs.wgmma_tile_rows(128, int8, split_docs=True, ksteps=4) == 128
+    assert configs.wgmma_tile_rows(1030, False, split_docs=True, ragged=True) == 128
+    q = np.zeros((1, 8, 16), np.float16)
+    tokens = np.zeros((30, 16), np.float16)
+    equal, _ = _problem.packed_problem(q, tokens, np.array([0, 10, 20, 30]), None, None, None, False)
+    unequal, _ = _problem.packed_problem(q, tokens, np.array([0, 5, 20, 30]), None, None, None, False)
+    padded = _problem.padded_problem(q, tokens.reshape(3, 10, 16), None, None, None, None, False)
+    assert (equal.ragged, unequal.ragged, padded.ragged) == (False, True, False)
+
+
 def test_doc_tile_map_falls_back_to_copies(monkeypatch):
     """Where TMA's rules fail (16-byte alignment, an item size the map has no type for, 32-bit
     coordinates) or no driver is at hand, the Hopper kernel gets no descriptor (it copies with

@@ -38,6 +38,7 @@ class ForwardShape(typing.NamedTuple):
     mean_doc_length: float  # tokens of an average document (packed: total / documents)
     packed: bool
     load_bytes: int = 16  # every row start's alignment (load_alignment)
+    ragged: bool = False  # packed documents of unequal lengths
 
 
 class KernelChoice(typing.NamedTuple):
@@ -106,7 +107,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     """The tensor-core kernel and tile configuration of ``shape`` on a device of
     ``properties`` (gpu.device.device_properties), or None (the CUDA-core kernel)."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = properties
-    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed, load_bytes = shape
+    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed, load_bytes, ragged = shape
     ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
     corpus_elements = num_docs * mean_doc_length * dim
     scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
@@ -136,7 +137,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         tile_rows = 64 if docs_on_m else wgmma_tile_rows(
             mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
             tunables=tunables, argmax=bool(argmax),
-            half_rows=bool(tunables.wgmma_half_rows) and num_queries * query_length <= 32)
+            half_rows=bool(tunables.wgmma_half_rows) and num_queries * query_length <= 32, ragged=ragged)
         config = None if tf32 and not (docs_on_m and docs_tf32) else wgmma_config(
             even_ksteps, bool(argmax), warpgroups, tile_rows, num_queries * query_length, docs_on_m, scaled,
             tunables=tunables, tf32=tf32)
