@@ -83,7 +83,7 @@ class Replay:
 
     def __init__(self, like, shape: tuple, dtype: str, argmax_dtype: str | None, plan, values: dict,
                  tile_map_shape: tuple | None, use_tma: bool, scale_strides: tuple | None = None,
-                 query_map_shape: tuple | None = None, l2_promotion: int = 256):
+                 query_map_shape: tuple | None = None, l2_promotion: int | None = None):
         self.like, self.shape, self.dtype = like, shape, dtype
         self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan, self.tile_map_shape, self.use_tma = plan, tile_map_shape, use_tma

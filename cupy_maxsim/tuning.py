@@ -35,10 +35,9 @@ class Tunables:
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a
-    #: miss of a box's line fetches into L2): 256 as CUTLASS's examples take it; an A/B knob for
-    #: the one-query read rate (flash-maxsim's loads read 4 GB at 4.5 TB/s, ours at 4.3:
-    #: bench/results/cliffs-2026-12-04-112bace-merged.txt).
-    tma_l2_promotion: int = 256
+    #: miss of a box's line fetches into L2); None: by the rows' width (_gpu/tma.l2_promotion_of_rows:
+    #: none for 256-byte rows, else 256 as CUTLASS's examples take it).
+    tma_l2_promotion: int | None = None
     #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem.
     #: Documents on M (many queries) always take 64: 128-row tiles streaming the query atoms
     #: were built and measured no faster (fp16 32x32 queries at dims 768 / 2560: 0.70 / 0.72
@@ -128,8 +127,8 @@ class Tunables:
         if self.wgmma_tile_rows not in (None, 64, 128):
             raise ValueError(f"wgmma_tile_rows must be None, 64 or 128, got {self.wgmma_tile_rows!r}")
         # ... and one the driver's tensor maps take by name only.
-        if self.tma_l2_promotion not in (0, 64, 128, 256):
-            raise ValueError(f"tma_l2_promotion must be 0, 64, 128 or 256 bytes, got {self.tma_l2_promotion!r}")
+        if self.tma_l2_promotion not in (None, 0, 64, 128, 256):
+            raise ValueError(f"tma_l2_promotion must be None, 0, 64, 128 or 256 bytes, got {self.tma_l2_promotion!r}")
         # Every cache of plans is keyed by the tunables: their hash is computed once, not per
         # call (a frozen dataclass's own __hash__ hashes all fields each time).
         object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))

@@ -637,14 +637,16 @@ def test_few_queries_at_fat_dims_take_documents_on_m(suffix):
 
 
 def test_tma_l2_promotion_is_one_the_driver_names():
-    """Tunables.tma_l2_promotion (the TMA maps' L2 promotion, an A/B knob) takes 0, 64, 128 or
-    256 bytes; anything else is a ValueError when the override is made, before any launch."""
+    """Tunables.tma_l2_promotion (the TMA maps' L2 promotion) takes None (by the rows' width), 0,
+    64, 128 or 256 bytes; anything else is a ValueError when the override is made, before any launch."""
     from cupy_maxsim import tuning
 
-    for good in (0, 64, 128, 256):
+    for good in (None, 0, 64, 128, 256):
         with tuning.override(tma_l2_promotion=good) as chosen:
             assert chosen.tma_l2_promotion == good
-    for bad in (32, 512, "256", None):
+    # None: by the rows' width, none for 256-byte rows (two boxes a row), 256 bytes otherwise
+    assert [tma.l2_promotion_of_rows(width) for width in (128, 256, 512, 5120)] == [256, 0, 256, 256]
+    for bad in (32, 512, "256"):
         with pytest.raises(ValueError, match="tma_l2_promotion"):
             with tuning.override(tma_l2_promotion=bad):
                 pass

@@ -52,9 +52,20 @@ def _swizzled_map(driver, pointer: int, itemsize: int, extents: tuple, strides: 
     return bytes(encoded) if status == 0 else None
 
 
+def l2_promotion_of_rows(row_bytes: int) -> int:
+    """The TMA maps' L2 promotion for document rows of ``row_bytes``: none for rows of 256 bytes
+    (two 128-byte boxes a row), 256 bytes otherwise. Measured one query against 4 GB, twice:
+    256-byte rows (fp16/bf16 dim 128, int8 256, fp32 64) 2-3% faster without (fp16 dim 128
+    0.928 -> 0.910 ms), rows of 512 bytes and more 1-6% slower (bf16 dim 256, fp16 dim 2560),
+    128-byte rows even or slower (bench/results/ab-tunables-2026-12-04-ae33c04.json and
+    -6ba2ea0.json). ncu counts 31% more L2 sectors read than the 4 GB with the promotion at
+    dim 128, none more without (bench/results/ncu-l2-sectors-2026-12-04-ae33c04.txt)."""
+    return 0 if row_bytes == 256 else 256
+
+
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
                  doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None,
-                 use_tma: bool = True, queries: tuple | None = None, l2_promotion: int = 256) -> bytes:
+                 use_tma: bool = True, queries: tuple | None = None, l2_promotion: int | None = None) -> bytes:
     """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
     elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
     of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
@@ -64,7 +75,10 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     rows; their own map where TMA can read them (rows of contiguous float32), else the kernel's
     lanes copy them. ``queries`` (the build streaming queries, WgmmaConfig.stream_query): q's
     (pointer, tokens, queries, row stride, query stride in bytes, queries a box), whose map the
-    kernel needs (ValueError where TMA cannot read q). ``l2_promotion``: Tunables.tma_l2_promotion."""
+    kernel needs (ValueError where TMA cannot read q). ``l2_promotion``: Tunables.tma_l2_promotion
+    (None: :func:`l2_promotion_of_rows`)."""
+    if l2_promotion is None:
+        l2_promotion = l2_promotion_of_rows(dim * itemsize)
     if not use_tma and queries is None:  # the tunables' use_tma (A/B against cp.async)
         return NO_DOC_TILE_MAP
     key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales, use_tma, queries,
