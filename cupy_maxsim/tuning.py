@@ -36,7 +36,7 @@ class Tunables:
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a
     #: miss of a box's line fetches into L2); None: by the rows' width (_gpu/tma.l2_promotion_of_rows:
-    #: none for 256-byte rows, else 256 as CUTLASS's examples take it).
+    #: none for 256-byte rows of 8- or 16-bit elements, else 256 as CUTLASS's examples take it).
     tma_l2_promotion: int | None = None
     #: 64 or 128 forces the Hopper tile rows for 16-bit inputs; None chooses per problem.
     #: Documents on M (many queries) always take 64: 128-row tiles streaming the query atoms

@@ -644,8 +644,10 @@ def test_tma_l2_promotion_is_one_the_driver_names():
     for good in (None, 0, 64, 128, 256):
         with tuning.override(tma_l2_promotion=good) as chosen:
             assert chosen.tma_l2_promotion == good
-    # None: by the rows' width, none for 256-byte rows (two boxes a row), 256 bytes otherwise
-    assert [tma.l2_promotion_of_rows(width) for width in (128, 256, 512, 5120)] == [256, 0, 256, 256]
+    # None: by the rows' width, none for 256-byte rows of 8- or 16-bit elements (two boxes a
+    # row), 256 bytes otherwise
+    rows = ((64, 2), (128, 2), (256, 1), (64, 4), (256, 2), (2560, 2))
+    assert [tma.l2_promotion_of_rows(dim, itemsize) for dim, itemsize in rows] == [256, 0, 0, 256, 256, 256]
     for bad in (32, 512, "256"):
         with pytest.raises(ValueError, match="tma_l2_promotion"):
             with tuning.override(tma_l2_promotion=bad):

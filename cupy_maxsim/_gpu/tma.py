@@ -52,15 +52,17 @@ def _swizzled_map(driver, pointer: int, itemsize: int, extents: tuple, strides: 
     return bytes(encoded) if status == 0 else None
 
 
-def l2_promotion_of_rows(row_bytes: int) -> int:
-    """The TMA maps' L2 promotion for document rows of ``row_bytes``: none for rows of 256 bytes
-    (two 128-byte boxes a row), 256 bytes otherwise. Measured one query against 4 GB, twice:
-    256-byte rows (fp16/bf16 dim 128, int8 256, fp32 64) 2-3% faster without (fp16 dim 128
-    0.928 -> 0.910 ms), rows of 512 bytes and more 1-6% slower (bf16 dim 256, fp16 dim 2560),
-    128-byte rows even or slower (bench/results/ab-tunables-2026-12-04-ae33c04.json and
-    -6ba2ea0.json). ncu counts 31% more L2 sectors read than the 4 GB with the promotion at
-    dim 128, none more without (bench/results/ncu-l2-sectors-2026-12-04-ae33c04.txt)."""
-    return 0 if row_bytes == 256 else 256
+def l2_promotion_of_rows(dim: int, itemsize: int) -> int:
+    """The TMA maps' L2 promotion for rows of ``dim`` elements of ``itemsize`` bytes: none for
+    rows of 256 bytes of 8- or 16-bit elements (two 128-byte boxes a row), 256 bytes otherwise.
+    One query against 4 GB, in three A/Bs: fp16/bf16 dim 128 and int8 dim 256 2-5% faster
+    without (fp16 dim 128 0.930 -> 0.900 ms, bf16 0.928 -> 0.899, int8 256 0.968 -> 0.919:
+    bench/results/ab-tunables-2026-12-04-8f99250.json); rows of 512 bytes and more 1-6% slower
+    without (bf16 dim 256, fp16 dim 2560), 128-byte rows even or slower (-ae33c04.json,
+    -6ba2ea0.json); fp32 dim 64 (TF32, not bound by its reads) 3.5% faster in one run and 3.6%
+    slower in the next, so it keeps the promotion. ncu counts 31% more L2 sectors read than the
+    4 GB with the promotion at dim 128, none more without (ncu-l2-sectors-2026-12-04-ae33c04.txt)."""
+    return 0 if dim * itemsize == 256 and itemsize <= 2 else 256
 
 
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
@@ -78,7 +80,7 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     kernel needs (ValueError where TMA cannot read q). ``l2_promotion``: Tunables.tma_l2_promotion
     (None: :func:`l2_promotion_of_rows`)."""
     if l2_promotion is None:
-        l2_promotion = l2_promotion_of_rows(dim * itemsize)
+        l2_promotion = l2_promotion_of_rows(dim, itemsize)
     if not use_tma and queries is None:  # the tunables' use_tma (A/B against cp.async)
         return NO_DOC_TILE_MAP
     key = (pointer, itemsize, dim, rows, docs, row_stride, doc_stride, packed, tile_rows, scales, use_tma, queries,
