@@ -206,31 +206,37 @@ COMPUTE_LINE_MIN_DIM = 128
 
 
 def below_lines(results) -> list[str]:
-    """The cells under issue 24's lines, one line each with the line it misses: a fraction of
-    the floor under MEMORY_LINE (one query) or COMPUTE_LINES (many queries, dims of 128 and
-    more), fp32 slower than half our bf16 speed on the same cell, a peer faster, no result.
-    (Many queries below dim 128 are held to the max fold's instruction rate instead, which this
-    run does not measure.)"""
+    """The cells under issue 24's lines, one line each with the line it misses (``cell: why``):
+    see :func:`misses_by_cell`."""
+    return [f"{cell}: {why}" for cell, why in misses_by_cell(results)]
+
+
+def misses_by_cell(results) -> list[tuple[str, str]]:
+    """(cell, the line it misses) for each miss: a fraction of the floor under MEMORY_LINE (one
+    query) or COMPUTE_LINES (many queries, dims of 128 and more), fp32 slower than half our
+    bf16 speed on the same cell, a peer faster, no result; a cell can miss several. (Many
+    queries below dim 128 are held to the max fold's instruction rate instead, which this run
+    does not measure.)"""
     misses = []
     ours_ms = {(r["dtype"], r["dim"], r["nq"]): r["providers"]["cupy_maxsim"].get("ms") for r in results}
     for r in results:
         ours = r["providers"]["cupy_maxsim"]
         cell = f"{r['dtype']} dim {r['dim']} {r['nq']}q"
         if ours.get("ms") is None:
-            misses.append(f"{cell}: no result ({ours.get('error', 'not measured')})")
+            misses.append((cell, f"no result ({ours.get('error', 'not measured')})"))
             continue
         fraction = ours["fraction_of_floor"]
         if r["nq"] == 1 and fraction < MEMORY_LINE:
-            misses.append(f"{cell}: {fraction:.2f} of the floor (line {MEMORY_LINE})")
+            misses.append((cell, f"{fraction:.2f} of the floor (line {MEMORY_LINE})"))
         line_ = COMPUTE_LINES.get(r["dtype"])
         if r["nq"] > 1 and r["dim"] >= COMPUTE_LINE_MIN_DIM and line_ is not None and fraction < line_:
-            misses.append(f"{cell}: {fraction:.2f} of the matrix rate (line {line_})")
+            misses.append((cell, f"{fraction:.2f} of the matrix rate (line {line_})"))
         bf16 = ours_ms.get(("bfloat16", r["dim"], r["nq"]))
         if r["dtype"] == "float32" and bf16 and ours["ms"] > 2 * bf16:
-            misses.append(f"{cell}: {bf16 / ours['ms']:.2f} of our bf16 speed (line 0.5)")
+            misses.append((cell, f"{bf16 / ours['ms']:.2f} of our bf16 speed (line 0.5)"))
         if r.get("speedup_vs_best_peer", 1.0) < 1.0:
-            misses.append(f"{cell}: {r['speedup_vs_best_peer']:.2f}x {r['best_peer']} "
-                          f"({ours['ms']:.3f} against {r['providers'][r['best_peer']]['ms']:.3f} ms)")
+            misses.append((cell, f"{r['speedup_vs_best_peer']:.2f}x {r['best_peer']} "
+                                 f"({ours['ms']:.3f} against {r['providers'][r['best_peer']]['ms']:.3f} ms)"))
     return misses
 
 
@@ -241,8 +247,7 @@ def report(results, stem: Path, meta: dict, ceilings: dict, options: dict) -> No
         {"provenance": meta, "ceilings": ceilings, "options": options, "results": results, "below_lines": misses},
         indent=1))
     picture = heatmap(results, stem.with_suffix(".png"))
-    # (a cell can miss several lines: its floor and a peer, say; each miss names its cell first)
-    cells = {miss.split(":", 1)[0] for miss in misses}
+    cells = {cell for cell, _ in misses_by_cell(results)}  # (a cell can miss several lines: its floor and a peer)
     print(f"cells below the lines: {len(cells)} of {len(results)} ({len(misses)} lines missed)")
     for miss in misses:
         print(f"- {miss}")
