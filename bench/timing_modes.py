@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_forward import provenance  # noqa: E402
+from bench_forward import _median_ms, provenance  # noqa: E402
 from cliffs import unit  # noqa: E402
 
 import cupy_maxsim as cm  # noqa: E402
@@ -39,18 +39,6 @@ def gpu_state() -> str:
                               capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError) as error:
         return f"unread: {error}"
-
-
-def timed_calls(call, count: int, flush) -> list[float]:
-    """Milliseconds of ``count`` calls, each between its own events after an L2 flush."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
-    for start, stop in events:
-        flush.zero_()
-        start.record()
-        call()
-        stop.record()
-    torch.cuda.synchronize()
-    return [start.elapsed_time(stop) for start, stop in events]
 
 
 def main() -> int:
@@ -71,7 +59,6 @@ def main() -> int:
         providers["flash_maxsim"] = lambda: flash_maxsim.flash_maxsim(q[0], d)
     except ImportError:
         pass
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     for call in providers.values():  # first-use builds and autotuners outside the timings
         for _ in range(3):
             call()
@@ -82,7 +69,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for batch in range(options.batches):
         for name, call in providers.items():
-            times = timed_calls(call, options.calls, flush)
+            times = []  # every call's milliseconds, L2 flushed before each
+            _median_ms(torch, call, reps=options.calls, warmup=0, times=times)
             state = gpu_state()
             batches.append(dict(batch=batch, provider=name, ms=times, state=state))
             print(f"| {batch} | {name} | {statistics.median(times):.4f} | {min(times):.4f} | {max(times):.4f} | {state} |",
