@@ -164,6 +164,10 @@ def _problems():
     problems["packed-fp16-32q-ragged-argmax"] = packed(32, 32, ragged, argmax=True)
     problems["packed-bf16-colpali"] = packed(0, 32, [1030] * 300, dtype="bfloat16")
     problems["packed-int8-1q"] = packed(0, 32, ragged, dtype="int8")
+    # Short documents, 16-128 tokens: ragged, 64-row tiles; all of 72 tokens (the same mean), 128.
+    short = [int(x) for x in np.random.default_rng(1).integers(16, 129, 500)]
+    problems["packed-fp16-1q-short-ragged"] = packed(0, 32, short)
+    problems["packed-fp16-1q-short-equal"] = packed(0, 32, [72] * 500)
     problems["bwd-colbert-128q-128-300"] = backward(128, 32, 128, 300)
     problems["bwd-colpali-32q-128-1030"] = backward(32, 32, 128, 1030)
     problems["bwd-bf16-8q-300-70"] = backward(8, 32, 300, 70, dtype="bfloat16")
