@@ -159,14 +159,14 @@ def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
     )
 
 
-def tile_map_shape(problem: ScoreProblem, tile_rows: int) -> tuple:
+def tile_map_shape(problem: ScoreProblem, tile_rows: int, l2_promotion: int | None) -> tuple:
     """The Hopper kernel's TMA descriptor's shape of the documents (tma.doc_tile_map's arguments
-    after the pointer; packed: one long document); masked rows come too, and the kernel skips
-    their columns."""
+    after the pointer, to its L2 promotion: Tunables.tma_l2_promotion; packed: one long
+    document); masked rows come too, and the kernel skips their columns."""
     d, packed = problem.d, problem.offsets is not None
     item = ITEMSIZE[d.dtype]
     return (item, d.shape[-1], d.shape[0] if packed else problem.doc_length, 1 if packed else problem.num_docs,
-            d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows)
+            d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows, l2_promotion)
 
 
 def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int = 0) -> tuple:
@@ -203,7 +203,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation)
         tile_map = map_shape = scales = query_shape = None
         if plan.tile_rows:
-            map_shape = tile_map_shape(problem, plan.tile_rows)
+            map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
             d_scale = problem.d_scale
             # int8 scales by TMA only for padded corpora: a packed tile starts at any token,
             # and a box whose first float is off 16 bytes is an illegal instruction.
@@ -211,7 +211,6 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
             query_shape = query_map_shape(problem, plan) if plan.query_box else None
             tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
-                                        l2_promotion=tunables.tma_l2_promotion,
                                         queries=None if query_shape is None else (q.ptr,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
         # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
@@ -234,7 +233,6 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
             if plan.query_box and first:  # q's map from this launch's first query
                 tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
-                                            l2_promotion=tunables.tma_l2_promotion,
                                             queries=(values["q"],) + query_map_shape(problem, plan, first_query))
             args = forward_args(**values)
             gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),

@@ -83,7 +83,7 @@ class Replay:
 
     def __init__(self, like, shape: tuple, dtype: str, argmax_dtype: str | None, plan, values: dict,
                  tile_map_shape: tuple | None, use_tma: bool, scale_strides: tuple | None = None,
-                 query_map_shape: tuple | None = None, l2_promotion: int | None = None):
+                 query_map_shape: tuple | None = None):
         self.like, self.shape, self.dtype = like, shape, dtype
         self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan, self.tile_map_shape, self.use_tma = plan, tile_map_shape, use_tma
@@ -91,7 +91,6 @@ class Replay:
         self.scale_strides = scale_strides
         # A build streaming the query atoms: q's map's shape (_forward.query_map_shape).
         self.query_map_shape = query_map_shape
-        self.l2_promotion = l2_promotion
         self.torch = like.framework == "torch"
         self.backward = None  # a BackwardPlan template: calls answer (scores, plan) (with_backward)
         # The recorded arguments packed once; a call patches in q, d, out, argmax, the masks and
@@ -144,7 +143,7 @@ class Replay:
                 scales = None if self.scale_strides is None else (extra_ptrs[3],) + self.scale_strides
                 queries = None if self.query_map_shape is None else (q_ptr,) + self.query_map_shape
                 tile_map = tma.doc_tile_map(d_ptr, *self.tile_map_shape, scales=scales, use_tma=self.use_tma,
-                                            queries=queries, l2_promotion=self.l2_promotion)
+                                            queries=queries)
             self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr) + extra_ptrs, stream, tile_map)
         if self.argmax_dtype is None:
             return output.wrap(result)

@@ -67,8 +67,7 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
         plan, values, map_shape, scale_strides, query_shape = record[0]
         _replay.replays.put(replay_key, _replay.Replay(problem.like.with_changes(ptr=0, keepalive=None), problem.shape,
                                                        problem.result_dtype, problem.argmax_dtype, plan, values,
-                                                       map_shape, tunables.use_tma, scale_strides, query_shape,
-                                                       tunables.tma_l2_promotion))
+                                                       map_shape, tunables.use_tma, scale_strides, query_shape))
     return result
 
 

@@ -245,13 +245,13 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     monkeypatch.setattr(gpu_launch, "launch", launch)
     monkeypatch.setattr(gpu_launch, "PreparedLaunch", prepared)
     monkeypatch.setattr(tma, "doc_tile_map",
-                        lambda pointer, *shape, scales=None, use_tma=True, queries=None, l2_promotion=256:
+                        lambda pointer, *shape, scales=None, use_tma=True, queries=None:
                         ("map", pointer) + shape + (scales, queries))
     shape = _forward.planner.ForwardShape("fp16", 1, 32, 128, 1_000, False, 0, 300, False)
     plan = _forward.mma_plan(0, shape, DEFAULT)
     names = [name for name, _ in gpu_args.FORWARD_ARGS]
     values = {name: 1000 + k for k, name in enumerate(names)}
-    tile_map_shape = (2, 128, 300, 1_000, 256, 300 * 256, False, plan.tile_rows)
+    tile_map_shape = (2, 128, 300, 1_000, 256, 300 * 256, False, plan.tile_rows, 0)  # (L2 promotion 0, as recorded)
     like = Operand("q", "cupy", "float16", (1, 32, 128), (4096, 128, 1), 0)  # CuPy: its current stream
     replay = _replay.Replay(like, (1_000,), "float32", None, plan, values, tile_map_shape, True)
     device_array = lambda pointer: types.SimpleNamespace(data=types.SimpleNamespace(ptr=pointer))  # noqa: E731

@@ -66,8 +66,8 @@ def l2_promotion_of_rows(dim: int, itemsize: int) -> int:
 
 
 def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, row_stride: int,
-                 doc_stride: int, packed: bool, tile_rows: int = 64, scales: tuple | None = None,
-                 use_tma: bool = True, queries: tuple | None = None, l2_promotion: int | None = None) -> bytes:
+                 doc_stride: int, packed: bool, tile_rows: int = 64, l2_promotion: int | None = None,
+                 scales: tuple | None = None, use_tma: bool = True, queries: tuple | None = None) -> bytes:
     """The Hopper kernel's TMA descriptor of a document tensor (``rows`` tokens of ``dim``
     elements per document, strides in bytes; packed corpora: all tokens as one document): boxes
     of 128 bytes of k x ``tile_rows`` rows, the 128-byte swizzle, zeros past the tensor. Cached by all it
