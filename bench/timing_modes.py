@@ -13,9 +13,6 @@ spread per provider with the clocks beside it; writes timing-modes-<date>-<commi
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_forward import _median_ms, provenance  # noqa: E402
+from bench_forward import _median_ms, write_record  # noqa: E402
 from cliffs import unit  # noqa: E402
 
 import cupy_maxsim as cm  # noqa: E402
@@ -70,16 +67,12 @@ def main() -> int:
     for batch in range(options.batches):
         for name, call in providers.items():
             times = []  # every call's milliseconds, L2 flushed before each
-            _median_ms(torch, call, reps=options.calls, warmup=0, times=times)
+            median = _median_ms(torch, call, reps=options.calls, warmup=0, times=times)
             state = gpu_state()
             batches.append(dict(batch=batch, provider=name, ms=times, state=state))
-            print(f"| {batch} | {name} | {statistics.median(times):.4f} | {min(times):.4f} | {max(times):.4f} | {state} |",
+            print(f"| {batch} | {name} | {median:.4f} | {min(times):.4f} | {max(times):.4f} | {state} |",
                   flush=True)
-    meta = provenance()
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"timing-modes-{datetime.date.today().isoformat()}-{meta.get('commit', 'unknown')}.json"
-    path.write_text(json.dumps({"provenance": meta, "options": vars(options), "batches": batches}, indent=1))
+    path = write_record(Path(options.out), "timing-modes", {"options": vars(options), "batches": batches})
     print(f"wrote {path}")
     return 0
 
