@@ -1,7 +1,8 @@
 """One call of a shape (fp16, dim 128), after two warm-up calls, for ncu and
-compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1):
+compute-sanitizer (profile the third launch: --launch-skip 2 --launch-count 1; or every kernel
+of the third call, which runs between cudaProfilerStart and Stop: --profile-from-start off):
 
-    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward] [float32] [dim=N] [tune:KEY=VALUE ...]
+    python bench/profile_one.py NQ LQ ND LD [argmax] [int8] [packed] [backward] [search] [float32] [dim=N] [tune:KEY=VALUE ...]
 
 ``int8``: queries and documents quantised (per-token scales); ``packed``: the documents packed
 with lengths uniform in [16, LD] (the benchmark's ragged corpus); ``fixed``: packed documents all
@@ -10,7 +11,9 @@ the mma.sync kernel on Hopper. ``backward``: one forward with the argmax, then t
 ``score_backward`` calls (the same launch-skip profiles the third backward's kernels; padded
 fp16 documents only). ``float32``: fp32 inputs (not cast to fp16); ``dim=N``: embedding dim N;
 ``tune:KEY=VALUE``: the calls made under ``tuning.override(KEY=VALUE)`` (integers as ints),
-e.g. ``tune:wgmma_tile_rows=128``.
+e.g. ``tune:wgmma_tile_rows=128``. ``search``: ``search`` (``search_packed``) with k=1000 instead
+of scoring, as an Index searches (``int8 packed fixed search 1 32 1000000 128``: issue 25's int8
+Index; against ``... 500000 256``, the same bytes in half the documents).
 """
 
 import sys
@@ -43,12 +46,28 @@ if "int8" in flags:
 if "backward" in flags:
     _, argmax = cm.score(q, d, return_argmax=True)
     grad = rng.standard_normal((nq, nd), dtype=cupy.float32)
+if "search" in flags and flags & {"backward", "argmax"}:
+    raise SystemExit("search: without backward or argmax")
+
+
+def call():
+    if "backward" in flags:
+        cm.score_backward(grad, q, d, argmax)
+    elif "search" in flags and "packed" in flags:
+        cm.search_packed(q, d, offsets, 1000, **extra)
+    elif "search" in flags:
+        cm.search(q, d, 1000, **extra)
+    elif "packed" in flags:
+        cm.score_packed(q, d, offsets, return_argmax="argmax" in flags, **extra)
+    else:
+        cm.score(q, d, return_argmax="argmax" in flags, **extra)
+
+
 with tuning.override(**changes):
-    for _ in range(3):
-        if "backward" in flags:
-            cm.score_backward(grad, q, d, argmax)
-        elif "packed" in flags:
-            cm.score_packed(q, d, offsets, return_argmax="argmax" in flags, **extra)
-        else:
-            cm.score(q, d, return_argmax="argmax" in flags, **extra)
-cupy.cuda.Device().synchronize()
+    for _ in range(2):
+        call()
+    cupy.cuda.Device().synchronize()
+    cupy.cuda.profiler.start()
+    call()
+    cupy.cuda.Device().synchronize()
+    cupy.cuda.profiler.stop()
