@@ -17,6 +17,7 @@ import datetime
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -83,6 +84,18 @@ def corpus(dtype, dim, docs, length, packed, seed):
     return q, d, extra, offsets, read
 
 
+def _host_timed(call, spent: list):
+    """``call``, appending each call's host seconds to ``spent``: a call whose host time nears
+    its kernel's waited for the GPU (a synchronisation in its path), which event timings with
+    the host running ahead (_median_ms) then read as GPU time."""
+    def timed():
+        start = time.perf_counter()
+        result = call()
+        spent.append(time.perf_counter() - start)
+        return result
+    return timed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--variant", action="append", required=True, metavar="NAME:KEY=VALUE,...",
@@ -122,17 +135,22 @@ def main() -> int:
         scores = [variants[name]() for name in tunables]
         identical = all(bool(torch.equal(scores[0], other)) for other in scores[1:])
         times = {key: [] for key in variants}
+        host_us = {key: [] for key in variants}  # each round's median host time a call
         for _ in range(options.rounds):
             for key, call in variants.items():
-                times[key].append(_median_ms(torch, call, reps=20))
+                spent = []
+                times[key].append(_median_ms(torch, _host_timed(call, spent), reps=20))
+                host_us[key].append(1e6 * statistics.median(spent))
         median = {key: statistics.median(values) for key, values in times.items()}
         gb = read / 1e9
         row = dict(cell=name, dtype=dtype, dim=dim, docs=docs, length=length, packed=packed, gb=gb,
-                   identical=identical, ms=median, rounds=times)
+                   identical=identical, ms=median, rounds=times, host_us=host_us)
         rows.append(row)
         print(f"| {name} | {gb:.2f} | " + " | ".join(f"{median[n]:.4f}" if n in median else "-" for n in names)
               + " | " + " | ".join(f"{gb / median[n]:.3f}" for n in tunables) + " |"
               + ("" if identical else " SCORES DIFFER"), flush=True)
+        print(f"  host us a call, by round: " + "; ".join(
+            f"{key} " + " ".join(f"{us:.0f}" for us in values) for key, values in host_us.items()), flush=True)
         del q, d, extra, offsets, variants, scores
         torch.cuda.empty_cache()
     meta = provenance()

@@ -127,6 +127,16 @@ for dim in (100, 101, 3):
     qv, qs = cm.quantize_int8(rows((3, 32, dim), cupy.float32))
     dv, ds = cm.quantize_int8(rows((5, 40, dim), cupy.float32))
     cm.score(qv, dv, q_scale=qs, d_scale=ds, d_mask=cupy.asarray(rng.random((5, 40)) < 0.7), return_argmax=True)
+# fp32 under precision "high" (TF32): one query, and many queries on the documents-on-M TF32
+# build (resident query blocks to dim 64, streamed documents to 160, streamed query atoms past
+# it), masks, winners, packed tokens ending where their allocation does, an empty document.
+with tuning.float32_matmul_precision("high"):
+    for nq, lq, nd, ld, dim in [(1, 31, 5, 70, 128), (12, 32, 7, 150, 64), (9, 27, 7, 150, 128), (5, 32, 4, 90, 1000)]:
+        q, d = rows((nq, lq, dim), cupy.float32), rows((nd, ld, dim), cupy.float32)
+        cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.8), return_argmax=True)
+        cm.score(q, d)
+        cm.score_packed(q, d.reshape(-1, dim)[: nd * ld - 1],
+                        cupy.asarray([0, 1, ld, ld, nd * ld - 1], dtype=cupy.int64), return_argmax=True)
 try:
     import torch
 
