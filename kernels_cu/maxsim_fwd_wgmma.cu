@@ -215,8 +215,13 @@ constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator reg
 // unclaimed one, so that warpgroups finish together), so that several tile loops run per SM.
 // Each warpgroup has a ring of its own (RING slots, fed by a producer warp of its own): in one
 // shared ring a warpgroup's next tile could lie a whole ring ahead, where the full barrier's
-// parity cannot tell that tile from the slot's previous one. One accumulator set per warpgroup.
-constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !SPLIT_DOCS;
+// parity cannot tell that tile from the slot's previous one. With 128-row tiles one
+// accumulator set per warpgroup; with 64-row tiles two (their 32 registers each), as below.
+// DOUBLE_BUFFERED (64-row tiles, k resident): two accumulator sets, tile t multiplied while tile
+// t-1 is folded. Splitting documents, a warpgroup's serial wait, MMA, fold and release of one
+// tile at a time held one query at dim 64 near its per-tile budget (a 16 KB tile every ~440
+// clocks an SM; slower as the clocks drift under load, where flash-maxsim is not).
+constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !STREAM_K;
 constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
@@ -1454,12 +1459,19 @@ struct Consumer : Block {
             constexpr bool FRAGS_BEFORE_WAIT = SPLIT_DOCUMENT && !SPLIT_STREAM_QUERY;
             if constexpr (FRAGS_BEFORE_WAIT) stream_query_frags(frags, k_atom);
             mbarrier_wait(full() + stage, phase);
+            // Double-buffered, the ring's end still issues the slot's MMAs (into accumulators
+            // no one folds, from whatever the slot holds): skipping them while the tile before
+            // is in flight made ptxas serialize every wgmma (C7518).
+            bool ring_over = false;
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
                     const i64 position = sSlotDoc()[stage];
-                    if (position < 0) return false;
-                    cursor.position = position, cursor.doc = doc_at(position);
-                    cursor.length = sSlotLength()[stage], cursor.tiles = doc_tiles(cursor.length);
+                    ring_over = position < 0;
+                    if (ring_over && !DOUBLE_BUFFERED) return false;
+                    if (!ring_over) {
+                        cursor.position = position, cursor.doc = doc_at(position);
+                        cursor.length = sSlotLength()[stage], cursor.tiles = doc_tiles(cursor.length);
+                    }
                 }
             }
             // A cp.async tile came through the generic proxy, and wgmma reads via the async one (TMA
@@ -1482,6 +1494,7 @@ struct Consumer : Block {
                 for (int ks = 0; ks < KSTEPS; ++ks) WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), ks);
             }
             wgmma_commit();
+            if (ring_over) return false;
             const int slot = stage;
             if (++stage == ring_end) stage = ring_first, phase ^= 1;
             in_flight.tile_end = ++k_atom == tile_slots;
@@ -1508,9 +1521,9 @@ struct Consumer : Block {
             // accumulator sets alternate, so the registers the running MMA writes are never the
             // ones being read.
             auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
-                if (cursor.position >= doc_count) return false;
+                if (!SPLIT_DOCS && cursor.position >= doc_count) return false;
                 const TileInfo folding = in_flight;
-                issue_mma(acc_new, a_regs, 0);
+                if (!issue_mma(acc_new, a_regs, 0)) return false;  // (splitting: the ring's end)
                 wgmma_wait<1>();
                 if constexpr (!SCALED) release(folding.stage);
                 pin(acc_old);
@@ -1519,9 +1532,10 @@ struct Consumer : Block {
                 return true;
             };
             Acc acc0[ACC], acc1[ACC];
-            issue_mma(acc0, a_regs, 0);  // every block has at least one tile
+            // Every block has at least one tile; a split ring may have none.
+            const bool any = issue_mma(acc0, a_regs, 0);
 #pragma unroll 1
-            for (;;) {
+            for (; any;) {
                 if (!step(acc1, acc0)) {
                     wgmma_wait<0>();
                     pin(acc0);
