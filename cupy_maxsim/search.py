@@ -63,11 +63,14 @@ def search_packed(q, tokens, offsets, k, *, q_mask=None, q_scale=None, d_scale=N
     """:func:`search` over packed documents, as :func:`cupy_maxsim.score_packed` takes them
     (tokens (T, D), offsets (Nd + 1,)); ids index the documents of ``offsets``."""
     k = _check_k(k)
-    problem, _ = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
+    problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
 
     def block(start, stop):  # a slice of the offsets is the same tokens' documents start..stop
-        return scoring.score_packed(q, tokens, offsets[start:stop + 1], q_mask=q_mask, q_scale=q_scale,
-                                    d_scale=d_scale, return_argmax=return_argmax)
+        # One block of every document: the offsets checked above (on a GPU, one read back and
+        # wait for the stream, not two).
+        checked = bounds if (start, stop) == (0, problem.num_docs) else None
+        return scoring.score_packed_with_bounds(q, tokens, offsets[start:stop + 1], q_mask, q_scale, d_scale,
+                                                return_argmax, checked)[0]
 
     return _top_k(problem, block, k, workspace_bytes)
 

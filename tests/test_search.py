@@ -163,6 +163,31 @@ def test_search_on_gpu(framework):
 
 
 @pytest.mark.gpu
+def test_search_packed_reads_device_offsets_back_once(monkeypatch):
+    """search_packed over device offsets checks them once (one launch, one read back, one wait
+    for the stream) where one block holds every document, and answers as score_packed + a
+    stable top-k; several blocks check each block's slice."""
+    import cupy
+
+    from cupy_maxsim._gpu import launch as gpu_launch
+
+    calls = []
+    summary = gpu_launch.offsets_summary
+    monkeypatch.setattr(gpu_launch, "offsets_summary", lambda *args: calls.append(args) or summary(*args))
+    rng = np.random.default_rng(4)
+    q = cupy.asarray(unit_rows(rng, (2, 8, 64))).astype(cupy.float16)
+    offsets = cupy.asarray(np.concatenate([[0], np.cumsum(rng.integers(0, 20, 50))]), dtype=cupy.int64)
+    tokens = cupy.asarray(unit_rows(rng, (int(offsets[-1]), 64))).astype(cupy.float16)
+    want_scores, want_ids = expected_top_k(to_numpy(cm.score_packed(q, tokens, offsets)), 7)
+    for workspace, checks in ((2**26, 1), (2 * 8 * 20, 1 + 3)):  # one block; 20 documents a block: 3 blocks
+        calls.clear()
+        scores, ids = cm.search_packed(q, tokens, offsets, 7, workspace_bytes=workspace)
+        assert len(calls) == checks, (workspace, len(calls))
+        np.testing.assert_array_equal(to_numpy(ids), want_ids)
+        np.testing.assert_array_equal(to_numpy(scores), want_scores)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("min_segment", [None, 1])  # rows in one segment; in segments of 4k, in rounds
 @pytest.mark.parametrize("ranked", [True, False])  # the last round ranks in the kernel; or search sorts
 @pytest.mark.parametrize("merge_kernel", [False, True])  # blocks merged by CuPy's argsort; by maxsim_topk_merge
