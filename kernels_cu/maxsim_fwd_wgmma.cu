@@ -218,11 +218,10 @@ constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator reg
 // parity cannot tell that tile from the slot's previous one. With 128-row tiles one
 // accumulator set per warpgroup; with 64-row tiles two (their 32 registers each), as below.
 // DOUBLE_BUFFERED (64-row tiles, k resident): two accumulator sets, tile t multiplied while tile
-// t-1 is folded. Splitting documents, a warpgroup's serial wait, MMA, fold and release of one
-// tile at a time held one query at dim 64 near its per-tile budget (a 16 KB tile every ~440
-// clocks an SM; slower as the clocks drift under load, where flash-maxsim is not). Splitting,
-// to 4 k-steps: a split consumer has 144 registers, and 6-8 k-steps of query fragments beside
-// two accumulator sets spilled 4-64 bytes.
+// t-1 is folded. Splitting documents too, up to 4 k-steps: one set left each warpgroup's wait,
+// MMA, fold and release serial a tile, and two were 5-14% faster on one query's 64-row tiles
+// (ragged packed int8 -12%: bench/results/ab-split-double-buffer-2026-12-04-dafca99.txt); a
+// split consumer has 144 registers, and 6-8 k-steps of query fragments beside two sets spilled.
 constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !STREAM_K && (!SPLIT_DOCS || KSTEPS <= 4);
 constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
