@@ -222,6 +222,10 @@ constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator reg
 // MMA, fold and release serial a tile, and two were 5-14% faster on one query's 64-row tiles
 // (ragged packed int8 -12%: bench/results/ab-split-double-buffer-2026-12-04-dafca99.txt); a
 // split consumer has 144 registers, and 6-8 k-steps of query fragments beside two sets spilled.
+// A step hands tile t to the tensor cores, then folds tile t-1: the two sets alternate, so the
+// registers the running MMA writes are never the ones being read. A split ring's end still
+// issues its slot's MMAs (into accumulators no one folds, from whatever the slot holds):
+// skipping them with the tile before in flight made ptxas serialize every wgmma (C7518).
 constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !STREAM_K && (!SPLIT_DOCS || KSTEPS <= 4);
 constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
@@ -1384,8 +1388,7 @@ struct Consumer : Block {
     template <typename T> __device__ __forceinline__ void consume_queries_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
-        // The warpgroup's query fragments, in registers for the block's lifetime (streaming k:
-        // an atom's, loaded with each slot).
+        // The warpgroup's query fragments, in registers for good (streaming k: an atom's a slot).
         u32 a_regs[STREAM_K ? 4 : KSTEPS][4];
         if constexpr (!STREAM_K) {
 #pragma unroll
@@ -1460,9 +1463,6 @@ struct Consumer : Block {
             constexpr bool FRAGS_BEFORE_WAIT = SPLIT_DOCUMENT && !SPLIT_STREAM_QUERY;
             if constexpr (FRAGS_BEFORE_WAIT) stream_query_frags(frags, k_atom);
             mbarrier_wait(full() + stage, phase);
-            // Double-buffered, the ring's end still issues the slot's MMAs (into accumulators
-            // no one folds, from whatever the slot holds): skipping them while the tile before
-            // is in flight made ptxas serialize every wgmma (C7518).
             bool ring_over = false;
             if constexpr (SPLIT_DOCS) {
                 if (cursor.tile == 0 && k_atom == 0) {
@@ -1518,9 +1518,6 @@ struct Consumer : Block {
             return true;
         };
         if constexpr (DOUBLE_BUFFERED) {
-            // One step: tile t goes to the tensor cores while tile t-1 is folded. The two
-            // accumulator sets alternate, so the registers the running MMA writes are never the
-            // ones being read.
             auto step = [&](Acc (&acc_new)[ACC], Acc (&acc_old)[ACC]) -> bool {
                 if (!SPLIT_DOCS && cursor.position >= doc_count) return false;
                 const TileInfo folding = in_flight;
@@ -1564,9 +1561,8 @@ struct Consumer : Block {
                 clear(sums);
             }, in_flight, a_regs);
         } else {
-            // One accumulator set: each tile multiplies, then folds; the tensor cores meanwhile
-            // work for the block's other warpgroups. (Precision "high" too: it has no split to
-            // hide.)
+            // One accumulator set: a tile multiplies, then folds, while the tensor cores work for
+            // the block's other warpgroups (precision "high" too: it has no split to hide).
             Acc acc[ACC];
             Acc sums[ACC];  // TF32 (precision "high"): as above
             if constexpr (TF32) clear(sums);
