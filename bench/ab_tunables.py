@@ -149,7 +149,7 @@ def main() -> int:
         print(f"| {name} | {gb:.2f} | " + " | ".join(f"{median[n]:.4f}" if n in median else "-" for n in names)
               + " | " + " | ".join(f"{gb / median[n]:.3f}" for n in tunables) + " |"
               + ("" if identical else " SCORES DIFFER"), flush=True)
-        print(f"  host us a call, by round: " + "; ".join(
+        print("  host us a call, by round: " + "; ".join(
             f"{key} " + " ".join(f"{us:.0f}" for us in values) for key, values in host_us.items()), flush=True)
         del q, d, extra, offsets, variants, scores
         torch.cuda.empty_cache()
