@@ -1,5 +1,5 @@
-"""Search's selection kernel (maxsim_topk.cu) under compute-sanitizer: ties, NaN, exclusions,
-several blocks, a block's candidates merged both ways, segments of several tiles and partial tiles, rounds forced short, k past
+"""Search's selection kernels (maxsim_topk.cu) under compute-sanitizer: ties, NaN, exclusions,
+the rounds and the wide selection (every row, k up to TOPK_RANKED_MAX), several blocks, a block's candidates merged both ways, segments of several tiles and partial tiles, rounds forced short, k past
 TOPK_RANKED_MAX (the last round unranked); and quantize_int8's kernel (maxsim_quantize.cu) at
 dims around a warp, with masks, and an int8 Index searched. CuPy's
 memory pool is off (an out-of-bounds read inside a slab is invisible). Run alone, or as the
@@ -36,7 +36,7 @@ def searches():
             cm.search(q, d, k)
             cm.search(q, d, k, workspace_bytes=3 * 8 * 300)
     _topk.MIN_SEGMENT = 16384
-    for k in (5, 1000, 4097, 9000):  # (9000: past TOPK_RANKED_MAX, the last round unranked)
+    for k in (5, 1000, 4097, 8192, 9000):  # (9000: past TOPK_RANKED_MAX, the last round unranked)
         cm.search(q, long_rows, k)
     index = cm.Index(64, dtype="float16", device="cuda")
     index.add(d)
@@ -46,8 +46,9 @@ def searches():
 
 
 for merge_kernel in (False, True):  # a block's candidates merged by CuPy's sort, or maxsim_topk_merge
-    with tuning.override(search_merge_kernel=merge_kernel):
-        searches()
+    for wide_min in (-1, 0):  # rows in rounds; every row it can rank by the wide selection
+        with tuning.override(search_merge_kernel=merge_kernel, search_wide_select_min=wide_min):
+            searches()
 
 for dim in (1, 31, 33, 300):  # quantize_int8: tokens of a warp's width and around it
     x = rows((5, 7, dim), cupy.float16)

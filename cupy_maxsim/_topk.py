@@ -20,16 +20,21 @@ SEGMENT_OVER_K = 4
 MIN_SEGMENT = 16384
 
 
-def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ranked_max: int = 0):
+def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ranked_max: int = 0, wide=None,
+                    wide_min: int = -1):
     """The positions of the ``k`` best of each row of ``scores`` ((rows, n) float32, k < n),
     (rows, k) int32, and whether they are in rank order (the order above; else increasing).
     ``allowed``: bool (n,) or None; ``select(scores, k, segment_length, allowed, positions,
     ranked)``: one round (_gpu.launch.top_k_select's contract: the first over the rows
     themselves, the next over the row positions the round before chose, -1 padded; ``ranked``
     asked of the last round, one segment a row, where k <= ``ranked_max``); ``blocks_wanted``:
-    segments a round should have over all rows (the GPU's SMs, twice). MIN_SEGMENT is read at
+    segments a round should have over all rows (the GPU's SMs, twice); ``wide(scores, k,
+    allowed)``: the wide selection (_gpu.launch.top_k_wide: every row whole, ranked), taken for
+    rows longer than ``wide_min`` (-1: never) where k <= ``ranked_max``. MIN_SEGMENT is read at
     the call (the tests lower it for more rounds)."""
     rows, n = scores.shape
+    if wide is not None and 0 <= wide_min < n and k <= ranked_max:
+        return wide(scores, k, allowed), True
     per_row = max(1, blocks_wanted // max(1, rows))
     positions = None  # this round's elements by their row positions (None: the rows themselves)
     while True:

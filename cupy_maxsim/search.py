@@ -162,10 +162,11 @@ def _selected(xp, scores, k, live):
     if xp is np or scores.dtype != np.float32 or n <= k or n >= 2**31 or rows > 65535:
         return None, False
     from ._gpu.device import device_properties
-    from ._gpu.launch import TOPK_RANKED_MAX, top_k_select
+    from ._gpu.launch import TOPK_RANKED_MAX, top_k_select, top_k_wide
 
     sms = device_properties(scores.device.id)[0]
-    return _topk.top_k_positions(xp, xp.ascontiguousarray(scores), k, live, top_k_select, 2 * sms, TOPK_RANKED_MAX)
+    return _topk.top_k_positions(xp, xp.ascontiguousarray(scores), k, live, top_k_select, 2 * sms, TOPK_RANKED_MAX,
+                                 top_k_wide, tuning.current().search_wide_select_min)
 
 
 def _gpu_stream(like) -> contextlib.ExitStack:

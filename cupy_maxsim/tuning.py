@@ -116,6 +116,11 @@ class Tunables:
     #: the stream): 1,000 queries against 1M x 128 x 128, k=100, 0.966 -> 0.955 of scoring alone
     #: (bench/results/ab-search-merge-2026-12-03-9bc7498.txt).
     search_merge_kernel: bool = True
+    #: Rows of a search block longer than this take the wide selection (a block every 4k
+    #: elements, one launch a radix pass: maxsim_topk.cu) where the k best are ranked in the
+    #: kernel; shorter rows, one block each in one launch (the selection in rounds). -1: never.
+    #: (1 x 1M, k=1000: three rounds took 134 us, ncu-search-int8-2026-12-04-72f1b5e.)
+    search_wide_select_min: int = 16384
 
 
     def __post_init__(self):

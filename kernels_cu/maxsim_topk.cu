@@ -41,6 +41,11 @@ __device__ __forceinline__ unsigned topk_key(float score, int klass) {
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
+// The order key of position `at` of a row (`allowed`: a byte a position, 0 excluded; null: all live).
+__device__ __forceinline__ unsigned topk_key_at(const float* row, const unsigned char* allowed, int at) {
+    return topk_key(row[at], allowed == nullptr || allowed[at] ? TOPK_LIVE : TOPK_EXCLUDED);
+}
+
 // Exclusive prefix sum of `value` over the block in thread order, and the block's total.
 __device__ __forceinline__ int topk_block_sum_scan(int value, int* warp_sums, int& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -62,6 +67,27 @@ __device__ __forceinline__ int topk_block_sum_scan(int value, int* warp_sums, in
     }
     __syncthreads();  // warp_sums is reused by the next call
     return before + inclusive - value;
+}
+
+// Counts `key`'s digit at `shift` into the shared `histogram` where `counted` (the whole warp
+// calls it: a vote). A row's scores mostly share their top byte, and a shared-memory atomic per
+// element on one address serialises. (Past the first passes most warps count none: no vote for
+// them.)
+__device__ __forceinline__ void topk_count_digit(unsigned key, bool counted, int shift, int* histogram) {
+    const unsigned counting = __ballot_sync(0xffffffffu, counted);
+    if (!counting) return;
+    const unsigned digit = (key >> shift) & 0xffu;
+    // The common case, one digit for the whole warp, by a shuffle and a vote; else an atomic an
+    // element (a row's digits past the top byte spread: few lanes share an address). A match.any
+    // for every element took 1.01-1.27x as long (the selection of 1 x 1M, k=10 to 2048;
+    // ab-topk-2026-12-02-689500f).
+    const int leader = __ffs(counting) - 1;
+    const unsigned first_digit = __shfl_sync(0xffffffffu, digit, leader);
+    if (__all_sync(0xffffffffu, !counted || digit == first_digit)) {
+        if ((int)(threadIdx.x & 31) == leader) atomicAdd(&histogram[first_digit], __popc(counting));
+    } else if (counted) {
+        atomicAdd(&histogram[digit], 1);
+    }
 }
 
 // Warp 0: the digit where the histogram's count from the top (digit 255 down) reaches
@@ -109,8 +135,7 @@ __device__ __forceinline__ void topk_rank(int* out, int k, const float* row, con
         unsigned long long slot = ~0ull;  // past k: after everything
         if (i < k) {
             const int at = out[i];
-            const unsigned key = at < 0 ? (unsigned)TOPK_PADDING
-                                        : topk_key(row[at], allowed == nullptr || allowed[at] ? TOPK_LIVE : TOPK_EXCLUDED);
+            const unsigned key = at < 0 ? (unsigned)TOPK_PADDING : topk_key_at(row, allowed, at);
             slot = ((unsigned long long)~key << 32) | (unsigned)at;
         }
         slots[i] = slot;
@@ -154,8 +179,7 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
     auto position_at = [=](int i) { return candidates == nullptr ? first + i : candidates[i]; };
     auto key_at = [=](int i) {
         const int at = position_at(i);
-        if (at < 0) return (unsigned)TOPK_PADDING;
-        return topk_key(row[at], allowed == nullptr || allowed[at] ? TOPK_LIVE : TOPK_EXCLUDED);
+        return at < 0 ? (unsigned)TOPK_PADDING : topk_key_at(row, allowed, at);
     };
     const int cached = min(length, TOPK_CACHED_KEYS);
     // Element i's key in a pass after the first (which stored it): from shared memory.
@@ -181,28 +205,10 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
                 keys[j] = i >= length ? 0u : shift != 24 ? cached_key_at(i) : key_at(i);
                 if (shift == 24 && i < cached) cached_keys[i] = keys[j];
             }
-            const int lane = threadIdx.x & 31;
 #pragma unroll
             for (int j = 0; j < TOPK_ITEMS; ++j) {
                 const bool counted = start + j * TOPK_THREADS + (int)threadIdx.x < length && (keys[j] & mask) == prefix;
-                // A row's scores mostly share their top byte, and a shared-memory atomic per
-                // element on one address serialises. (Past the first passes most warps count
-                // none: no vote for them.)
-                const unsigned counting = __ballot_sync(0xffffffffu, counted);
-                if (counting) {
-                    const unsigned digit = (keys[j] >> shift) & 0xffu;
-                    // The common case, one digit for the whole warp, by a shuffle and a vote;
-                    // else an atomic an element (a row's digits past the top byte spread: few
-                    // lanes share an address). A match.any for every element took 1.01-1.27x
-                    // as long (the selection of 1 x 1M, k=10 to 2048; ab-topk-2026-12-02-689500f).
-                    const int leader = __ffs(counting) - 1;
-                    const unsigned first_digit = __shfl_sync(0xffffffffu, digit, leader);
-                    if (__all_sync(0xffffffffu, !counted || digit == first_digit)) {
-                        if (lane == leader) atomicAdd(&histogram[first_digit], __popc(counting));
-                    } else if (counted) {
-                        atomicAdd(&histogram[digit], 1);
-                    }
-                }
+                topk_count_digit(keys[j], counted, shift, histogram);
             }
         }
         __syncthreads();
@@ -253,6 +259,189 @@ __device__ __forceinline__ void topk_select(const float* scores, i64 row_stride,
         topk_select(scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked);   \
     }
 MAXSIM_TOPK_ENTRY(maxsim_topk_select, TOPK_THREADS)
+
+// ---- The wide selection: one row's k best by every block of the GPU at once ----
+//
+// The rounds above read a long row in segments of at least 4k elements, one block each, and
+// select the segments' candidates again: at 1 x 1M, k=1000, three rounds of 62, 4 and 1 blocks,
+// 134 us (ncu-search-int8-2026-12-04-72f1b5e), the later rounds latency-bound on a block or
+// four. Here the same radix select runs over the whole row with a block every TOPK_WIDE_CHUNK
+// elements, one launch a pass: each pass's blocks add their digit counts to the row's histogram
+// of that pass in global memory (integer atomics: deterministic), and each block of the next
+// launch reads the histograms so far to find the prefix (the launches order them; no block waits
+// for another). Then one launch writes the k positions (those above the k-th best key T in any
+// order, through a counter; those equal to T, the lowest positions first, through the counts of
+// T of the blocks before, which the last pass kept) and one ranks them by counting.
+#define TOPK_WIDE_CHUNK (TOPK_THREADS * TOPK_ITEMS)
+#define TOPK_WIDE_PASSES 4
+// A row's state, ints: each pass's histogram, the counter of positions above T, then each
+// block's histogram of the last pass. Zero before the first pass (but the blocks' histograms).
+#define TOPK_WIDE_HEAD (TOPK_WIDE_PASSES * 256 + 1)
+#define TOPK_WIDE_COUNTER (TOPK_WIDE_PASSES * 256)
+
+__device__ __forceinline__ i64 topk_wide_state_ints(int blocks) { return TOPK_WIDE_HEAD + 256 * (i64)blocks; }
+
+// Warp 0: the prefix (the k-th best key's digits of the first `passes` passes) and how many of
+// the k best share it, from the row's histograms, into s_prefix and s_remaining.
+__device__ __forceinline__ void topk_wide_prefix(const int* histograms, int passes, int k, unsigned& s_prefix,
+                                                 int& s_remaining) {
+    unsigned prefix = 0u;
+    int remaining = k;
+    for (int pass = 0; pass < passes; ++pass) {
+        topk_find_digit(histograms + pass * 256, prefix, 24 - 8 * pass, remaining, s_prefix, s_remaining);
+        __syncwarp();
+        prefix = s_prefix, remaining = s_remaining;
+        __syncwarp();  // (read before the next pass's lane writes)
+    }
+    if (threadIdx.x == 0) s_prefix = prefix, s_remaining = remaining;  // (passes 0: the whole row)
+}
+
+// Pass `pass` (digit 3 - pass, from the top) over this block's chunk of row blockIdx.y: the
+// digits of the keys under the prefix of the passes before, added to the row's histogram of the
+// pass (and, in the last pass, kept as this block's).
+__device__ __forceinline__ void topk_wide_count(const float* scores, i64 row_stride, int n, int k,
+                                                const unsigned char* allowed, int* state, int pass) {
+    __shared__ int histogram[256];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_remaining;
+    int* row_state = state + (i64)blockIdx.y * topk_wide_state_ints(gridDim.x);
+    const float* row = scores + (i64)blockIdx.y * row_stride;
+    for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) histogram[b] = 0;
+    if (threadIdx.x < 32) topk_wide_prefix(row_state, pass, k, s_prefix, s_remaining);
+    __syncthreads();
+    const unsigned prefix = s_prefix, mask = pass == 0 ? 0u : ~0u << (32 - 8 * pass);
+    const int shift = 24 - 8 * pass, first = blockIdx.x * TOPK_WIDE_CHUNK, length = min(TOPK_WIDE_CHUNK, n - first);
+    unsigned keys[TOPK_ITEMS];
+#pragma unroll
+    for (int j = 0; j < TOPK_ITEMS; ++j) {  // (all loads in flight before the votes)
+        const int i = j * TOPK_THREADS + threadIdx.x;
+        keys[j] = i < length ? topk_key_at(row, allowed, first + i) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < TOPK_ITEMS; ++j)
+        topk_count_digit(keys[j], j * TOPK_THREADS + (int)threadIdx.x < length && (keys[j] & mask) == prefix, shift,
+                         histogram);
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) {
+        const int count = histogram[b];
+        if (count) atomicAdd(&row_state[pass * 256 + b], count);
+        if (pass == TOPK_WIDE_PASSES - 1) row_state[TOPK_WIDE_HEAD + blockIdx.x * 256 + b] = count;
+    }
+}
+
+// After the passes: this block's positions among the row's k best into candidates[row * k ...]:
+// those above T through the row's counter (slots 0 .. k - remaining, in no set order: the rank
+// launch orders them), those equal to T that are among the first `remaining` of the row (the
+// lowest positions: search's ties) after them, in position order.
+__device__ __forceinline__ void topk_wide_write(const float* scores, i64 row_stride, int n, int k,
+                                                const unsigned char* allowed, int* state, int* candidates) {
+    __shared__ int warp_sums[TOPK_THREADS / 32];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_remaining;
+    int* row_state = state + (i64)blockIdx.y * topk_wide_state_ints(gridDim.x);
+    const float* row = scores + (i64)blockIdx.y * row_stride;
+    int* out = candidates + (i64)blockIdx.y * k;
+    if (threadIdx.x < 32) topk_wide_prefix(row_state, TOPK_WIDE_PASSES, k, s_prefix, s_remaining);
+    __syncthreads();
+    const unsigned threshold = s_prefix;
+    const int remaining = s_remaining;
+    // Keys equal to T in the blocks before this one: their last-pass counts of T's low digit.
+    int equal_blocks = 0;
+    for (int b = threadIdx.x; b < (int)blockIdx.x; b += TOPK_THREADS)
+        equal_blocks += row_state[TOPK_WIDE_HEAD + b * 256 + (threshold & 0xffu)];
+    int equal_before_block;
+    topk_block_sum_scan(equal_blocks, warp_sums, equal_before_block);
+    // Each thread owns TOPK_ITEMS consecutive elements (position order within the block).
+    const int first = blockIdx.x * TOPK_WIDE_CHUNK, length = min(TOPK_WIDE_CHUNK, n - first);
+    const int base = (int)threadIdx.x * TOPK_ITEMS;
+    unsigned above_bits = 0u, equal_bits = 0u;
+#pragma unroll
+    for (int j = 0; j < TOPK_ITEMS; ++j) {
+        if (base + j < length) {
+            const unsigned key = topk_key_at(row, allowed, first + base + j);
+            above_bits |= (unsigned)(key > threshold) << j;
+            equal_bits |= (unsigned)(key == threshold) << j;
+        }
+    }
+    // Above T: a slot range a warp from the counter (one atomic a warp).
+    const int above = __popc(above_bits), lane = threadIdx.x & 31;
+    int inclusive = above;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        inclusive += lane >= offset ? other : 0;
+    }
+    int warp_slot = 0;
+    if (lane == 31 && inclusive) warp_slot = atomicAdd(&row_state[TOPK_WIDE_COUNTER], inclusive);
+    int slot = __shfl_sync(0xffffffffu, warp_slot, 31) + inclusive - above;
+    // Equal to T: the block's scan in position order, after the blocks before.
+    int unused;
+    int equal_before = equal_before_block + topk_block_sum_scan(__popc(equal_bits), warp_sums, unused);
+#pragma unroll
+    for (int j = 0; j < TOPK_ITEMS; ++j) {
+        if ((above_bits >> j) & 1u) out[slot++] = first + base + j;
+        if ((equal_bits >> j) & 1u) {
+            if (equal_before < remaining) out[k - remaining + equal_before] = first + base + j;
+            ++equal_before;
+        }
+    }
+}
+
+// Threads of a ranking block: a warp a slice of the candidates, 32 candidates a block.
+#define TOPK_RANK_THREADS 256
+// Row blockIdx.y's k candidates (distinct positions) in rank order into chosen[row * k ...]:
+// key descending, then position ascending; a candidate's rank is the number of candidates
+// before it, counted against the row's (~key, position) pairs in shared memory (dynamic, 8
+// bytes each, k at most TOPK_RANKED_MAX).
+__device__ __forceinline__ void topk_wide_rank(const float* scores, i64 row_stride, int k,
+                                               const unsigned char* allowed, const int* candidates, int* chosen) {
+    extern __shared__ unsigned long long pairs[];
+    __shared__ int counts[TOPK_RANK_THREADS / 32][32];
+    const float* row = scores + (i64)blockIdx.y * row_stride;
+    const int* in = candidates + (i64)blockIdx.y * k;
+    for (int i = threadIdx.x; i < k; i += TOPK_RANK_THREADS) {
+        const int at = in[i];
+        pairs[i] = ((unsigned long long)~topk_key_at(row, allowed, at) << 32) | (unsigned)at;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i = blockIdx.x * 32 + lane;
+    const unsigned long long mine = i < k ? pairs[i] : 0ull;
+    const int slice = (k + TOPK_RANK_THREADS / 32 - 1) / (TOPK_RANK_THREADS / 32);
+    const int stop = min(k, (warp + 1) * slice);
+    int before = 0;
+    for (int j = warp * slice; j < stop; ++j) before += pairs[j] < mine;
+    counts[warp][lane] = before;
+    __syncthreads();
+    if (warp == 0 && i < k) {
+        int rank = 0;
+#pragma unroll
+        for (int w = 0; w < TOPK_RANK_THREADS / 32; ++w) rank += counts[w][lane];
+        chosen[(i64)blockIdx.y * k + rank] = (int)(unsigned)mine;
+    }
+}
+
+// THREADS: the block sizes _gpu/launch.top_k_wide launches with (TOPK_THREADS; TOPK_RANK_THREADS).
+#define MAXSIM_TOPK_WIDE_COUNT_ENTRY(NAME, THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+        NAME(const float* scores, i64 row_stride, int n, int k, const unsigned char* allowed, int* state, \
+             int pass) {                                                                             \
+        topk_wide_count(scores, row_stride, n, k, allowed, state, pass);                             \
+    }
+#define MAXSIM_TOPK_WIDE_WRITE_ENTRY(NAME, THREADS)                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+        NAME(const float* scores, i64 row_stride, int n, int k, const unsigned char* allowed, int* state, \
+             int* candidates) {                                                                      \
+        topk_wide_write(scores, row_stride, n, k, allowed, state, candidates);                       \
+    }
+#define MAXSIM_TOPK_WIDE_RANK_ENTRY(NAME, THREADS)                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+        NAME(const float* scores, i64 row_stride, int k, const unsigned char* allowed, const int* candidates, \
+             int* chosen) {                                                                          \
+        topk_wide_rank(scores, row_stride, k, allowed, candidates, chosen);                          \
+    }
+MAXSIM_TOPK_WIDE_COUNT_ENTRY(maxsim_topk_wide_count, TOPK_THREADS)
+MAXSIM_TOPK_WIDE_WRITE_ENTRY(maxsim_topk_wide_write, TOPK_THREADS)
+MAXSIM_TOPK_WIDE_RANK_ENTRY(maxsim_topk_wide_rank, TOPK_RANK_THREADS)
 
 // Search's answer from the last round's ranked positions, in one launch (it was a dozen small
 // CuPy operations, each compiled on a new machine's first search and each a launch): for row

@@ -191,15 +191,16 @@ def test_search_packed_reads_device_offsets_back_once(monkeypatch):
 @pytest.mark.parametrize("min_segment", [None, 1])  # rows in one segment; in segments of 4k, in rounds
 @pytest.mark.parametrize("ranked", [True, False])  # the last round ranks in the kernel; or search sorts
 @pytest.mark.parametrize("merge_kernel", [False, True])  # blocks merged by CuPy's argsort; by maxsim_topk_merge
-def test_gpu_selection_ties_nan_inf_and_exclusions(min_segment, ranked, merge_kernel, monkeypatch):
-    """The GPU's selection kernel (maxsim_topk.cu) against the order written out: a corpus of
+@pytest.mark.parametrize("wide", [False, True])  # every row by the wide selection where it ranks; never
+def test_gpu_selection_ties_nan_inf_and_exclusions(min_segment, ranked, merge_kernel, wide, monkeypatch):
+    """The GPU's selection kernels (maxsim_topk.cu) against the order written out: a corpus of
     40 documents repeated 75 times (every score tied 75 ways), NaN and empty (-inf) documents,
     k from 1 past the corpus, one block and several; and an Index's removed documents."""
     import cupy
 
     from cupy_maxsim import tuning
 
-    with tuning.override(search_merge_kernel=merge_kernel):
+    with tuning.override(search_merge_kernel=merge_kernel, search_wide_select_min=0 if wide else -1):
         _selection_ties_nan_inf_and_exclusions(min_segment, ranked, monkeypatch, cupy)
 
 

@@ -71,6 +71,59 @@ def model_select(scores, k, segment_length, allowed, positions, ranked=False):
     return chosen
 
 
+def model_wide(scores, k, allowed, chunk, above_order=None):
+    """A NumPy model of maxsim_topk.cu's wide selection (its steps, not a sort): each radix pass
+    counted by blocks of ``chunk`` elements into the row's histogram, the prefix walked from the
+    histograms so far; the k written (those above T in ``above_order``'s order of blocks, as the
+    counter's atomics may hand out slots; those equal to T through the blocks' last-pass counts);
+    then each ranked by counting the (~key, position) pairs before it. -> (rows, k) int32."""
+    rows, n = scores.shape
+    blocks = -(-n // chunk)
+    live = np.ones(n, bool) if allowed is None else allowed
+    chosen = np.full((rows, k), -1, np.int32)
+    for r in range(rows):
+        keys = _keys(scores[r], np.where(live, _topk.LIVE, _topk.EXCLUDED)).astype(np.uint32)
+        histograms, block_counts = [], None
+
+        def walk(passes):
+            prefix, remaining = 0, k
+            for p in range(passes):
+                histogram, digit, above = histograms[p], 255, 0
+                while digit > 0 and above + histogram[digit] < remaining:
+                    above += histogram[digit]
+                    digit -= 1
+                prefix |= digit << (24 - 8 * p)
+                remaining -= above
+            return prefix, remaining
+
+        for p in range(4):
+            prefix, _ = walk(p)
+            mask = 0 if p == 0 else (0xFFFFFFFF << (32 - 8 * p)) & 0xFFFFFFFF
+            counts = [np.bincount((keys[b * chunk:(b + 1) * chunk][(keys[b * chunk:(b + 1) * chunk] & mask) == prefix]
+                                   >> (24 - 8 * p)) & 0xFF, minlength=256) for b in range(blocks)]
+            histograms.append(np.sum(counts, axis=0))
+            block_counts = counts
+        threshold, remaining = walk(4)
+        candidates = np.full(k, -1, np.int64)
+        slot = 0
+        for b in (range(blocks) if above_order is None else above_order(blocks)):
+            for i in np.flatnonzero(keys[b * chunk:(b + 1) * chunk] > threshold) + b * chunk:
+                candidates[slot] = i
+                slot += 1
+        assert slot == k - remaining
+        for b in range(blocks):
+            equal_before = sum(int(block_counts[c][threshold & 0xFF]) for c in range(b))
+            for i in np.flatnonzero(keys[b * chunk:(b + 1) * chunk] == threshold) + b * chunk:
+                if equal_before < remaining:
+                    candidates[k - remaining + equal_before] = i
+                equal_before += 1
+        assert (candidates >= 0).all() and np.unique(candidates).size == k
+        pairs = (~keys[candidates].astype(np.uint64) & np.uint64(0xFFFFFFFF)) << np.uint64(32) | candidates.astype(np.uint64)
+        for i in range(k):
+            chosen[r, int((pairs < pairs[i]).sum())] = candidates[i]
+    return chosen
+
+
 def _expected(values, allowed, k, ranked=False):
     """Each row's k best positions by the order written out, increasing (``ranked``: in that
     order)."""
@@ -103,6 +156,62 @@ def test_rounds_of_the_model_give_each_rows_k_best(seed, monkeypatch):
     got, ranked = _topk.top_k_positions(np, values, k, allowed, model_select, blocks, ranked_max)
     assert ranked == (k <= ranked_max)
     np.testing.assert_array_equal(got, _expected(values, allowed, k, ranked))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_wide_model_gives_each_rows_k_best_in_rank_order(seed):
+    """The wide selection's algorithm (model_wide) against the order written out: ties (values
+    rounded), NaN, infinities, exclusions, k from 1 to n - 1, rows over many blocks, slots above
+    T handed out in any order of blocks."""
+    rng = np.random.default_rng(seed)
+    rows, n = int(rng.integers(1, 4)), int(rng.integers(2, 3000))
+    k = int(rng.integers(1, n))
+    values = np.round(rng.standard_normal((rows, n)), int(rng.integers(0, 3))).astype(np.float32)
+    values[rng.random((rows, n)) < 0.02] = np.nan
+    values[rng.random((rows, n)) < 0.02] = -np.inf
+    values[rng.random((rows, n)) < 0.01] = np.inf
+    allowed = None if seed % 3 == 0 else rng.random(n) < (0.8, 0.01)[seed % 2]  # (few allowed: T among the excluded)
+    chunk = int(rng.integers(1, 600))
+    order = None if seed % 2 else (lambda blocks: range(blocks - 1, -1, -1))
+    np.testing.assert_array_equal(model_wide(values, k, allowed, chunk, order), _expected(values, allowed, k, True))
+
+
+def test_the_wide_selection_is_taken_for_long_rows_it_can_rank():
+    """top_k_positions hands rows longer than wide_min to the wide selection where k <=
+    ranked_max, and to the rounds otherwise."""
+    values = np.random.default_rng(1).standard_normal((2, 500)).astype(np.float32)
+    wide = lambda scores, k, allowed: model_wide(scores, k, allowed, 64)  # noqa: E731
+    for wide_min, ranked_max, taken in ((499, 10, True), (500, 10, False), (-1, 10, False), (0, 9, False)):
+        calls = []
+
+        def counted(*args):
+            calls.append("wide")
+            return wide(*args)
+
+        got, ranked = _topk.top_k_positions(np, values, 10, None, model_select, 4, ranked_max, counted, wide_min)
+        assert (calls == ["wide"]) == taken and ranked == (taken or 10 <= ranked_max)
+        np.testing.assert_array_equal(got, _expected(values, None, 10, ranked))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(8))
+def test_the_wide_kernels_give_each_rows_k_best_in_rank_order(seed):
+    """maxsim_topk.cu's wide selection on the GPU against the order written out: rows over
+    several blocks (4k elements each), ties, NaN, infinities, exclusions, k up to 8192."""
+    import cupy
+
+    from cupy_maxsim._gpu import launch
+
+    rng = np.random.default_rng(200 + seed)
+    rows, n = (1, 3, 1, 2, 5, 1, 2, 1)[seed], (4097, 20000, 50000, 9000, 12345, 100, 30000, 70000)[seed]
+    values = np.round(rng.standard_normal((rows, n)), (0, 1, 2, 3, 1, 0, 2, 6)[seed]).astype(np.float32)
+    values[rng.random((rows, n)) < 0.01] = np.nan
+    values[rng.random((rows, n)) < 0.01] = -np.inf
+    values[rng.random((rows, n)) < 0.005] = np.inf
+    allowed = None if seed % 3 == 0 else rng.random(n) < (0.8, 0.02)[seed % 2]
+    for k in sorted({1, 10, min(n - 1, 1000), min(n - 1, 2048), min(n - 1, launch.TOPK_RANKED_MAX), n - 1}):
+        got = launch.top_k_wide(cupy.asarray(values), k, None if allowed is None else cupy.asarray(allowed))
+        np.testing.assert_array_equal(cupy.asnumpy(got), _expected(values, allowed, k, True), err_msg=f"k={k}")
 
 
 def test_negative_zero_and_zero_tie_to_the_lower_position():
@@ -202,8 +311,13 @@ def test_the_kernels_constants_agree_with_python():
     assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
         _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
     assert (define("TOPK_THREADS"), define("TOPK_CACHED_KEYS")) == (launch.TOPK_THREADS, launch.TOPK_CACHED_KEYS)
-    assert (define("TOPK_FINISH_THREADS"), define("TOPK_MERGE_THREADS")) == (
-        launch.TOPK_FINISH_THREADS, launch.TOPK_MERGE_THREADS)
+    assert (define("TOPK_FINISH_THREADS"), define("TOPK_MERGE_THREADS"), define("TOPK_RANK_THREADS")) == (
+        launch.TOPK_FINISH_THREADS, launch.TOPK_MERGE_THREADS, launch.TOPK_RANK_THREADS)
+    assert (define("TOPK_ITEMS"), define("TOPK_WIDE_PASSES")) == (launch.TOPK_ITEMS, launch.TOPK_WIDE_PASSES)
+    assert re.search(r"#define TOPK_WIDE_CHUNK \(TOPK_THREADS \* TOPK_ITEMS\)", SOURCE)
+    assert launch.TOPK_WIDE_CHUNK == launch.TOPK_THREADS * launch.TOPK_ITEMS
+    assert re.search(r"#define TOPK_WIDE_HEAD \(TOPK_WIDE_PASSES \* 256 \+ 1\)", SOURCE)
+    assert launch.TOPK_WIDE_HEAD == launch.TOPK_WIDE_PASSES * 256 + 1
     assert re.search(r"#define TOPK_RANKED_MAX \(TOPK_CACHED_KEYS / 2\)", SOURCE)
     assert launch.TOPK_RANKED_MAX == launch.TOPK_CACHED_KEYS // 2
 

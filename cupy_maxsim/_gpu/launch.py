@@ -96,6 +96,9 @@ _function_pointers = Cache("function pointers", limit=1024)
 SMALL_KERNEL_PARAMETERS = {
     "maxsim_offsets_summary": "QqqiQ",  # offsets, count, stride, is_64bit, summary
     "maxsim_topk_select": "QqiiiQQQi",  # scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked
+    "maxsim_topk_wide_count": "QqiiQQi",  # scores, row_stride, n, k, allowed, state, pass
+    "maxsim_topk_wide_write": "QqiiQQQ",  # scores, row_stride, n, k, allowed, state, candidates
+    "maxsim_topk_wide_rank": "QqiQQQ",    # scores, row_stride, k, allowed, candidates, chosen
     "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
     "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
@@ -160,6 +163,45 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked
         launch(kernel, (segments, rows), (TOPK_THREADS,),
                scalars("maxsim_topk_select", scores.data.ptr, n, width, k, segment_length,  # (n: the row stride)
                        _pointer(allowed), _pointer(positions), chosen.data.ptr, int(ranked)), shared, None)
+    return chosen
+
+
+#: The wide selection's ranking block, elements a thread of a selecting block takes, a block's
+#: elements, the radix passes and the ints of a row's state before the blocks' histograms
+#: (TOPK_RANK_THREADS, TOPK_ITEMS, TOPK_WIDE_CHUNK, TOPK_WIDE_PASSES, TOPK_WIDE_HEAD in maxsim_topk.cu).
+TOPK_RANK_THREADS, TOPK_ITEMS, TOPK_WIDE_PASSES = 256, 8, 4
+TOPK_WIDE_CHUNK, TOPK_WIDE_HEAD = TOPK_THREADS * TOPK_ITEMS, TOPK_WIDE_PASSES * 256 + 1
+
+
+def top_k_wide(scores, k: int, allowed):
+    """The positions of each row's k best in rank order (search's), (rows, k) int32, by the wide
+    selection (maxsim_topk.cu): a block every TOPK_WIDE_CHUNK elements of every row, one launch
+    a radix pass, one to write the k, one to rank them; on the current device and stream.
+    ``scores``: C-contiguous CuPy float32 (rows, n), k < n, k <= TOPK_RANKED_MAX; ``allowed``:
+    bool (n,) or None (all live)."""
+    import cupy
+
+    rows, n = scores.shape
+    if not 0 < k < n or k > TOPK_RANKED_MAX:
+        raise ValueError(f"the wide selection takes 0 < k < n and k <= {TOPK_RANKED_MAX}, got k={k}, n={n}")
+    blocks = -(-n // TOPK_WIDE_CHUNK)
+    state = cupy.zeros((rows, TOPK_WIDE_HEAD + 256 * blocks), cupy.int32)
+    candidates, chosen = cupy.empty((rows, k), cupy.int32), cupy.empty((rows, k), cupy.int32)
+    if rows:
+        device = scores.device.id
+        count = get_kernel(device, "maxsim_topk", "maxsim_topk_wide_count")
+        for pass_ in range(TOPK_WIDE_PASSES):
+            launch(count, (blocks, rows), (TOPK_THREADS,),
+                   scalars("maxsim_topk_wide_count", scores.data.ptr, n, n, k, _pointer(allowed), state.data.ptr, pass_),
+                   0, None)
+        launch(get_kernel(device, "maxsim_topk", "maxsim_topk_wide_write"), (blocks, rows), (TOPK_THREADS,),
+               scalars("maxsim_topk_wide_write", scores.data.ptr, n, n, k, _pointer(allowed), state.data.ptr,
+                       candidates.data.ptr), 0, None)
+        shared = 8 * k
+        launch(get_kernel(device, "maxsim_topk", "maxsim_topk_wide_rank", shared_bytes=8 * TOPK_RANKED_MAX),
+               (-(-k // 32), rows), (TOPK_RANK_THREADS,),
+               scalars("maxsim_topk_wide_rank", scores.data.ptr, n, k, _pointer(allowed), candidates.data.ptr,
+                       chosen.data.ptr), shared, None)
     return chosen
 
 
