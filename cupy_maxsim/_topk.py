@@ -29,12 +29,15 @@ def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ran
     themselves, the next over the row positions the round before chose, -1 padded; ``ranked``
     asked of the last round, one segment a row, where k <= ``ranked_max``); ``blocks_wanted``:
     segments a round should have over all rows (the GPU's SMs, twice); ``wide(scores, k,
-    allowed)``: the wide selection (_gpu.launch.top_k_wide: every row whole, ranked), taken for
+    allowed)``: the wide selection (_gpu.launch.top_k_wide: every row whole, ranked; None: it
+    cannot), taken for
     rows longer than ``wide_min`` (-1: never) where k <= ``ranked_max``. MIN_SEGMENT is read at
     the call (the tests lower it for more rounds)."""
     rows, n = scores.shape
     if wide is not None and 0 <= wide_min < n and k <= ranked_max:
-        return wide(scores, k, allowed), True
+        chosen = wide(scores, k, allowed)
+        if chosen is not None:  # (None: more rows than the GPU holds blocks at once)
+            return chosen, True
     per_row = max(1, blocks_wanted // max(1, rows))
     positions = None  # this round's elements by their row positions (None: the rows themselves)
     while True:

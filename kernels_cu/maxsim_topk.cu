@@ -265,183 +265,191 @@ MAXSIM_TOPK_ENTRY(maxsim_topk_select, TOPK_THREADS)
 // The rounds above read a long row in segments of at least 4k elements, one block each, and
 // select the segments' candidates again: at 1 x 1M, k=1000, three rounds of 62, 4 and 1 blocks,
 // 134 us (ncu-search-int8-2026-12-04-72f1b5e), the later rounds latency-bound on a block or
-// four. Here the same radix select runs over the whole row with a block every TOPK_WIDE_CHUNK
-// elements, one launch a pass: each pass's blocks add their digit counts to the row's histogram
-// of that pass in global memory (integer atomics: deterministic), and each block of the next
-// launch reads the histograms so far to find the prefix (the launches order them; no block waits
-// for another). Then one launch writes the k positions (those above the k-th best key T in any
-// order, through a counter; those equal to T, the lowest positions first, through the counts of
-// T of the blocks before, which the last pass kept) and one ranks them by counting.
+// four. Here the same radix select runs over the whole row at once, a chunk of TOPK_WIDE_CHUNK
+// elements a block (or several, where the row has more chunks than the grid has blocks), in one
+// cooperative launch (every block resident: _gpu/launch.top_k_wide) with a grid barrier after
+// each step: each pass's blocks add their digit counts to the row's histogram of that pass in
+// global memory (integer atomics: deterministic), and every block then reads it to extend the
+// prefix; then the k positions are written (those above the k-th best key T in any order,
+// through a counter; those equal to T, the lowest positions first, through the counts of T of
+// the chunks before, which the last pass kept) and ranked by counting. (Seven launches, a pass
+// each, took 65-100 us over scoring at 1M: s34a, 2228bf3.)
 #define TOPK_WIDE_CHUNK (TOPK_THREADS * TOPK_ITEMS)
 #define TOPK_WIDE_PASSES 4
 // A row's state, ints: each pass's histogram, the counter of positions above T, then each
-// block's histogram of the last pass. Zero before the first pass (but the blocks' histograms).
+// chunk's histogram of the last pass; after the rows' states, the grid barrier's count. Zero
+// before the launch (but the chunks' histograms).
 #define TOPK_WIDE_HEAD (TOPK_WIDE_PASSES * 256 + 1)
 #define TOPK_WIDE_COUNTER (TOPK_WIDE_PASSES * 256)
 
-__device__ __forceinline__ i64 topk_wide_state_ints(int blocks) { return TOPK_WIDE_HEAD + 256 * (i64)blocks; }
-
-// Warp 0: the prefix (the k-th best key's digits of the first `passes` passes) and how many of
-// the k best share it, from the row's histograms, into s_prefix and s_remaining.
-__device__ __forceinline__ void topk_wide_prefix(const int* histograms, int passes, int k, unsigned& s_prefix,
-                                                 int& s_remaining) {
-    unsigned prefix = 0u;
-    int remaining = k;
-    for (int pass = 0; pass < passes; ++pass) {
-        topk_find_digit(histograms + pass * 256, prefix, 24 - 8 * pass, remaining, s_prefix, s_remaining);
-        __syncwarp();
-        prefix = s_prefix, remaining = s_remaining;
-        __syncwarp();  // (read before the next pass's lane writes)
+// Every block of the grid reaches the `round`th barrier (from 1) before any goes on; what a
+// block wrote before it is visible after it (read with __ldcg: not from a stale L1 line).
+__device__ __forceinline__ void topk_grid_sync(unsigned* arrived, unsigned round) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned target = round * gridDim.x * gridDim.y;
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        unsigned seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+        } while (seen < target);
     }
-    if (threadIdx.x == 0) s_prefix = prefix, s_remaining = remaining;  // (passes 0: the whole row)
+    __syncthreads();
 }
 
-// Pass `pass` (digit 3 - pass, from the top) over this block's chunk of row blockIdx.y: the
-// digits of the keys under the prefix of the passes before, added to the row's histogram of the
-// pass (and, in the last pass, kept as this block's).
-__device__ __forceinline__ void topk_wide_count(const float* scores, i64 row_stride, int n, int k,
-                                                const unsigned char* allowed, int* state, int pass) {
+// One chunk's keys, TOPK_ITEMS a thread: element j * TOPK_THREADS + thread (`strided`: the
+// passes, coalesced) or thread * TOPK_ITEMS + j (the write: a thread's run in position order).
+// Past the row: 0 (`valid` clear).
+__device__ __forceinline__ void topk_chunk_keys(const float* row, const unsigned char* allowed, int n, int chunk,
+                                                bool strided, unsigned (&keys)[TOPK_ITEMS], unsigned& valid) {
+    valid = 0u;
+#pragma unroll
+    for (int j = 0; j < TOPK_ITEMS; ++j) {
+        const int at = chunk * TOPK_WIDE_CHUNK + (strided ? j * TOPK_THREADS + (int)threadIdx.x
+                                                          : (int)threadIdx.x * TOPK_ITEMS + j);
+        keys[j] = at < n ? topk_key_at(row, allowed, at) : 0u;
+        valid |= (unsigned)(at < n) << j;
+    }
+}
+
+// The shared `histogram` added to global `counts` (nonzero bins only, atomically).
+__device__ __forceinline__ void topk_flush_histogram(const int* histogram, int* counts) {
+    for (int b = threadIdx.x; b < 256; b += TOPK_THREADS)
+        if (histogram[b]) atomicAdd(&counts[b], histogram[b]);
+}
+
+// Row blockIdx.y's k best positions, ranked (key descending, then position ascending), into
+// chosen[row * k ...]; candidates[row * k ...] is the k positions unranked (scratch). Dynamic
+// shared memory: the row's (~key, position) pairs to rank, 8 bytes each (k at most TOPK_RANKED_MAX).
+__device__ __forceinline__ void topk_wide(const float* scores, i64 row_stride, int n, int k,
+                                          const unsigned char* allowed, int* state, int* candidates, int* chosen) {
     __shared__ int histogram[256];
-    __shared__ unsigned s_prefix;
-    __shared__ int s_remaining;
-    int* row_state = state + (i64)blockIdx.y * topk_wide_state_ints(gridDim.x);
-    const float* row = scores + (i64)blockIdx.y * row_stride;
-    for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) histogram[b] = 0;
-    if (threadIdx.x < 32) topk_wide_prefix(row_state, pass, k, s_prefix, s_remaining);
-    __syncthreads();
-    const unsigned prefix = s_prefix, mask = pass == 0 ? 0u : ~0u << (32 - 8 * pass);
-    const int shift = 24 - 8 * pass, first = blockIdx.x * TOPK_WIDE_CHUNK, length = min(TOPK_WIDE_CHUNK, n - first);
-    unsigned keys[TOPK_ITEMS];
-#pragma unroll
-    for (int j = 0; j < TOPK_ITEMS; ++j) {  // (all loads in flight before the votes)
-        const int i = j * TOPK_THREADS + threadIdx.x;
-        keys[j] = i < length ? topk_key_at(row, allowed, first + i) : 0u;
-    }
-#pragma unroll
-    for (int j = 0; j < TOPK_ITEMS; ++j)
-        topk_count_digit(keys[j], j * TOPK_THREADS + (int)threadIdx.x < length && (keys[j] & mask) == prefix, shift,
-                         histogram);
-    __syncthreads();
-    for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) {
-        const int count = histogram[b];
-        if (count) atomicAdd(&row_state[pass * 256 + b], count);
-        if (pass == TOPK_WIDE_PASSES - 1) row_state[TOPK_WIDE_HEAD + blockIdx.x * 256 + b] = count;
-    }
-}
-
-// After the passes: this block's positions among the row's k best into candidates[row * k ...]:
-// those above T through the row's counter (slots 0 .. k - remaining, in no set order: the rank
-// launch orders them), those equal to T that are among the first `remaining` of the row (the
-// lowest positions: search's ties) after them, in position order.
-__device__ __forceinline__ void topk_wide_write(const float* scores, i64 row_stride, int n, int k,
-                                                const unsigned char* allowed, int* state, int* candidates) {
     __shared__ int warp_sums[TOPK_THREADS / 32];
+    __shared__ int counts[TOPK_THREADS / 32][32];
     __shared__ unsigned s_prefix;
     __shared__ int s_remaining;
-    int* row_state = state + (i64)blockIdx.y * topk_wide_state_ints(gridDim.x);
-    const float* row = scores + (i64)blockIdx.y * row_stride;
-    int* out = candidates + (i64)blockIdx.y * k;
-    if (threadIdx.x < 32) topk_wide_prefix(row_state, TOPK_WIDE_PASSES, k, s_prefix, s_remaining);
-    __syncthreads();
-    const unsigned threshold = s_prefix;
-    const int remaining = s_remaining;
-    // Keys equal to T in the blocks before this one: their last-pass counts of T's low digit.
-    int equal_blocks = 0;
-    for (int b = threadIdx.x; b < (int)blockIdx.x; b += TOPK_THREADS)
-        equal_blocks += row_state[TOPK_WIDE_HEAD + b * 256 + (threshold & 0xffu)];
-    int equal_before_block;
-    topk_block_sum_scan(equal_blocks, warp_sums, equal_before_block);
-    // Each thread owns TOPK_ITEMS consecutive elements (position order within the block).
-    const int first = blockIdx.x * TOPK_WIDE_CHUNK, length = min(TOPK_WIDE_CHUNK, n - first);
-    const int base = (int)threadIdx.x * TOPK_ITEMS;
-    unsigned above_bits = 0u, equal_bits = 0u;
-#pragma unroll
-    for (int j = 0; j < TOPK_ITEMS; ++j) {
-        if (base + j < length) {
-            const unsigned key = topk_key_at(row, allowed, first + base + j);
-            above_bits |= (unsigned)(key > threshold) << j;
-            equal_bits |= (unsigned)(key == threshold) << j;
-        }
-    }
-    // Above T: a slot range a warp from the counter (one atomic a warp).
-    const int above = __popc(above_bits), lane = threadIdx.x & 31;
-    int inclusive = above;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        inclusive += lane >= offset ? other : 0;
-    }
-    int warp_slot = 0;
-    if (lane == 31 && inclusive) warp_slot = atomicAdd(&row_state[TOPK_WIDE_COUNTER], inclusive);
-    int slot = __shfl_sync(0xffffffffu, warp_slot, 31) + inclusive - above;
-    // Equal to T: the block's scan in position order, after the blocks before.
-    int unused;
-    int equal_before = equal_before_block + topk_block_sum_scan(__popc(equal_bits), warp_sums, unused);
-#pragma unroll
-    for (int j = 0; j < TOPK_ITEMS; ++j) {
-        if ((above_bits >> j) & 1u) out[slot++] = first + base + j;
-        if ((equal_bits >> j) & 1u) {
-            if (equal_before < remaining) out[k - remaining + equal_before] = first + base + j;
-            ++equal_before;
-        }
-    }
-}
-
-// Threads of a ranking block: a warp a slice of the candidates, 32 candidates a block.
-#define TOPK_RANK_THREADS 256
-// Row blockIdx.y's k candidates (distinct positions) in rank order into chosen[row * k ...]:
-// key descending, then position ascending; a candidate's rank is the number of candidates
-// before it, counted against the row's (~key, position) pairs in shared memory (dynamic, 8
-// bytes each, k at most TOPK_RANKED_MAX).
-__device__ __forceinline__ void topk_wide_rank(const float* scores, i64 row_stride, int k,
-                                               const unsigned char* allowed, const int* candidates, int* chosen) {
     extern __shared__ unsigned long long pairs[];
-    __shared__ int counts[TOPK_RANK_THREADS / 32][32];
+    const int chunks = (n + TOPK_WIDE_CHUNK - 1) / TOPK_WIDE_CHUNK;
+    const i64 row_ints = TOPK_WIDE_HEAD + 256 * (i64)chunks;
+    int* row_state = state + (i64)blockIdx.y * row_ints;
+    unsigned* arrived = reinterpret_cast<unsigned*>(state + gridDim.y * row_ints);
     const float* row = scores + (i64)blockIdx.y * row_stride;
-    const int* in = candidates + (i64)blockIdx.y * k;
-    for (int i = threadIdx.x; i < k; i += TOPK_RANK_THREADS) {
-        const int at = in[i];
+    unsigned prefix = 0u, mask = 0u, keys[TOPK_ITEMS], valid;
+    int remaining = k;
+
+    // The passes: digit 3 - pass of the keys under the prefix so far.
+    for (int pass = 0; pass < TOPK_WIDE_PASSES; ++pass) {
+        const int shift = 24 - 8 * pass;
+        const bool last = pass == TOPK_WIDE_PASSES - 1;  // (each chunk's own counts kept)
+        for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) histogram[b] = 0;
+        __syncthreads();
+        for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+            topk_chunk_keys(row, allowed, n, chunk, true, keys, valid);
+#pragma unroll
+            for (int j = 0; j < TOPK_ITEMS; ++j)
+                topk_count_digit(keys[j], ((valid >> j) & 1u) && (keys[j] & mask) == prefix, shift, histogram);
+            if (last) {
+                __syncthreads();
+                for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) {
+                    row_state[TOPK_WIDE_HEAD + chunk * 256 + b] = histogram[b];
+                    if (histogram[b]) atomicAdd(&row_state[pass * 256 + b], histogram[b]);
+                    histogram[b] = 0;
+                }
+                __syncthreads();
+            }
+        }
+        if (!last) {
+            __syncthreads();
+            topk_flush_histogram(histogram, row_state + pass * 256);
+        }
+        topk_grid_sync(arrived, pass + 1);
+        for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) histogram[b] = __ldcg(&row_state[pass * 256 + b]);
+        __syncthreads();
+        if (threadIdx.x < 32) topk_find_digit(histogram, prefix, shift, remaining, s_prefix, s_remaining);
+        __syncthreads();
+        prefix = s_prefix, remaining = s_remaining, mask |= 0xffu << shift;
+        __syncthreads();  // (s_prefix is written again next pass)
+    }
+
+    // The write: `remaining` of the keys equal to T (= prefix) belong to the k.
+    const unsigned threshold = prefix;
+    int* out = candidates + (i64)blockIdx.y * k;
+    for (int chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+        int equal_chunks = 0;  // keys equal to T in the chunks before this one
+        for (int c = threadIdx.x; c < chunk; c += TOPK_THREADS)
+            equal_chunks += __ldcg(&row_state[TOPK_WIDE_HEAD + c * 256 + (threshold & 0xffu)]);
+        int equal_before;
+        topk_block_sum_scan(equal_chunks, warp_sums, equal_before);
+        topk_chunk_keys(row, allowed, n, chunk, false, keys, valid);
+        unsigned above_bits = 0u, equal_bits = 0u;
+#pragma unroll
+        for (int j = 0; j < TOPK_ITEMS; ++j) {
+            above_bits |= (unsigned)(((valid >> j) & 1u) && keys[j] > threshold) << j;
+            equal_bits |= (unsigned)(((valid >> j) & 1u) && keys[j] == threshold) << j;
+        }
+        // Above T: a slot range a warp from the counter (one atomic a warp).
+        const int above = __popc(above_bits), lane = threadIdx.x & 31;
+        int inclusive = above;
+#pragma unroll
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+            inclusive += lane >= offset ? other : 0;
+        }
+        int warp_slot = 0;
+        if (lane == 31 && inclusive) warp_slot = atomicAdd(&row_state[TOPK_WIDE_COUNTER], inclusive);
+        int slot = __shfl_sync(0xffffffffu, warp_slot, 31) + inclusive - above;
+        // Equal to T: in position order, after the chunks before.
+        int unused;
+        equal_before += topk_block_sum_scan(__popc(equal_bits), warp_sums, unused);
+        const int base = chunk * TOPK_WIDE_CHUNK + (int)threadIdx.x * TOPK_ITEMS;
+#pragma unroll
+        for (int j = 0; j < TOPK_ITEMS; ++j) {
+            if ((above_bits >> j) & 1u) out[slot++] = base + j;
+            if ((equal_bits >> j) & 1u) {
+                if (equal_before < remaining) out[k - remaining + equal_before] = base + j;
+                ++equal_before;
+            }
+        }
+    }
+    topk_grid_sync(arrived, TOPK_WIDE_PASSES + 1);
+
+    // The rank: 32 candidates at a time, each warp counting the pairs before them in a slice.
+    const int groups = (k + 31) / 32;
+    if ((int)blockIdx.x >= groups) return;
+    for (int i = threadIdx.x; i < k; i += TOPK_THREADS) {
+        const int at = __ldcg(&out[i]);
         pairs[i] = ((unsigned long long)~topk_key_at(row, allowed, at) << 32) | (unsigned)at;
     }
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, i = blockIdx.x * 32 + lane;
-    const unsigned long long mine = i < k ? pairs[i] : 0ull;
-    const int slice = (k + TOPK_RANK_THREADS / 32 - 1) / (TOPK_RANK_THREADS / 32);
-    const int stop = min(k, (warp + 1) * slice);
-    int before = 0;
-    for (int j = warp * slice; j < stop; ++j) before += pairs[j] < mine;
-    counts[warp][lane] = before;
-    __syncthreads();
-    if (warp == 0 && i < k) {
-        int rank = 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slice = (k + TOPK_THREADS / 32 - 1) / (TOPK_THREADS / 32), stop = min(k, (warp + 1) * slice);
+    for (int group = blockIdx.x; group < groups; group += gridDim.x) {
+        const int i = group * 32 + lane;
+        const unsigned long long mine = i < k ? pairs[i] : 0ull;
+        int before = 0;
+        for (int j = warp * slice; j < stop; ++j) before += pairs[j] < mine;
+        counts[warp][lane] = before;
+        __syncthreads();
+        if (warp == 0 && i < k) {
+            int rank = 0;
 #pragma unroll
-        for (int w = 0; w < TOPK_RANK_THREADS / 32; ++w) rank += counts[w][lane];
-        chosen[(i64)blockIdx.y * k + rank] = (int)(unsigned)mine;
+            for (int w = 0; w < TOPK_THREADS / 32; ++w) rank += counts[w][lane];
+            chosen[(i64)blockIdx.y * k + rank] = (int)(unsigned)mine;
+        }
+        __syncthreads();  // (counts is written again next group)
     }
 }
 
-// THREADS: the block sizes _gpu/launch.top_k_wide launches with (TOPK_THREADS; TOPK_RANK_THREADS).
-#define MAXSIM_TOPK_WIDE_COUNT_ENTRY(NAME, THREADS)                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
+// THREADS: the block size _gpu/launch.top_k_wide launches with (TOPK_THREADS), cooperatively. (Without
+// the 1, ptxas kept it to 40 registers and spilled on sm_80.)
+#define MAXSIM_TOPK_WIDE_ENTRY(NAME, THREADS)                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                         \
         NAME(const float* scores, i64 row_stride, int n, int k, const unsigned char* allowed, int* state, \
-             int pass) {                                                                             \
-        topk_wide_count(scores, row_stride, n, k, allowed, state, pass);                             \
+             int* candidates, int* chosen) {                                                         \
+        topk_wide(scores, row_stride, n, k, allowed, state, candidates, chosen);                      \
     }
-#define MAXSIM_TOPK_WIDE_WRITE_ENTRY(NAME, THREADS)                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
-        NAME(const float* scores, i64 row_stride, int n, int k, const unsigned char* allowed, int* state, \
-             int* candidates) {                                                                      \
-        topk_wide_write(scores, row_stride, n, k, allowed, state, candidates);                       \
-    }
-#define MAXSIM_TOPK_WIDE_RANK_ENTRY(NAME, THREADS)                                                   \
-    extern "C" __global__ void __launch_bounds__(THREADS)                                            \
-        NAME(const float* scores, i64 row_stride, int k, const unsigned char* allowed, const int* candidates, \
-             int* chosen) {                                                                          \
-        topk_wide_rank(scores, row_stride, k, allowed, candidates, chosen);                          \
-    }
-MAXSIM_TOPK_WIDE_COUNT_ENTRY(maxsim_topk_wide_count, TOPK_THREADS)
-MAXSIM_TOPK_WIDE_WRITE_ENTRY(maxsim_topk_wide_write, TOPK_THREADS)
-MAXSIM_TOPK_WIDE_RANK_ENTRY(maxsim_topk_wide_rank, TOPK_RANK_THREADS)
+MAXSIM_TOPK_WIDE_ENTRY(maxsim_topk_wide, TOPK_THREADS)
 
 // Search's answer from the last round's ranked positions, in one launch (it was a dozen small
 // CuPy operations, each compiled on a new machine's first search and each a launch): for row

@@ -108,8 +108,7 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
 
 @pytest.mark.parametrize("kernel,filename", [
     ("maxsim_offsets_summary", "maxsim_offsets.cu"), ("maxsim_topk_select", "maxsim_topk.cu"),
-    ("maxsim_topk_wide_count", "maxsim_topk.cu"), ("maxsim_topk_wide_write", "maxsim_topk.cu"),
-    ("maxsim_topk_wide_rank", "maxsim_topk.cu"),
+    ("maxsim_topk_wide", "maxsim_topk.cu"),
     ("maxsim_topk_finish", "maxsim_topk.cu"), ("maxsim_topk_merge", "maxsim_topk.cu"),
     ("maxsim_quantize", "maxsim_quantize.cu"),
 ])
@@ -117,8 +116,7 @@ def test_small_kernels_parameters_match_their_entries(kernel, filename):
     """launch.SMALL_KERNEL_PARAMETERS packs what each small kernel's entry declares, in order:
     a pointer (Q), an i64 (q), an int (i)."""
     source = (ROOT / "kernels_cu" / filename).read_text()
-    helper = {"maxsim_topk_select": "topk_select", "maxsim_topk_wide_count": "topk_wide_count",
-              "maxsim_topk_wide_write": "topk_wide_write", "maxsim_topk_wide_rank": "topk_wide_rank",
+    helper = {"maxsim_topk_select": "topk_select", "maxsim_topk_wide": "topk_wide",
               "maxsim_topk_finish": "topk_finish", "maxsim_topk_merge": "topk_merge",
               "maxsim_offsets_summary": "offsets_summary", "maxsim_quantize": "quantize_rows<T>"}[kernel]
     # Each entry is `NAME(parameters) { helper(arguments); }` inside its macro.

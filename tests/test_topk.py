@@ -178,38 +178,42 @@ def test_the_wide_model_gives_each_rows_k_best_in_rank_order(seed):
 
 def test_the_wide_selection_is_taken_for_long_rows_it_can_rank():
     """top_k_positions hands rows longer than wide_min to the wide selection where k <=
-    ranked_max, and to the rounds otherwise."""
+    ranked_max, and to the rounds otherwise or where the wide selection cannot take them."""
     values = np.random.default_rng(1).standard_normal((2, 500)).astype(np.float32)
     wide = lambda scores, k, allowed: model_wide(scores, k, allowed, 64)  # noqa: E731
-    for wide_min, ranked_max, taken in ((499, 10, True), (500, 10, False), (-1, 10, False), (0, 9, False)):
+    for wide_min, ranked_max, taken, fits in ((499, 10, True, True), (500, 10, False, True), (-1, 10, False, True),
+                                              (0, 9, False, True), (0, 10, False, False)):
         calls = []
 
         def counted(*args):
             calls.append("wide")
-            return wide(*args)
+            return wide(*args) if fits else None  # (None: the GPU cannot hold a block a row)
 
         got, ranked = _topk.top_k_positions(np, values, 10, None, model_select, 4, ranked_max, counted, wide_min)
-        assert (calls == ["wide"]) == taken and ranked == (taken or 10 <= ranked_max)
+        assert (calls == ["wide"]) == (taken or not fits) and ranked == (taken or 10 <= ranked_max)
         np.testing.assert_array_equal(got, _expected(values, None, 10, ranked))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(8))
-def test_the_wide_kernels_give_each_rows_k_best_in_rank_order(seed):
+def test_the_wide_kernel_gives_each_rows_k_best_in_rank_order(seed, monkeypatch):
     """maxsim_topk.cu's wide selection on the GPU against the order written out: rows over
-    several blocks (4k elements each), ties, NaN, infinities, exclusions, k up to 8192."""
+    several chunks (4k elements each), a chunk a block or (odd seeds: a GPU said to hold two
+    blocks a row) several, ties, NaN, infinities, exclusions, k up to 8192."""
     import cupy
 
     from cupy_maxsim._gpu import launch
 
     rng = np.random.default_rng(200 + seed)
     rows, n = (1, 3, 1, 2, 5, 1, 2, 1)[seed], (4097, 20000, 50000, 9000, 12345, 100, 30000, 70000)[seed]
+    if seed % 2:
+        monkeypatch.setattr(launch, "resident_blocks", lambda *args: 2 * rows)
     values = np.round(rng.standard_normal((rows, n)), (0, 1, 2, 3, 1, 0, 2, 6)[seed]).astype(np.float32)
     values[rng.random((rows, n)) < 0.01] = np.nan
     values[rng.random((rows, n)) < 0.01] = -np.inf
     values[rng.random((rows, n)) < 0.005] = np.inf
     allowed = None if seed % 3 == 0 else rng.random(n) < (0.8, 0.02)[seed % 2]
-    for k in sorted({1, 10, min(n - 1, 1000), min(n - 1, 2048), min(n - 1, launch.TOPK_RANKED_MAX), n - 1}):
+    for k in sorted({1, 10, min(n - 1, 1000), min(n - 1, 2048), min(n - 1, launch.TOPK_RANKED_MAX)}):
         got = launch.top_k_wide(cupy.asarray(values), k, None if allowed is None else cupy.asarray(allowed))
         np.testing.assert_array_equal(cupy.asnumpy(got), _expected(values, allowed, k, True), err_msg=f"k={k}")
 
@@ -311,8 +315,8 @@ def test_the_kernels_constants_agree_with_python():
     assert (define("TOPK_PADDING"), define("TOPK_EXCLUDED"), define("TOPK_LIVE")) == (
         _topk.PADDING, _topk.EXCLUDED, _topk.LIVE)
     assert (define("TOPK_THREADS"), define("TOPK_CACHED_KEYS")) == (launch.TOPK_THREADS, launch.TOPK_CACHED_KEYS)
-    assert (define("TOPK_FINISH_THREADS"), define("TOPK_MERGE_THREADS"), define("TOPK_RANK_THREADS")) == (
-        launch.TOPK_FINISH_THREADS, launch.TOPK_MERGE_THREADS, launch.TOPK_RANK_THREADS)
+    assert (define("TOPK_FINISH_THREADS"), define("TOPK_MERGE_THREADS")) == (
+        launch.TOPK_FINISH_THREADS, launch.TOPK_MERGE_THREADS)
     assert (define("TOPK_ITEMS"), define("TOPK_WIDE_PASSES")) == (launch.TOPK_ITEMS, launch.TOPK_WIDE_PASSES)
     assert re.search(r"#define TOPK_WIDE_CHUNK \(TOPK_THREADS \* TOPK_ITEMS\)", SOURCE)
     assert launch.TOPK_WIDE_CHUNK == launch.TOPK_THREADS * launch.TOPK_ITEMS

@@ -16,11 +16,13 @@ from .args import ArgTemplate
 from .compile import get_kernel
 from .device import device_properties, on_device, on_stream
 
-def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: int, stream_ptr: int | None) -> None:
+def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: int, stream_ptr: int | None,
+           cooperative: bool = False) -> None:
     """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, or a tuple
     of such bytes) on the caller's stream (``stream_ptr``), or CuPy's current stream when None.
     Straight through the driver (cuLaunchKernel): CuPy's generic argument handling cost several
-    microseconds per launch, and small calls are host-bound."""
+    microseconds per launch, and small calls are host-bound. ``cooperative``: every block
+    resident at once (cuLaunchCooperativeKernel; the grid must fit: :func:`resident_blocks`)."""
     from cupy_backends.cuda.api import driver
 
     entry = _function_pointers.get(id(kernel))
@@ -28,8 +30,24 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
         entry = _function_pointers.put(id(kernel), (kernel, kernel.kernel.ptr))
     values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
     params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    driver.launchKernel(entry[1], *_launch_geometry(grid, block, shared_bytes), _stream_or_current(stream_ptr),
-                        ctypes.addressof(params), 0)
+    geometry = _launch_geometry(grid, block, shared_bytes)
+    if cooperative:
+        driver.launchCooperativeKernel(entry[1], *geometry, _stream_or_current(stream_ptr), ctypes.addressof(params))
+    else:
+        driver.launchKernel(entry[1], *geometry, _stream_or_current(stream_ptr), ctypes.addressof(params), 0)
+
+
+def resident_blocks(device: int, kernel, threads: int, shared_bytes: int) -> int:
+    """Blocks of ``kernel`` (``threads`` each, ``shared_bytes`` of dynamic shared memory) that
+    the whole GPU holds at once: the most a cooperative launch may have."""
+    key = (device, id(kernel), threads, shared_bytes)
+    blocks = _resident.get(key)
+    if blocks is None:
+        from cupy_backends.cuda.api import driver
+
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, shared_bytes)
+        blocks = _resident.put(key, (kernel, per_sm * device_properties(device)[0]))
+    return blocks[1]
 
 
 def _launch_geometry(grid, block, shared_bytes: int) -> tuple:
@@ -85,6 +103,9 @@ class PreparedLaunch:
         self._launch_kernel(self._function, *self._geometry, _stream_or_current(stream_ptr), ctypes.addressof(args), 0)
 
 
+#: (device, id(RawKernel), threads, shared bytes) -> (the kernel, the blocks the GPU holds at once).
+_resident = Cache("resident blocks", limit=256)
+
 #: id(RawKernel) -> (the kernel, its CUfunction). The entry holds the kernel, so that its id is
 #: never recycled: a tool that empties _kernel_cache (bench/ablate_wgmma.py) would otherwise find
 #: a freed kernel's function under a new kernel's id, and launch it.
@@ -96,9 +117,7 @@ _function_pointers = Cache("function pointers", limit=1024)
 SMALL_KERNEL_PARAMETERS = {
     "maxsim_offsets_summary": "QqqiQ",  # offsets, count, stride, is_64bit, summary
     "maxsim_topk_select": "QqiiiQQQi",  # scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked
-    "maxsim_topk_wide_count": "QqiiQQi",  # scores, row_stride, n, k, allowed, state, pass
-    "maxsim_topk_wide_write": "QqiiQQQ",  # scores, row_stride, n, k, allowed, state, candidates
-    "maxsim_topk_wide_rank": "QqiQQQ",    # scores, row_stride, k, allowed, candidates, chosen
+    "maxsim_topk_wide": "QqiiQQQQ",    # scores, row_stride, n, k, allowed, state, candidates, chosen
     "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
     "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
@@ -166,42 +185,37 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked
     return chosen
 
 
-#: The wide selection's ranking block, elements a thread of a selecting block takes, a block's
-#: elements, the radix passes and the ints of a row's state before the blocks' histograms
-#: (TOPK_RANK_THREADS, TOPK_ITEMS, TOPK_WIDE_CHUNK, TOPK_WIDE_PASSES, TOPK_WIDE_HEAD in maxsim_topk.cu).
-TOPK_RANK_THREADS, TOPK_ITEMS, TOPK_WIDE_PASSES = 256, 8, 4
+#: Elements a thread of a selecting block takes, a wide selection's chunk (a block's elements
+#: at a time), its radix passes and the ints of a row's state before the chunks' histograms
+#: (TOPK_ITEMS, TOPK_WIDE_CHUNK, TOPK_WIDE_PASSES, TOPK_WIDE_HEAD in maxsim_topk.cu).
+TOPK_ITEMS, TOPK_WIDE_PASSES = 8, 4
 TOPK_WIDE_CHUNK, TOPK_WIDE_HEAD = TOPK_THREADS * TOPK_ITEMS, TOPK_WIDE_PASSES * 256 + 1
 
 
 def top_k_wide(scores, k: int, allowed):
     """The positions of each row's k best in rank order (search's), (rows, k) int32, by the wide
-    selection (maxsim_topk.cu): a block every TOPK_WIDE_CHUNK elements of every row, one launch
-    a radix pass, one to write the k, one to rank them; on the current device and stream.
-    ``scores``: C-contiguous CuPy float32 (rows, n), k < n, k <= TOPK_RANKED_MAX; ``allowed``:
-    bool (n,) or None (all live)."""
+    selection (maxsim_topk.cu: every row whole, a block a chunk of TOPK_WIDE_CHUNK elements or
+    several, one cooperative launch) on the current device and stream; None where the GPU cannot
+    hold a block for every row at once. ``scores``: C-contiguous CuPy float32 (rows, n), k < n,
+    k <= TOPK_RANKED_MAX; ``allowed``: bool (n,) or None (all live)."""
     import cupy
 
     rows, n = scores.shape
     if not 0 < k < n or k > TOPK_RANKED_MAX:
         raise ValueError(f"the wide selection takes 0 < k < n and k <= {TOPK_RANKED_MAX}, got k={k}, n={n}")
-    blocks = -(-n // TOPK_WIDE_CHUNK)
-    state = cupy.zeros((rows, TOPK_WIDE_HEAD + 256 * blocks), cupy.int32)
+    device, shared = scores.device.id, 8 * k
+    kernel = get_kernel(device, "maxsim_topk", "maxsim_topk_wide", shared_bytes=8 * TOPK_RANKED_MAX)
+    chunks = -(-n // TOPK_WIDE_CHUNK)
+    blocks = min(chunks, resident_blocks(device, kernel, TOPK_THREADS, shared) // max(1, rows))
+    if blocks < 1:
+        return None
+    row_ints = TOPK_WIDE_HEAD + 256 * chunks
+    state = cupy.zeros(rows * row_ints + 1, cupy.int32)  # (+1: the grid barrier's count)
     candidates, chosen = cupy.empty((rows, k), cupy.int32), cupy.empty((rows, k), cupy.int32)
     if rows:
-        device = scores.device.id
-        count = get_kernel(device, "maxsim_topk", "maxsim_topk_wide_count")
-        for pass_ in range(TOPK_WIDE_PASSES):
-            launch(count, (blocks, rows), (TOPK_THREADS,),
-                   scalars("maxsim_topk_wide_count", scores.data.ptr, n, n, k, _pointer(allowed), state.data.ptr, pass_),
-                   0, None)
-        launch(get_kernel(device, "maxsim_topk", "maxsim_topk_wide_write"), (blocks, rows), (TOPK_THREADS,),
-               scalars("maxsim_topk_wide_write", scores.data.ptr, n, n, k, _pointer(allowed), state.data.ptr,
-                       candidates.data.ptr), 0, None)
-        shared = 8 * k
-        launch(get_kernel(device, "maxsim_topk", "maxsim_topk_wide_rank", shared_bytes=8 * TOPK_RANKED_MAX),
-               (-(-k // 32), rows), (TOPK_RANK_THREADS,),
-               scalars("maxsim_topk_wide_rank", scores.data.ptr, n, k, _pointer(allowed), candidates.data.ptr,
-                       chosen.data.ptr), shared, None)
+        launch(kernel, (blocks, rows), (TOPK_THREADS,),
+               scalars("maxsim_topk_wide", scores.data.ptr, n, n, k, _pointer(allowed), state.data.ptr,
+                       candidates.data.ptr, chosen.data.ptr), shared, None, cooperative=True)
     return chosen
 
 

@@ -55,8 +55,8 @@ FAMILIES = {
               for stage in ("csr_dq", "dd", "fused")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
-    "maxsim_topk": ("maxsim_topk.cu", ("maxsim_topk_select", "maxsim_topk_wide_count", "maxsim_topk_wide_write",
-                                     "maxsim_topk_wide_rank", "maxsim_topk_finish", "maxsim_topk_merge")),
+    "maxsim_topk": ("maxsim_topk.cu", ("maxsim_topk_select", "maxsim_topk_wide", "maxsim_topk_finish",
+                                     "maxsim_topk_merge")),
     "maxsim_quantize": ("maxsim_quantize.cu", tuple(f"maxsim_quantize_{s}" for s in ("fp16", "bf16", "fp32", "fp64"))),
 }
 
