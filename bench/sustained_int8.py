@@ -1,0 +1,90 @@
+"""Is the int8 Index's search slower under sustained load than alone? One query of 32 tokens
+against 1M x 128 x 128 (issue 25's corpus) as an int8 Index and as fp16 scoring: each call
+timed alone after the GPU idled (50 ms, L2 flushed), then batches of back-to-back calls with
+the GPU's SM and memory clocks, power, temperature and throttle reasons read (nvidia-smi, read
+only) after each batch. ncu read the int8 kernel at 4.09 ms (ncu-search-int8-2026-12-04-72f1b5e)
+where accept_search reads the search at 4.5-4.6.
+
+    python bench/sustained_int8.py [--batches 6] [--calls 50] > bench/results/sustained-int8-<date>-<commit>.txt
+"""
+
+import argparse
+import subprocess
+import time
+
+import cupy
+import numpy as np
+
+import cupy_maxsim as cm
+
+_GPU_STATE = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+
+def gpu_state() -> str:
+    return subprocess.run(["nvidia-smi", f"--query-gpu={_GPU_STATE}", "--format=csv,noheader"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def alone(fn, calls, flush):
+    times = []
+    for _ in range(calls):
+        flush[...] = 0
+        cupy.cuda.Device().synchronize()
+        time.sleep(0.05)
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def sustained(fn, batches, calls):
+    rows = []
+    for _ in range(batches):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        rows.append((cupy.cuda.get_elapsed_time(start, stop) / calls, gpu_state()))
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=50)
+    options = parser.parse_args()
+    rng = cupy.random.default_rng(0)
+    d = cupy.empty((1_000_000, 128, 128), cupy.float16)
+    for s in range(0, d.shape[0], 50_000):
+        x = rng.standard_normal((50_000, 128, 128), dtype=cupy.float32)
+        d[s:s + 50_000] = (x / cupy.linalg.norm(x, axis=-1, keepdims=True)).astype(cupy.float16)
+    q = rng.standard_normal((1, 32, 128), dtype=cupy.float32).astype(cupy.float16)
+    flush = cupy.empty(256 * 2**20, cupy.uint8)
+    cells = {"fp16 score": lambda: cm.score(q, d)}
+    print(f"# {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cupy {cupy.__version__}; idle: {gpu_state()}")
+    results = {}
+    for name, fn in cells.items():
+        fn(), fn()
+        results[name] = (alone(fn, 10, flush), sustained(fn, options.batches, options.calls))
+    index = cm.Index(128, dtype="int8", device="cuda")
+    index.add(d)
+    del d
+    cupy.get_default_memory_pool().free_all_blocks()
+    for name, fn in {"int8 index search k=1000": lambda: index.search(q, 1000)}.items():
+        fn(), fn()
+        results[name] = (alone(fn, 10, flush), sustained(fn, options.batches, options.calls))
+    print(f"# ms a call: alone (after 50 ms idle, L2 flushed; median of 10), then batches of {options.calls} "
+          f"back to back; GPU state ({_GPU_STATE}) after each batch")
+    for name, (single, rows) in results.items():
+        print(f"## {name}: alone {single:.3f} ms")
+        for ms, state in rows:
+            print(f"  {ms:.3f} ms | {state}")
+
+
+if __name__ == "__main__":
+    main()
