@@ -5,10 +5,14 @@ the GPU's SM and memory clocks, power, temperature and throttle reasons read (nv
 only) after each batch. ncu read the int8 kernel at 4.09 ms (ncu-search-int8-2026-12-04-72f1b5e)
 where accept_search reads the search at 4.5-4.6.
 
-    python bench/sustained_int8.py [--batches 6] [--calls 50] > bench/results/sustained-int8-<date>-<commit>.txt
+    python bench/sustained_int8.py [--batches 6] [--calls 50] [--ab FIELD=A,B] > bench/results/sustained-int8-<date>-<commit>.txt
+
+``--ab FIELD=A,B``: the int8 search also under each value of that tunable (tuning.Tunables, as
+Python literals), sustained, the values taking turns batch by batch.
 """
 
 import argparse
+import ast
 import subprocess
 import time
 
@@ -16,6 +20,7 @@ import cupy
 import numpy as np
 
 import cupy_maxsim as cm
+from cupy_maxsim import tuning
 
 _GPU_STATE = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 
@@ -57,6 +62,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--ab", help="FIELD=A,B: the int8 search under each value of tunable FIELD too")
     options = parser.parse_args()
     rng = cupy.random.default_rng(0)
     d = cupy.empty((1_000_000, 128, 128), cupy.float16)
@@ -78,6 +84,24 @@ def main():
     for name, fn in {"int8 index search k=1000": lambda: index.search(q, 1000)}.items():
         fn(), fn()
         results[name] = (alone(fn, 10, flush), sustained(fn, options.batches, options.calls))
+    if options.ab:
+        field, values = options.ab.split("=", 1)
+        variants = {f"{field}={v}": ast.literal_eval(v) for v in values.split(",")}
+
+        def under(value):
+            def run():
+                with tuning.override(**{field: value}):
+                    return index.search(q, 1000)
+            return run
+
+        for fn in map(under, variants.values()):
+            fn(), fn()
+        turns = {name: [] for name in variants}
+        for _ in range(options.batches):
+            for name, value in variants.items():
+                turns[name] += sustained(under(value), 1, options.calls)
+        for name, rows in turns.items():
+            results[f"int8 index search k=1000, {name}"] = (float("nan"), rows)
     print(f"# ms a call: alone (after 50 ms idle, L2 flushed; median of 10), then batches of {options.calls} "
           f"back to back; GPU state ({_GPU_STATE}) after each batch")
     for name, (single, rows) in results.items():
