@@ -50,10 +50,6 @@ class Tunables:
     wgmma_split_docs: bool = True
     #: Ring slots when splitting documents, cut to what fits in whole rings.
     wgmma_split_stages: int = 30
-    #: Consumer warpgroups splitting documents: 3 (one accumulator set each with 128-row
-    #: tiles), or 2 (208 registers each: two sets, so 128-row tiles double-buffer as 64-row
-    #: ones do, at most 4 k-steps).
-    wgmma_split_warpgroups: int = 3
     #: Splitting with at most 32 query rows, each thread folds one accumulator row, not two
     #: (int8 corpus-10k spent 30% of its time folding: ablation-wgmma-2026-11-30-b91374a.log).
     wgmma_half_rows: bool = True
@@ -135,8 +131,6 @@ class Tunables:
         # ... and one that would reach the kernel's source as a tile shape it does not build.
         if self.wgmma_tile_rows not in (None, 64, 128):
             raise ValueError(f"wgmma_tile_rows must be None, 64 or 128, got {self.wgmma_tile_rows!r}")
-        if self.wgmma_split_warpgroups not in (2, 3):
-            raise ValueError(f"wgmma_split_warpgroups must be 2 or 3, got {self.wgmma_split_warpgroups!r}")
         # ... and one the driver's tensor maps take by name only.
         if self.tma_l2_promotion not in (None, 0, 64, 128, 256):
             raise ValueError(f"tma_l2_promotion must be None, 0, 64, 128 or 256 bytes, got {self.tma_l2_promotion!r}")

@@ -131,7 +131,6 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    // (Two split warpgroups double-buffer 128-row tiles: their two accumulator sets take more.)
     return SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
@@ -227,10 +226,7 @@ constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator reg
 // registers the running MMA writes are never the ones being read. A split ring's end still
 // issues its slot's MMAs (into accumulators no one folds, from whatever the slot holds):
 // skipping them with the tile before in flight made ptxas serialize every wgmma (C7518).
-// Two split warpgroups (208 registers each) double-buffer 128-row tiles too: four tiles in
-// flight an SM against three warpgroups' three (Tunables.wgmma_split_warpgroups).
-constexpr bool DOUBLE_BUFFERED = !STREAM_K && (TILE_N == 64 ? !SPLIT_DOCS || KSTEPS <= 4
-                                                            : SPLIT_DOCS && WARPGROUPS == 2 && KSTEPS <= 4);
+constexpr bool DOUBLE_BUFFERED = TILE_N == 64 && !STREAM_K && (!SPLIT_DOCS || KSTEPS <= 4);
 constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).

@@ -407,10 +407,9 @@ def test_device_offsets_summary_matches_numpy(dtype):
         cm.score_packed(q, cupy.zeros((20, 64), cupy.float16), cupy.asarray([0, 4, 3, 9, 8, 20], dtype=dtype))
 
 
-@pytest.mark.parametrize("split_warpgroups", [3, 2])  # (2: 128-row tiles double-buffered too, splitting)
 @pytest.mark.parametrize("tile_n", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
-def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, split_warpgroups, monkeypatch):
+def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch):
     """The warpgroup-MMA kernel (sm_90) against float64 and against the mma.sync kernel: one,
     three and thirteen queries (one to three warpgroups), queries straddling warpgroups (Lq 27),
     documents of 1..300 tokens with holes, packed documents, non-finite document elements, and the saved argmax."""
@@ -449,8 +448,7 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, split_warpg
         for use_wgmma, use_tma in ((True, True), (True, False), (False, True)):
             # int8 with 128 forced: 128-row tiles where one query's warpgroups split the
             # documents, 64 elsewhere (its only 128-row build).
-            with tuning.override(use_wgmma=use_wgmma, use_tma=use_tma, wgmma_tile_rows=tile_n,
-                                 wgmma_split_warpgroups=split_warpgroups):
+            with tuning.override(use_wgmma=use_wgmma, use_tma=use_tma, wgmma_tile_rows=tile_n):
                 results.append(call())
         tma, copies, classic = results
         for a, b in zip(tma if isinstance(tma, tuple) else (tma,), copies if isinstance(copies, tuple) else (copies,)):

@@ -191,7 +191,7 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
         # bench/results/ablation-wgmma-2026-11-30-b91374a.log).
-        shape.update(split_docs=1, stages=tunables.wgmma_split_stages, warpgroups=tunables.wgmma_split_warpgroups,
+        shape.update(split_docs=1, stages=tunables.wgmma_split_stages,
                      half_rows=int(tunables.wgmma_half_rows and query_rows <= 32))
     else:
         shape["warpgroups"] = min(shape["warpgroups"], warpgroups_wanted)
