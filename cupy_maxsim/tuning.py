@@ -119,7 +119,8 @@ class Tunables:
     #: Rows of a search block longer than this take the wide selection (a block every 4k
     #: elements, one launch a radix pass: maxsim_topk.cu) where the k best are ranked in the
     #: kernel; shorter rows, one block each in one launch (the selection in rounds). -1: never.
-    #: (1 x 1M, k=1000: three rounds took 134 us, ncu-search-int8-2026-12-04-72f1b5e.)
+    #: 1 x 1M fp16 against scoring alone, rounds -> wide: k=1000 1.027 -> 1.012x, k=2048 1.033 ->
+    #: 1.013x; 32 x 10k x 1030, k=100, every row wide: no faster (ab-search-wide-2026-12-04-70042d4).
     search_wide_select_min: int = 16384
 
 

@@ -272,8 +272,8 @@ MAXSIM_TOPK_ENTRY(maxsim_topk_select, TOPK_THREADS)
 // global memory (integer atomics: deterministic), and every block then reads it to extend the
 // prefix; then the k positions are written (those above the k-th best key T in any order,
 // through a counter; those equal to T, the lowest positions first, through the counts of T of
-// the chunks before, which the last pass kept) and ranked by counting. (Seven launches, a pass
-// each, took 65-100 us over scoring at 1M: s34a, 2228bf3.)
+// the chunks before, which the last pass kept) and ranked by counting. 30-37 us at 1M under ncu,
+// where seven launches (a pass each, at 2228bf3) took 45-60 (ab-search-wide-2026-12-04-70042d4).
 #define TOPK_WIDE_CHUNK (TOPK_THREADS * TOPK_ITEMS)
 #define TOPK_WIDE_PASSES 4
 // A row's state, ints: each pass's histogram, the counter of positions above T, then each
