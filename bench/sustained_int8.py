@@ -13,49 +13,35 @@ Python literals), sustained, the values taking turns batch by batch.
 
 import argparse
 import ast
-import subprocess
+import sys
 import time
+from pathlib import Path
 
 import cupy
 import numpy as np
 
-import cupy_maxsim as cm
-from cupy_maxsim import tuning
+sys.path.insert(0, str(Path(__file__).parent))
+from ab_search import timed  # noqa: E402
+from timing_modes import _GPU_STATE, gpu_state  # noqa: E402
 
-_GPU_STATE = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
-
-
-def gpu_state() -> str:
-    return subprocess.run(["nvidia-smi", f"--query-gpu={_GPU_STATE}", "--format=csv,noheader"],
-                          capture_output=True, text=True).stdout.strip()
+import cupy_maxsim as cm  # noqa: E402
+from cupy_maxsim import tuning  # noqa: E402
 
 
 def alone(fn, calls, flush):
+    """Median ms of ``calls`` calls, each after the GPU idled 50 ms with L2 flushed."""
     times = []
     for _ in range(calls):
         flush[...] = 0
         cupy.cuda.Device().synchronize()
         time.sleep(0.05)
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
+        times.append(timed(fn, 1))
     return float(np.median(times))
 
 
 def sustained(fn, batches, calls):
-    rows = []
-    for _ in range(batches):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        stop.synchronize()
-        rows.append((cupy.cuda.get_elapsed_time(start, stop) / calls, gpu_state()))
-    return rows
+    """(ms a call, the GPU's state after it) of ``batches`` batches of ``calls`` back-to-back calls."""
+    return [(timed(fn, calls), gpu_state()) for _ in range(batches)]
 
 
 def main():
