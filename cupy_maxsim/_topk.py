@@ -30,9 +30,8 @@ def top_k_positions(xp, scores, k: int, allowed, select, blocks_wanted: int, ran
     asked of the last round, one segment a row, where k <= ``ranked_max``); ``blocks_wanted``:
     segments a round should have over all rows (the GPU's SMs, twice); ``wide(scores, k,
     allowed)``: the wide selection (_gpu.launch.top_k_wide: every row whole, ranked; None: it
-    cannot), taken for
-    rows longer than ``wide_min`` (-1: never) where k <= ``ranked_max``. MIN_SEGMENT is read at
-    the call (the tests lower it for more rounds)."""
+    cannot), taken for rows longer than ``wide_min`` (-1: never) where k <= ``ranked_max``.
+    MIN_SEGMENT is read at the call (the tests lower it for more rounds)."""
     rows, n = scores.shape
     if wide is not None and 0 <= wide_min < n and k <= ranked_max:
         chosen = wide(scores, k, allowed)

@@ -116,9 +116,9 @@ class Tunables:
     #: the stream): 1,000 queries against 1M x 128 x 128, k=100, 0.966 -> 0.955 of scoring alone
     #: (bench/results/ab-search-merge-2026-12-03-9bc7498.txt).
     search_merge_kernel: bool = True
-    #: Rows of a search block longer than this take the wide selection (a block every 4k
-    #: elements, one launch a radix pass: maxsim_topk.cu) where the k best are ranked in the
-    #: kernel; shorter rows, one block each in one launch (the selection in rounds). -1: never.
+    #: Rows of a search block longer than this take the wide selection (every block of the GPU
+    #: on the row at once, a 4k-element chunk each, in one cooperative launch: maxsim_topk.cu)
+    #: where k <= 8192; shorter rows take the selection in rounds (a block a segment). -1: never.
     #: 1 x 1M fp16 against scoring alone, rounds -> wide: k=1000 1.027 -> 1.012x, k=2048 1.033 ->
     #: 1.013x; 32 x 10k x 1030, k=100, every row wide: no faster (ab-search-wide-2026-12-04-70042d4).
     search_wide_select_min: int = 16384
