@@ -120,6 +120,7 @@ class Index:
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+            _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
         parts, base = [], 0
         for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
             tokens, offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None else
@@ -361,9 +362,7 @@ class Index:
         if operand.ndim != 2 or operand.shape[1] != self.dim:
             raise ValueError(f"docs must have tokens of width {self.dim} (the index's dim), got shape {operand.shape}")
         offsets = np.asarray(offsets, dtype=np.int64)
-        if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != operand.shape[0] or (
-                np.diff(offsets) < 0).any():
-            raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
+        _check_offsets(offsets, operand.shape[0])
         return operand, offsets
 
     def _stored(self, operand):
@@ -473,6 +472,13 @@ def _document_slice(docs, start: int, stop: int):
         stop = min(stop, offsets.shape[0] - 1)
         return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
     return docs[start:stop]
+
+
+def _check_offsets(offsets: np.ndarray, tokens: int) -> None:
+    """A ValueError unless host ``offsets`` start at 0, never decrease and end at ``tokens``."""
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != tokens or (
+            np.diff(offsets) < 0).any():
+        raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
 
 
 def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:

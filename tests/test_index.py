@@ -194,6 +194,18 @@ def test_adding_in_batches_with_progress_is_adding_at_once():
     assert len(index) == 0 and index._tokens.shape[0] == 0
 
 
+def test_offsets_are_checked_whole():
+    """add() converts a (tokens, offsets) pair in batches, each a rebased slice: the offsets are
+    checked whole first (leading or trailing tokens outside them, a decrease), nothing added."""
+    rng = np.random.default_rng(16)
+    tokens, offsets = cm.pack(_documents(rng, 30))
+    for bad in (offsets + 1, offsets[:-1], np.concatenate([offsets[:3], offsets[2:]])[::-1]):
+        for index in (cm.Index(DIM, dtype="float32"), cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=2)):
+            with pytest.raises(ValueError, match="offsets must start at 0"):
+                index.add((tokens, bad), batch_docs=4) if isinstance(index, cm.Index) else index.add((tokens, bad))
+            assert len(index) == 0
+
+
 def test_torch_queries_answer_in_torch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)
