@@ -120,25 +120,37 @@ class Index:
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
-        parts, base = [], 0
-        for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
-            tokens, offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None else
-                                           mask[start:start + batch_docs])
-            with self._on_device():
-                parts.append(self._stored(tokens) + (offsets[1:] + base,))
-            base += int(offsets[-1])
-        if not parts:
+        if count == 0:
             return new_ids
-        values, scales, exact, offsets = zip(*parts)
+        # The new store is taken once at its final size and each converted batch written into
+        # it: at most the old store, the new one and a batch at once (not the converted
+        # documents twice, as joining converted parts would).
+        top = int(self._host_offsets()[0][-1])
+        total = top + _token_count(docs, mask)
+        xp = self._xp
+        with self._on_device():  # (module, new store) of the tokens, scales and exact copy
+            stores = [(module, _grown(module, old, total)) for module, old in
+                      ((xp, self._tokens), (xp, self._scales), (np, self._exact)) if old is not None]
+        offsets, at = [], top
+        for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
+            tokens, batch_offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None
+                                                 else mask[start:start + batch_docs])
+            if at + int(batch_offsets[-1]) > total:
+                raise ValueError("docs hold more tokens than they did when add() began counting them")
+            with self._on_device():
+                parts = [part for part in self._stored(tokens) if part is not None]
+                for (module, store), part in zip(stores, parts):
+                    _arrays.copy_rows(module, store, at, part)
+            offsets.append(batch_offsets[1:] + at)
+            at += int(batch_offsets[-1])
+        if at != total:
+            raise ValueError("docs hold fewer tokens than they did when add() began counting them")
         with self._on_device():
-            xp = self._xp
-            top = int(self._offsets[-1])
-            self._tokens = _arrays.concatenated(xp, [self._tokens, *values])
-            if self._scales is not None:
-                self._scales = _arrays.concatenated(xp, [self._scales, *scales])
-            self._offsets = _arrays.concatenated(xp, [self._offsets, xp.asarray(np.concatenate(offsets) + top)])
-        if self._exact is not None:
-            self._exact = np.concatenate([self._exact, *exact])
+            self._offsets = _arrays.concatenated(xp, [self._offsets, xp.asarray(np.concatenate(offsets))])
+        stores = iter(store for _, store in stores)
+        self._tokens = next(stores)
+        self._scales = None if self._scales is None else next(stores)
+        self._exact = None if self._exact is None else next(stores)
         self._ids = np.concatenate([self._ids, new_ids])
         self._alive = np.concatenate([self._alive, np.ones(count, bool)])
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
@@ -300,9 +312,12 @@ class Index:
         return folder
 
     @classmethod
-    def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False) -> "Index":
-        """An index saved by :meth:`save`. On the CPU with ``mmap`` the arrays are memory-mapped
-        (read-only, nothing copied in Python); on a GPU they are copied to it once."""
+    def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False,
+             gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET) -> "Index":
+        """An index saved by :meth:`save`. On the CPU (and the host, ``device="host"``, whose
+        searches stream it through a GPU within ``gpu_budget_bytes``) with ``mmap`` the arrays
+        are memory-mapped (read-only, nothing copied in Python); on a GPU they are copied to it
+        once."""
         folder = Path(path)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
@@ -310,7 +325,8 @@ class Index:
             raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index") from None
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
-        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"))
+        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"),
+                    gpu_budget_bytes=gpu_budget_bytes)
         bar = iter(_progress(range(len(manifest.get("files", ()))), len(manifest.get("files", ())), "loading", progress))
 
         def load(name):
@@ -473,6 +489,31 @@ def _document_slice(docs, start: int, stop: int):
         stop = min(stop, offsets.shape[0] - 1)
         return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
     return docs[start:stop]
+
+
+def _token_count(docs, mask) -> int:
+    """Tokens the documents of add() will store (what quantize.pack keeps); what it cannot
+    count (a malformed document) counts 0, and the batch's conversion reports it."""
+    if isinstance(docs, tuple) and len(docs) == 2:  # (tokens, host int64 offsets)
+        return int(docs[1][-1]) if docs[1].shape[0] else 0
+    if isinstance(docs, list):
+        shapes = [x.shape if hasattr(x, "shape") else _arrays.as_operand(x, f"docs[{i}]").shape
+                  for i, x in enumerate(docs)]
+        return sum(int(shape[0]) for shape in shapes if len(shape) == 2)
+    shape = _arrays.as_operand(docs, "docs").shape
+    if len(shape) != 3:
+        return 0
+    if mask is None:
+        return int(shape[0]) * int(shape[1])
+    return int(np.count_nonzero(_arrays.to_host(_arrays.as_operand(mask, "mask"))))
+
+
+def _grown(xp, store, rows: int):
+    """A new array of ``rows`` rows (``store``'s dtype and row shape) beginning with ``store``'s
+    rows; the rest to be written."""
+    out = xp.empty((rows,) + store.shape[1:], store.dtype)
+    _arrays.copy_rows(xp, out, 0, xp.ascontiguousarray(store))
+    return out
 
 
 def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:

@@ -6,6 +6,10 @@ the lower id), so the results are the ones one index of every document gives.
     index = cupy_maxsim.ShardedIndex(128, devices=["cuda:0", "cuda:1"])   # or shards=4 on one GPU
     index.add(documents)
     scores, ids = index.search(queries, k=10)
+
+With ``store="host"`` the shards keep their documents in host memory and each streams its own
+through its GPU (:mod:`cupy_maxsim.streaming`): a corpus larger than every GPU's memory together,
+searched by all of them at once.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import _arrays
+from . import streaming
 from .index import Index, _document_count, _document_slice, _id_array, _parse_device, answer
 from .search import _check_k
 
@@ -22,18 +27,29 @@ from .search import _check_k
 class ShardedIndex:
     """Documents spread over ``shards`` indexes on ``devices`` (shard i on devices[i %
     len(devices)]; default one shard per visible GPU, else one on the CPU). Added documents are
-    split into contiguous runs, one per shard; ids are the index's, as one Index would give them."""
+    split into contiguous runs, one per shard; ids are the index's, as one Index would give them.
+
+    ``store``: where a shard on a GPU keeps its documents: "device" (in the GPU's memory) or
+    "host" (in host memory, streamed through that GPU at each search within
+    ``gpu_budget_bytes``, as ``Index(device="host")``; each GPU streams its own shards, all at
+    once). Shards on the CPU keep theirs in host memory either way."""
 
     def __init__(self, dim: int, *, dtype: str = "float16", devices=None, shards: int | None = None,
-                 rescore: str | None = None):
+                 rescore: str | None = None, store: str = "device",
+                 gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET):
         devices = _default_devices() if devices is None else [_device_name(d) for d in devices]
         if not devices:
             raise ValueError("devices must name at least one device")
         count = len(devices) if shards is None else shards
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"shards must be a positive int, got {shards!r}")
-        self.dim, self.dtype = int(dim), dtype
-        self.shards = [Index(dim, dtype=dtype, device=devices[i % len(devices)], rescore=rescore) for i in range(count)]
+        if store not in ("device", "host"):
+            raise ValueError(f"store must be 'device' or 'host', got {store!r}")
+        self.dim, self.dtype, self.store = int(dim), dtype, store
+        #: The device each shard searches on ("cpu" or "cuda:N"), in shard order.
+        self.places = [devices[i % len(devices)] for i in range(count)]
+        self.shards = [Index(dim, dtype=dtype, device="host" if store == "host" and place != "cpu" else place,
+                             rescore=rescore, gpu_budget_bytes=gpu_budget_bytes) for place in self.places]
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -48,8 +64,9 @@ class ShardedIndex:
         return sum(shard.nbytes for shard in self.shards)
 
     def __repr__(self) -> str:
-        places = ", ".join(sorted({shard.device for shard in self.shards}))
-        return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}, "
+        places = ", ".join(sorted(set(self.places)))
+        store = ", stored on the host" if any(shard.device == "host" for shard in self.shards) else ""
+        return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}{store}, "
                 f"documents={len(self):,}, {self.nbytes / 1e6:,.1f} MB)")
 
     def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
@@ -58,8 +75,9 @@ class ShardedIndex:
         for shard, (part, part_mask, part_ids) in zip(self.shards, split_documents(docs, mask, new_ids,
                                                                                    len(self.shards))):
             if part_ids.size:
-                shard.add(docs_on(part, shard.device), ids=part_ids,
-                          mask=None if part_mask is None else array_on(part_mask, shard.device, "mask"))
+                home = "cpu" if shard.device == "host" else shard.device  # (where its add takes documents)
+                shard.add(docs_on(part, home), ids=part_ids,
+                          mask=None if part_mask is None else array_on(part_mask, home, "mask"))
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
 
@@ -75,11 +93,12 @@ class ShardedIndex:
     def search(self, q, k: int, *, q_mask=None, filter=None, return_argmax=False):
         """As :meth:`Index.search`, over every shard; results in the framework of ``q``, on its
         device. The shards of each device are searched by a thread of their own (the devices
-        work at once), their top-k lists merged on the host."""
+        work at once), their top-k lists merged on the host; host-stored shards stream through
+        their own GPU."""
         k = _check_k(k)
         like = _arrays.as_operand(q, "q")
         filter = None if filter is None else _host_filter(filter, self)
-        devices = list(dict.fromkeys(shard.device for shard in self.shards))  # in shard order
+        devices = list(dict.fromkeys(self.places))  # in shard order
         # The queries go as they are to the shards on their own device, from one host copy to
         # the others.
         local = f"cuda:{like.device}" if like.on_gpu else "cpu"
@@ -93,7 +112,7 @@ class ShardedIndex:
             shard_mask = None if shard_mask is None else array_on(shard_mask, device, "q_mask")
             return [tuple(_host(x) for x in shard.search(shard_q, k, q_mask=shard_mask, filter=filter,
                                                          return_argmax=return_argmax))
-                    for shard in self.shards if shard.device == device]
+                    for shard, place in zip(self.shards, self.places) if place == device]
 
         gpus = [device for device in devices if device != "cpu"]
         # (CPU shards in this thread: NumPy's BLAS threads itself, and its sums may round
@@ -104,7 +123,7 @@ class ShardedIndex:
         elif gpus:
             with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
                 found.update(zip(gpus, pool.map(search_on, gpus)))
-        results = [found[shard.device].pop(0) for shard in self.shards]  # back in shard order
+        results = [found[place].pop(0) for place in self.places]  # back in shard order
         return answer(merge_top_k(results, k), like)
 
 

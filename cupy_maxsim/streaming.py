@@ -20,6 +20,8 @@ import numpy as np
 
 #: Device bytes a host-resident index's search may hold of the corpus by default.
 DEFAULT_GPU_BUDGET = 2 * 2**30
+#: cudaHostRegister's flags (driver_types.h): cudaHostRegisterPortable, cudaHostRegisterReadOnly.
+HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY = 0x01, 0x08
 #: Device buffers segments rotate through: one being scored, one being filled (a third would
 #: let a copy run two segments ahead; two measured enough where copies are slower than scoring).
 BUFFERS = 2
@@ -126,8 +128,11 @@ class CudaCopies:
         array = np.ascontiguousarray(array)
         if array.nbytes == 0:
             return array
+        # Portable: pinned for every GPU's copies (a sharded store's, or another device's
+        # search); read-only memory (an index loaded memory-mapped) is registered as such.
+        flags = HOST_REGISTER_PORTABLE | (0 if array.flags.writeable else HOST_REGISTER_READ_ONLY)
         try:
-            runtime.hostRegister(array.ctypes.data, array.nbytes, 0)
+            runtime.hostRegister(array.ctypes.data, array.nbytes, flags)
         except Exception:  # noqa: BLE001 - any refusal: copy into pinned memory instead
             memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
             copy = np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)

@@ -71,7 +71,24 @@ def test_sharded_index_is_one_index(layout):
         sharded.add(docs[:1], ids=[40])
 
 
+def test_host_store_on_the_cpu_is_one_index():
+    """store="host" with CPU devices: shards on the CPU keep their documents in host memory
+    anyway (plain CPU indexes), with the same results."""
+    rng = np.random.default_rng(3)
+    docs = _corpus(rng)
+    single = cm.Index(DIM, dtype="float32")
+    sharded = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=2, store="host")
+    single.add(docs)
+    sharded.add(docs)
+    assert [s.device for s in sharded.shards] == ["cpu", "cpu"] and sharded.places == ["cpu", "cpu"]
+    _compare(sharded, single, rng)
+
+
 def test_sharded_index_validation():
+    with pytest.raises(ValueError, match="store must be"):
+        cm.ShardedIndex(DIM, devices=["cpu"], store="disk")
+    with pytest.raises(ValueError, match="gpu_budget_bytes"):
+        cm.ShardedIndex(DIM, devices=["cpu"], gpu_budget_bytes=0)
     with pytest.raises(ValueError, match="shards must be"):
         cm.ShardedIndex(DIM, devices=["cpu"], shards=0)
     with pytest.raises(ValueError, match="devices must"):
@@ -162,6 +179,35 @@ def test_gpu_shards_are_one_gpu_index(dtype):
     allow = list(range(0, 2050, 3))
     _same([_arrays_host(x) for x in sharded.search(cupy.asarray(q), 10, filter=allow)],
           [x.get() for x in single.search(cupy.asarray(q), 10, filter=allow)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_gpu_host_stored_shards_are_one_gpu_index(dtype):
+    """store="host": each shard keeps its documents in host memory and streams them through its
+    GPU (here three shards through the one GPU, the multi-GPU code path), in several segments
+    each; the same top-k, scores and winners as one GPU index, bitwise."""
+    import cupy
+
+    rng = np.random.default_rng(6)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 60, 2000)]
+    single = cm.Index(DIM, dtype=dtype, device="cuda")
+    sharded = cm.ShardedIndex(DIM, dtype=dtype, devices=["cuda:0"], shards=3, store="host",
+                              gpu_budget_bytes=8 * 1024 * DIM)
+    single.add([cupy.asarray(x) for x in docs])
+    sharded.add(docs[:1000])  # host documents
+    sharded.add(cm.pack([cupy.asarray(x) for x in docs[1000:]]))  # tokens and offsets on the GPU
+    assert [s.device for s in sharded.shards] == ["host"] * 3 and sharded.places == ["cuda:0"] * 3
+    assert "stored on the host" in repr(sharded)
+    for index in (single, sharded):
+        index.remove(list(range(0, 2000, 7)))
+    q = unit_rows(rng, (5, 8, DIM), np.float32).astype(np.float16)
+    for queries in (cupy.asarray(q), q):
+        want = single.search(cupy.asarray(queries), 40, return_argmax=True)
+        got = sharded.search(queries, 40, return_argmax=True)
+        assert type(got[0]) is type(queries)
+        _same([_arrays_host(x) for x in got], [x.get() for x in want])
+    assert all(shard.last_search.segments > 1 for shard in sharded.shards)
 
 
 def _arrays_host(x):

@@ -62,9 +62,13 @@ def test_empty_and_saved_streamed_index(tmp_path):
     rng = np.random.default_rng(4)
     memory, streamed = _pair("float16", 10_000, rng)
     memory.save(tmp_path / "index")
-    loaded = cm.Index.load(tmp_path / "index", device="host")
+    loaded = cm.Index.load(tmp_path / "index", device="host", gpu_budget_bytes=10_000)
+    assert loaded.gpu_budget_bytes == 10_000
     q = unit_rows(rng, (2, 5, DIM), np.float32)
     _same(memory.search(q, 6), loaded.search(q, 6))
+    assert loaded.last_search.segments > 1
+    with pytest.raises(ValueError, match="gpu_budget_bytes"):
+        cm.Index.load(tmp_path / "index", device="host", gpu_budget_bytes=0)
 
 
 def test_a_document_past_the_budget_is_refused():
@@ -109,6 +113,26 @@ def test_streamed_through_the_gpu_equals_the_gpu_index(dtype):
     host = streamed.search(q, 20)  # host queries: scored on the GPU, answered on the host
     assert isinstance(host[0], np.ndarray)
     _same(want[:2], host)
+
+
+@pytest.mark.gpu
+def test_memory_mapped_store_streams_through_the_gpu(tmp_path):
+    """An index saved and loaded memory-mapped on the host (read-only pages: registered as
+    such, or copied into pinned memory where the driver refuses) searches as the GPU index."""
+    import cupy
+
+    rng = np.random.default_rng(10)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 60, 1500)]
+    on_gpu = cm.Index(DIM, dtype="int8", device="cuda")
+    on_gpu.add([cupy.asarray(x) for x in docs])
+    saved = cm.Index(DIM, dtype="int8")
+    saved.add(docs)
+    saved.save(tmp_path / "index")
+    loaded = cm.Index.load(tmp_path / "index", device="host", mmap=True, gpu_budget_bytes=100_000)
+    assert not loaded._tokens.flags.writeable  # memory-mapped read-only
+    q = cupy.asarray(unit_rows(rng, (4, 8, DIM), np.float32).astype(np.float16))
+    _same([x.get() for x in on_gpu.search(q, 15)], [x.get() for x in loaded.search(q, 15)])
+    assert loaded.last_search.segments > 3
 
 
 @pytest.mark.gpu
