@@ -109,17 +109,32 @@ class Index:
 
     # ---- building -------------------------------------------------------------------------
 
-    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192) -> np.ndarray:
+    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192,
+            copy: bool | None = True) -> np.ndarray:
         """Add documents: a list of (Ld_i, dim) arrays, a padded (Nd, Ld, dim) array with an
         optional (Nd, Ld) mask, or a (tokens (T, dim), offsets (Nd + 1,)) pair. ``ids``: one
         int64 per document, none already in the index; default the next free ones. Returns the
-        ids added. The documents are converted ``batch_docs`` at a time (the conversion's
+        ids added. Documents on the host or any GPU go to the index's device, a batch at a time. The documents are converted ``batch_docs`` at a time (the conversion's
         temporaries stay that size), with a progress bar where ``progress`` (tqdm, if installed);
-        the index changes only once every batch is converted."""
+        the index changes only once every batch is converted.
+
+        ``copy``: True, the store copies the documents (always). None: an empty store keeps the
+        tokens of a ``(tokens, offsets)`` pair as they are where they are already its format
+        (float16 or float32, not int8), C-contiguous and on its device, and it rescores nothing
+        (a corpus as large as the memory it lives in is then held once; it must not be changed
+        afterwards), else copies them. False: as None, but a ValueError where it would copy."""
+        if copy not in (True, False, None):
+            raise ValueError(f"copy must be True, False or None, got {copy!r}")
         count = _document_count(docs)
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+        if copy is not True:
+            refused = self._copy_needed(docs, mask)
+            if refused is None:
+                return self._adopt(docs, new_ids)
+            if copy is False:
+                raise ValueError(f"add(copy=False) would have to copy the documents: {refused}")
         if count == 0:
             return new_ids
         # The new store is taken once at its final size and each converted batch written into
@@ -151,10 +166,41 @@ class Index:
         self._tokens = next(stores)
         self._scales = None if self._scales is None else next(stores)
         self._exact = None if self._exact is None else next(stores)
+        return self._added(new_ids)
+
+    def _added(self, new_ids: np.ndarray) -> np.ndarray:
+        """The ids of documents just stored, recorded; returned."""
         self._ids = np.concatenate([self._ids, new_ids])
-        self._alive = np.concatenate([self._alive, np.ones(count, bool)])
-        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
+        self._alive = np.concatenate([self._alive, np.ones(new_ids.shape[0], bool)])
+        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
+
+    def _copy_needed(self, docs, mask) -> str | None:
+        """Why add(copy=None) must copy ``docs`` into the store; None where the store can keep
+        their tokens as they are."""
+        if self._ids.shape[0]:
+            return "the index holds documents already (only an empty one keeps them as they are)"
+        if not (isinstance(docs, tuple) and len(docs) == 2):
+            return "only a (tokens, offsets) pair is kept as it is"
+        if self.dtype == "int8" or self._exact is not None:
+            return "an int8 index stores quantised tokens, and one that rescores a copy of them"
+        operand = _arrays.as_operand(docs[0], "docs")
+        if operand.dtype != self.dtype:
+            return f"the tokens are {operand.dtype}, the index stores {self.dtype}"
+        if operand.on_gpu != (self._gpu is not None) or (operand.on_gpu and operand.device != self._gpu):
+            return f"the tokens are on {'GPU %d' % operand.device if operand.on_gpu else 'the host'}, the index on {self.device}"
+        tokens = operand.host if not operand.on_gpu else operand.cupy()
+        if not tokens.flags.c_contiguous:
+            return "the tokens are not C-contiguous"
+        return None
+
+    def _adopt(self, docs, new_ids: np.ndarray) -> np.ndarray:
+        """add() of an empty store that keeps a (tokens, offsets) pair's tokens as they are."""
+        operand, offsets = self._packed(docs, None)
+        with self._on_device():
+            self._tokens = operand.host if not operand.on_gpu else operand.cupy()
+            self._offsets = self._xp.asarray(offsets)
+        return self._added(new_ids)
 
     def remove(self, ids) -> int:
         """Remove the documents of ``ids`` (each must be in the index); returns how many. The
@@ -383,23 +429,28 @@ class Index:
         return operand, offsets
 
     def _stored(self, operand):
-        """An operand's tokens in the stored format on the index's device: (values, scales)."""
-        xp = self._xp
-        if operand.on_gpu != (self._gpu is not None) or (operand.on_gpu and operand.device != self._gpu):
-            where = "the host" if self._gpu is None else f"GPU {self._gpu}"
-            raise ValueError(f"docs must be on {where} (the index's device), got "
-                             f"{'the host' if not operand.on_gpu else f'GPU {operand.device}'}")
+        """An operand's tokens (a batch of add()) in the stored format on the index's device:
+        (values, scales or None, exact copy or None). Documents on another device or the host
+        are converted where a GPU is (uploaded first to a GPU store; on their own GPU for a
+        host store) and the results moved."""
         x = operand.host if not operand.on_gpu else operand.cupy()
         if operand.dtype == "bfloat16":
             x = _arrays.widened_bfloat16(x)
         elif operand.dtype not in ("float16", "float32", "float64"):
             raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
-        exact = None if self._exact is None else (x.get() if xp is not np else np.asarray(x)).astype(self.rescore)
-        if self.dtype == "int8":
-            values, scales = quantize.quantize_int8(x)
-            return xp.asarray(values), xp.asarray(scales), exact
-        return x.astype(self.dtype, copy=True), None, exact
+        if self._gpu is not None and not (operand.on_gpu and operand.device == self._gpu):
+            import cupy  # (inside _on_device: the store's GPU)
 
+            x = cupy.asarray(x.get() if operand.on_gpu else x)
+        with contextlib.nullcontext() if self._gpu is not None or not operand.on_gpu else _on_gpu(operand.device):
+            exact = None if self._exact is None else _arrays.to_host(_arrays.as_operand(x, "docs")).astype(self.rescore)
+            if self.dtype == "int8":
+                values, scales = quantize.quantize_int8(x)
+            else:
+                values, scales = x.astype(self.dtype, copy=True), None
+            if self._gpu is None and operand.on_gpu:  # converted on the documents' GPU, stored on the host
+                values, scales = values.get(), None if scales is None else scales.get()
+        return values, scales, exact
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
         if ids is None:
@@ -489,6 +540,12 @@ def _document_slice(docs, start: int, stop: int):
         stop = min(stop, offsets.shape[0] - 1)
         return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
     return docs[start:stop]
+
+
+def _on_gpu(device: int):
+    import cupy
+
+    return cupy.cuda.Device(device)
 
 
 def _token_count(docs, mask) -> int:

@@ -21,7 +21,7 @@ import ray
 from . import _arrays
 from .index import Index, _id_array
 from .search import _check_k
-from .shards import _host_filter, array_on, assign_ids, docs_on, merge_top_k, split_documents
+from .shards import _host_filter, array_on, assign_ids, merge_top_k, split_documents
 
 
 class _Shard:
@@ -31,9 +31,8 @@ class _Shard:
         self.index = Index(dim, dtype=dtype, device="cuda" if on_gpu else "cpu", rescore=rescore)
 
     def add(self, docs, ids, mask):
-        if ids.size:  # (host arrays from the driver: to the actor's GPU, where the Index is)
-            self.index.add(docs_on(docs, self.index.device), ids=ids,
-                           mask=None if mask is None else array_on(mask, self.index.device, "mask"))
+        if ids.size:  # (host arrays from the driver: the Index takes them to the actor's GPU)
+            self.index.add(docs, ids=ids, mask=mask)
         return len(self.index)
 
     def remove(self, ids):

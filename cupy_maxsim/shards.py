@@ -69,15 +69,20 @@ class ShardedIndex:
         return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}{store}, "
                 f"documents={len(self):,}, {self.nbytes / 1e6:,.1f} MB)")
 
-    def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
-        """As :meth:`Index.add`; the documents go to the shards in contiguous runs."""
+    def add(self, docs, *, ids=None, mask=None, copy: bool | None = True) -> np.ndarray:
+        """As :meth:`Index.add`; the documents go to the shards in contiguous runs (with
+        ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
+        pair as they are: the corpus held once)."""
         new_ids = assign_ids(docs, ids, self._next_id, np.concatenate([s._ids for s in self.shards]))
-        for shard, (part, part_mask, part_ids) in zip(self.shards, split_documents(docs, mask, new_ids,
-                                                                                   len(self.shards))):
-            if part_ids.size:
-                home = "cpu" if shard.device == "host" else shard.device  # (where its add takes documents)
-                shard.add(docs_on(part, home), ids=part_ids,
-                          mask=None if part_mask is None else array_on(part_mask, home, "mask"))
+        parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
+        if copy is False:  # (every shard asked before any adds: none or all keep their run)
+            for n, (shard, (part, part_mask, part_ids)) in enumerate(zip(self.shards, parts)):
+                refused = shard._copy_needed(part, part_mask) if part_ids.size else None
+                if refused is not None:
+                    raise ValueError(f"add(copy=False) would have to copy shard {n}'s documents: {refused}")
+        for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
+            if part_ids.size:  # (each shard's add takes them from wherever they are, a batch at a time)
+                shard.add(part, ids=part_ids, mask=part_mask, copy=copy)
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
 
@@ -187,17 +192,6 @@ def _host_filter(filter, index):
             raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(index)},), got {values.shape}")
         return index.ids[values]
     return _id_array(values, "filter")
-
-
-def docs_on(docs, device: str):
-    """What add() was given (a list, a padded array, or tokens with host offsets), its arrays
-    on ``device`` ("cpu" or "cuda:N"), as a shard's Index takes them (it refuses another
-    device's documents)."""
-    if isinstance(docs, tuple) and len(docs) == 2:
-        return array_on(docs[0], device, "docs"), docs[1]
-    if isinstance(docs, list):
-        return [array_on(x, device, "docs") for x in docs]
-    return array_on(docs, device, "docs")
 
 
 def array_on(x, device: str, name: str):

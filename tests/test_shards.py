@@ -82,6 +82,15 @@ def test_host_store_on_the_cpu_is_one_index():
     sharded.add(docs)
     assert [s.device for s in sharded.shards] == ["cpu", "cpu"] and sharded.places == ["cpu", "cpu"]
     _compare(sharded, single, rng)
+    # copy=None: each empty shard keeps its run of one (tokens, offsets) pair as it is
+    tokens, offsets = cm.pack(docs)
+    held = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=2, store="host")
+    held.add((tokens, offsets), copy=None)
+    assert all(np.shares_memory(shard._tokens, tokens) for shard in held.shards)
+    _compare(held, single, rng)
+    with pytest.raises(ValueError, match=r"copy=False\) would have to copy shard 0"):  # none added
+        held.add((tokens, offsets), copy=False)
+    assert len(held) == len(docs)
 
 
 def test_sharded_index_validation():

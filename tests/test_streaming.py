@@ -159,3 +159,21 @@ def test_pinned_memory_is_unregistered_before_it_can_be_freed():
     gc.collect()
     cupy.cuda.runtime.hostRegister(pointer, size, 0)  # free to register again: it was unregistered
     cupy.cuda.runtime.hostUnregister(pointer)
+
+
+@pytest.mark.gpu
+def test_neighbouring_views_are_both_pinned_in_place():
+    """Two stores that are views of one array (shards adopting one corpus) share a page at
+    their boundary: the second registers the whole pages inside it, and is still not copied."""
+    import cupy
+
+    from cupy_maxsim import streaming
+
+    corpus = np.ones((3 * streaming.PAGE + 100,), np.float32)
+    split = streaming.PAGE + 7  # (elements: a boundary inside a page)
+    copies = streaming.CudaCopies(cupy.cuda.runtime.getDevice())
+    first, second = copies.pinned(corpus[:split]), copies.pinned(corpus[split:])
+    assert np.shares_memory(first, corpus) and np.shares_memory(second, corpus)
+    device = cupy.empty(second.shape, second.dtype)
+    device.set(second)
+    assert float(device.sum()) == second.size
