@@ -14,7 +14,9 @@ searched by all of them at once.
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +24,11 @@ from . import _arrays
 from . import streaming
 from .index import Index, _document_count, _document_slice, _id_array, _parse_device, answer
 from .search import _check_k
+
+
+MANIFEST = "sharded.json"
+FORMAT_NAME = "cupy-maxsim-sharded-index"
+VERSION = 1
 
 
 class ShardedIndex:
@@ -130,6 +137,47 @@ class ShardedIndex:
                 found.update(zip(gpus, pool.map(search_on, gpus)))
         results = [found[place].pop(0) for place in self.places]  # back in shard order
         return answer(merge_top_k(results, k), like)
+
+
+    def save(self, path, *, progress: bool = False) -> Path:
+        """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
+        ``sharded.json`` (last: a folder without it is no sharded index)."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        for n, shard in enumerate(self.shards):
+            shard.save(folder / _shard_folder(n), progress=progress)
+        manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype,
+                    "rescore": self.shards[0].rescore, "shards": len(self.shards), "documents": len(self),
+                    "next_id": self._next_id}
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, path, *, devices=None, store: str = "device", mmap: bool = True, progress: bool = False,
+             gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET) -> "ShardedIndex":
+        """A sharded index saved by :meth:`save`, its shards on ``devices`` and kept in ``store``
+        as the constructor places them (the saved shards, whatever devices they were on).
+        Host-stored shards (and shards on the CPU) with ``mmap`` are memory-mapped: a corpus
+        larger than the host's memory is read from its files as it streams."""
+        folder = Path(path)
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.ShardedIndex") from None
+        if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
+            raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
+        index = cls(manifest["dim"], dtype=manifest["dtype"], devices=devices, shards=manifest["shards"],
+                    rescore=manifest.get("rescore"), store=store, gpu_budget_bytes=gpu_budget_bytes)
+        index.shards = [Index.load(folder / _shard_folder(n), device=shard.device, mmap=mmap, progress=progress,
+                                   gpu_budget_bytes=gpu_budget_bytes) for n, shard in enumerate(index.shards)]
+        index._next_id = int(manifest["next_id"])
+        if len(index) != manifest["documents"]:
+            raise ValueError(f"{folder}: the shards hold {len(index)} documents, {MANIFEST} says {manifest['documents']}")
+        return index
+
+
+def _shard_folder(n: int) -> str:
+    return f"shard-{n:04d}"
 
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:

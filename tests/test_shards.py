@@ -93,6 +93,33 @@ def test_host_store_on_the_cpu_is_one_index():
     assert len(held) == len(docs)
 
 
+@pytest.mark.parametrize("store", ["device", "host"])
+def test_save_then_load(tmp_path, store):
+    """A sharded index saved and loaded (memory-mapped, onto other devices and stores) answers
+    as before, ids and removals kept; a folder that is not one is refused."""
+    rng = np.random.default_rng(4)
+    docs = _corpus(rng)
+    single = cm.Index(DIM, dtype="float32")
+    sharded = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=3)
+    for index in (single, sharded):
+        index.add(docs)
+        index.remove([1, 20, 33])
+    sharded.save(tmp_path / "sharded")
+    loaded = cm.ShardedIndex.load(tmp_path / "sharded", devices=["cpu"], store=store)
+    assert len(loaded.shards) == 3 and len(loaded) == 38 and sorted(loaded.ids) == sorted(sharded.ids)
+    assert all(isinstance(shard._tokens, np.memmap) for shard in loaded.shards)
+    _compare(loaded, single, rng)
+    for index in (single, loaded):  # the next ids continue where they were
+        np.testing.assert_array_equal(index.add(docs[:2]), [41, 42])
+    _compare(loaded, single, rng)
+    with pytest.raises(FileNotFoundError, match="sharded.json"):
+        cm.ShardedIndex.load(tmp_path / "sharded" / "shard-0000")
+    manifest = tmp_path / "sharded" / "sharded.json"
+    manifest.write_text(manifest.read_text().replace('"documents": 38', '"documents": 39'))
+    with pytest.raises(ValueError, match="38 documents"):
+        cm.ShardedIndex.load(tmp_path / "sharded", devices=["cpu"])
+
+
 def test_sharded_index_validation():
     with pytest.raises(ValueError, match="store must be"):
         cm.ShardedIndex(DIM, devices=["cpu"], store="disk")
@@ -192,7 +219,7 @@ def test_gpu_shards_are_one_gpu_index(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
-def test_gpu_host_stored_shards_are_one_gpu_index(dtype):
+def test_gpu_host_stored_shards_are_one_gpu_index(dtype, tmp_path):
     """store="host": each shard keeps its documents in host memory and streams them through its
     GPU (here three shards through the one GPU, the multi-GPU code path), in several segments
     each; the same top-k, scores and winners as one GPU index, bitwise."""
@@ -217,6 +244,12 @@ def test_gpu_host_stored_shards_are_one_gpu_index(dtype):
         assert type(got[0]) is type(queries)
         _same([_arrays_host(x) for x in got], [x.get() for x in want])
     assert all(shard.last_search.segments > 1 for shard in sharded.shards)
+    # saved, and loaded memory-mapped (read-only pages, registered as such or copied once)
+    sharded.save(tmp_path / "sharded")
+    loaded = cm.ShardedIndex.load(tmp_path / "sharded", devices=["cuda:0"], store="host",
+                                  gpu_budget_bytes=8 * 1024 * DIM)
+    want = single.search(cupy.asarray(q), 40, return_argmax=True)
+    _same([_arrays_host(x) for x in loaded.search(cupy.asarray(q), 40, return_argmax=True)], [x.get() for x in want])
 
 
 def _arrays_host(x):
