@@ -214,14 +214,40 @@ def merge_top_k(results, k: int):
     ids = np.concatenate([np.atleast_2d(r[1]) for r in results], axis=1)
     winners = None if len(results[0]) < 3 else np.concatenate(
         [r[2][None] if single else r[2] for r in results], axis=1)
-    order = np.argsort(np.where(ids < 0, np.iinfo(np.int64).max, ids), axis=1, kind="stable")  # ids ascending
-    order = np.take_along_axis(order, np.argsort(-np.take_along_axis(scores, order, 1), axis=1, kind="stable"), 1)
-    missing = np.take_along_axis(ids, order, 1) < 0
-    order = np.take_along_axis(order, np.argsort(missing, axis=1, kind="stable"), 1)[:, :k]
+    order = _merge_order(scores, ids, k)
     out = [np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)]
     if winners is not None:
         out.append(np.take_along_axis(winners, order[..., None], 1))
     return tuple(x[0] for x in out) if single else tuple(out)
+
+
+def _merge_order(scores, ids, k: int) -> np.ndarray:
+    """The positions of each row's k first candidates in merge_top_k's order. float32 scores and
+    ids below 2**32 (nearly always): one sort of a 64-bit key a candidate (the score's order in
+    the high half as the selection kernel keys it, the id in the low), stable: a merge of the
+    shards' runs, each in this order already (256 queries x 8 shards of 100: 2.9 ms against
+    the three sorts' 23, and a quicksort's 5.7); else three stable sorts (ids, then scores,
+    then missing), each kept by the next."""
+    if scores.dtype == np.float32 and ids.max(initial=-1) < 2**32:
+        return np.argsort(merge_keys(scores, ids), axis=1, kind="stable")[:, :k]
+    order = np.argsort(np.where(ids < 0, np.iinfo(np.int64).max, ids), axis=1, kind="stable")  # ids ascending
+    order = np.take_along_axis(order, np.argsort(-np.take_along_axis(scores, order, 1), axis=1, kind="stable"), 1)
+    missing = np.take_along_axis(ids, order, 1) < 0
+    return np.take_along_axis(order, np.argsort(missing, axis=1, kind="stable"), 1)[:, :k]
+
+
+def merge_keys(scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """uint64 keys whose ascending order is merge_top_k's: the high half a float32 score's
+    descending order (kernels_cu/maxsim_topk.cu's topk_key, inverted: -0.0 as 0.0, NaN just
+    after -inf), the low half the id (0 <= id < 2**32); a missing candidate (id -1) last."""
+    bits = scores.view(np.uint32)
+    bits = np.where(bits == np.uint32(0x80000000), np.uint32(0), bits)  # (-0.0: 0.0's bits)
+    # Descending order: negatives as they are, positives with every bit but the sign flipped.
+    descending = bits ^ ((~(bits.view(np.int32) >> 31)).view(np.uint32) & np.uint32(0x7FFFFFFF))
+    descending[np.isnan(scores)] = 0xFF800001  # (just after -inf's 0xFF800000)
+    keys = (descending.astype(np.uint64) << np.uint64(32)) | ids.astype(np.uint64)
+    keys[ids < 0] = np.iinfo(np.uint64).max
+    return keys
 
 
 def _host(x) -> np.ndarray:

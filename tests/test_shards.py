@@ -120,6 +120,43 @@ def test_save_then_load(tmp_path, store):
         cm.ShardedIndex.load(tmp_path / "sharded", devices=["cpu"])
 
 
+@pytest.mark.parametrize("k", [1, 5, 12, 40])
+def test_merge_top_k_is_a_sort_of_the_candidates(k):
+    """merge_top_k (one 64-bit key a candidate for float32 scores; three stable sorts for
+    float64 ones or ids past 2**32) against Python's sort of every candidate by (score
+    descending, -0.0 as 0.0, -inf then NaN last, ties to the lower id), missing ids last."""
+    from cupy_maxsim.shards import merge_top_k
+
+    rng = np.random.default_rng(k)
+    shards, rows, each = 3, 6, 8
+    pool = np.array([2.5, 1.0, 0.0, -0.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+    results = []
+    ids = rng.permutation(1000)[:shards * rows * each].reshape(shards, rows, each)
+    for n in range(shards):
+        scores = pool[rng.integers(0, pool.size, (rows, each))]
+        shard_ids = ids[n].copy()
+        shard_ids[rng.random((rows, each)) < 0.2] = -1
+        scores[shard_ids < 0] = -np.inf
+        results.append((scores, shard_ids, rng.integers(0, 9, (rows, each, 2)).astype(np.int16)))
+
+    def rank(score, id_):
+        return (id_ < 0, np.isnan(score), -float(score) if not np.isnan(score) else 0.0, id_)
+
+    for offset, dtype in ((0, np.float32), (0, np.float64), (2**33, np.float32)):
+        given = [(r[0].astype(dtype), np.where(r[1] < 0, -1, r[1] + offset), r[2]) for r in results]
+        got = merge_top_k(given, k)
+        for row in range(rows):
+            every = [(float(s), int(i), tuple(w)) for r in given for s, i, w in zip(r[0][row], r[1][row], r[2][row])]
+            want = sorted(every, key=lambda c: rank(c[0], c[1]))[:k]
+            real = [c for c in want if c[1] >= 0]  # (missing candidates: any of them, alike but winners)
+            np.testing.assert_array_equal(got[1][row][:len(real)], [c[1] for c in real])
+            np.testing.assert_array_equal(got[0][row][:len(real)], np.array([c[0] for c in real], dtype))
+            np.testing.assert_array_equal(got[2][row][:len(real)], [c[2] for c in real])
+            assert (got[1][row][len(real):] == -1).all()
+    single = merge_top_k([(r[0][0], r[1][0]) for r in results], k)  # one query: (k,) arrays
+    assert single[0].shape == (min(k, shards * each),)
+
+
 def test_sharded_index_validation():
     with pytest.raises(ValueError, match="store must be"):
         cm.ShardedIndex(DIM, devices=["cpu"], store="disk")
