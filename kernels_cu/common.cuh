@@ -50,6 +50,17 @@ __device__ __forceinline__ float nan_if_infinite(float x) {
 __device__ __forceinline__ double min_plain(double a, double b) { return b < a ? b : a; }
 __device__ __forceinline__ float min_plain(float a, float b) { return fminf(a, b); }
 
+// Inclusive prefix sum of `value` over the lanes of a warp (every lane calls it, with its lane:
+// threadIdx.x itself where only warp 0 calls, which saves the mask).
+__device__ __forceinline__ int warp_inclusive_sum(int value, int lane) {
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const int other = __shfl_up_sync(0xffffffffu, value, offset);
+        value += lane >= offset ? other : 0;
+    }
+    return value;
+}
+
 // Every scalar argument of the forward kernels, passed by value as one struct: the host packs
 // it with a single struct.pack (_gpu/args.FORWARD_ARGS mirrors the field order), which costs far
 // less per launch than two dozen separate arguments. 8-byte fields come first, then 4-byte

@@ -332,12 +332,7 @@ __device__ __forceinline__ int block_exclusive_scan(int* values, int n, int* war
     for (int base = 0; base < n; base += blockDim.x) {
         const int i = base + tid;
         const int v = i < n ? values[i] : 0;
-        int inclusive = v;
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) {
-            const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-            if (lane >= offset) inclusive += up;
-        }
+        const int inclusive = warp_inclusive_sum(v, lane);
         if (lane == 31) warp_sums[warp] = inclusive;
         __syncthreads();
         int before = carry;

@@ -49,12 +49,7 @@ __device__ __forceinline__ unsigned topk_key_at(const float* row, const unsigned
 // Exclusive prefix sum of `value` over the block in thread order, and the block's total.
 __device__ __forceinline__ int topk_block_sum_scan(int value, int* warp_sums, int& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int inclusive = value;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        inclusive += lane >= offset ? other : 0;
-    }
+    const int inclusive = warp_inclusive_sum(value, lane);
     if (lane == 31) warp_sums[warp] = inclusive;
     __syncthreads();
     int before = 0;
@@ -99,12 +94,7 @@ __device__ __forceinline__ void topk_find_digit(const int* histogram, unsigned p
     int counts[8], sum = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) sum += counts[j] = histogram[255 - lane * 8 - j];
-    int inclusive = sum;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-        const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        inclusive += lane >= offset ? other : 0;
-    }
+    const int inclusive = warp_inclusive_sum(sum, lane);
     const int exclusive = inclusive - sum;
     // (the counted keys are never fewer than `remaining`; were they, digit 0, as a walk ends)
     if ((exclusive < remaining && remaining <= inclusive) || (lane == 31 && inclusive < remaining)) {
@@ -351,6 +341,8 @@ __device__ __forceinline__ void topk_wide(const float* scores, i64 row_stride, i
                 topk_count_digit(keys[j], ((valid >> j) & 1u) && (keys[j] & mask) == prefix, shift, histogram);
             if (last) {
                 __syncthreads();
+                // (topk_flush_histogram's loop, keeping the chunk's counts: a `kept` argument to
+                // it compiled to 121 more SASS lines in this kernel, NVRTC 13)
                 for (int b = threadIdx.x; b < 256; b += TOPK_THREADS) {
                     row_state[TOPK_WIDE_HEAD + chunk * 256 + b] = histogram[b];
                     if (histogram[b]) atomicAdd(&row_state[pass * 256 + b], histogram[b]);
@@ -390,12 +382,7 @@ __device__ __forceinline__ void topk_wide(const float* scores, i64 row_stride, i
         }
         // Above T: a slot range a warp from the counter (one atomic a warp).
         const int above = __popc(above_bits), lane = threadIdx.x & 31;
-        int inclusive = above;
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) {
-            const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-            inclusive += lane >= offset ? other : 0;
-        }
+        const int inclusive = warp_inclusive_sum(above, lane);
         int warp_slot = 0;
         if (lane == 31 && inclusive) warp_slot = atomicAdd(&row_state[TOPK_WIDE_COUNTER], inclusive);
         int slot = __shfl_sync(0xffffffffu, warp_slot, 31) + inclusive - above;
