@@ -195,6 +195,23 @@ def test_ray_index_is_one_index(ray_cluster):
         remote.add([np.zeros((3, DIM + 1), np.float32)] * 2)
 
 
+def test_ray_index_stored_on_the_host(ray_cluster):
+    """store="host": CPU actors keep their documents in their host's memory anyway (GPU actors
+    stream theirs: the GPU test below); the same results."""
+    import cupy_maxsim.ray as cmr
+
+    rng = np.random.default_rng(3)
+    docs = _corpus(rng)
+    single, hosted = cm.Index(DIM, dtype="float32"), cmr.RayIndex(DIM, dtype="float32", actors=2, store="host")
+    single.add(docs)
+    hosted.add(docs)
+    _compare(hosted, single, rng)
+    with pytest.raises(ValueError, match="store must be"):
+        cmr.RayIndex(DIM, actors=1, store="disk")
+    with pytest.raises(ValueError, match="gpu_budget_bytes"):
+        cmr.RayIndex(DIM, actors=1, gpu_budget_bytes=0)
+
+
 def _wait_until_dead(ray, actor, seconds=60.0):
     """ray.kill returns before the actor is gone: a call made at once may still be answered
     (CI once saw the search below succeed). Waits until a call reports the death."""
@@ -222,6 +239,25 @@ def test_a_dead_actor_is_reported(ray_cluster):
     _wait_until_dead(ray_cluster, remote.actors[1])
     with pytest.raises(RuntimeError, match="shard 1's Ray actor died"):
         remote.search(unit_rows(rng, (1, 3, DIM), np.float32), 3)
+
+
+@pytest.mark.gpu
+def test_ray_host_stored_gpu_actors_are_one_gpu_index(ray_cluster):
+    """RayIndex(store="host") with GPU actors (two of half a GPU each): each streams its host
+    store through its GPU; the results of one GPU index, bitwise."""
+    import cupy
+
+    import cupy_maxsim.ray as cmr
+
+    rng = np.random.default_rng(7)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 60, 1500)]
+    single = cm.Index(DIM, dtype="int8", device="cuda")
+    single.add([cupy.asarray(x) for x in docs])
+    remote = cmr.RayIndex(DIM, dtype="int8", actors=2, num_gpus=0.5, store="host", gpu_budget_bytes=8 * 1024 * DIM)
+    remote.add(docs)
+    q = unit_rows(rng, (4, 8, DIM), np.float32).astype(np.float16)
+    _same(remote.search(q, 30, return_argmax=True), [x.get() for x in single.search(cupy.asarray(q), 30,
+                                                                                   return_argmax=True)])
 
 
 @pytest.mark.gpu
