@@ -438,12 +438,13 @@ class Index:
             x = _arrays.widened_bfloat16(x)
         elif operand.dtype not in ("float16", "float32", "float64"):
             raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
+        # (the exact copy lives on the host: made before host documents go to the GPU)
+        exact = None if self._exact is None else _arrays.to_host(_arrays.as_operand(x, "docs")).astype(self.rescore)
         if self._gpu is not None and not (operand.on_gpu and operand.device == self._gpu):
             import cupy  # (inside _on_device: the store's GPU)
 
             x = cupy.asarray(x.get() if operand.on_gpu else x)
         with contextlib.nullcontext() if self._gpu is not None or not operand.on_gpu else _on_gpu(operand.device):
-            exact = None if self._exact is None else _arrays.to_host(_arrays.as_operand(x, "docs")).astype(self.rescore)
             if self.dtype == "int8":
                 values, scales = quantize.quantize_int8(x)
             else:
