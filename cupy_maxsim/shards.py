@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays
-from . import streaming
+from . import _arrays, streaming
 from .index import Index, _document_count, _document_slice, _id_array, _parse_device, answer
 from .search import _check_k
 
@@ -133,11 +132,17 @@ class ShardedIndex:
         if len(gpus) == 1:
             found[gpus[0]] = search_on(gpus[0])
         elif gpus:
-            with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
-                found.update(zip(gpus, pool.map(search_on, gpus)))
+            found.update(zip(gpus, self._threads(len(gpus)).map(search_on, gpus)))
         results = [found[place].pop(0) for place in self.places]  # back in shard order
         return answer(merge_top_k(results, k), like)
 
+    def _threads(self, count: int) -> ThreadPoolExecutor:
+        """The index's own threads, a GPU each, kept from search to search (starting them took
+        part of a one-query search's time); they end with the index."""
+        pool = getattr(self, "_pool", None)
+        if pool is None or pool._max_workers < count:
+            self._pool = pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="cupy_maxsim.shards")
+        return pool
 
     def save(self, path, *, progress: bool = False) -> Path:
         """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then

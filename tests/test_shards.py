@@ -157,6 +157,14 @@ def test_merge_top_k_is_a_sort_of_the_candidates(k):
     assert single[0].shape == (min(k, shards * each),)
 
 
+def test_search_threads_are_kept():
+    """The threads that search several GPUs at once are started once, not every search."""
+    sharded = cm.ShardedIndex(DIM, devices=["cpu"], shards=2)
+    first = sharded._threads(2)
+    assert sharded._threads(2) is first and sharded._threads(1) is first
+    assert sharded._threads(3) is not first and sharded._threads(3)._max_workers == 3
+
+
 def test_sharded_index_validation():
     with pytest.raises(ValueError, match="store must be"):
         cm.ShardedIndex(DIM, devices=["cpu"], store="disk")
