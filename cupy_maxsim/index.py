@@ -114,9 +114,10 @@ class Index:
         """Add documents: a list of (Ld_i, dim) arrays, a padded (Nd, Ld, dim) array with an
         optional (Nd, Ld) mask, or a (tokens (T, dim), offsets (Nd + 1,)) pair. ``ids``: one
         int64 per document, none already in the index; default the next free ones. Returns the
-        ids added. Documents on the host or any GPU go to the index's device, a batch at a time. The documents are converted ``batch_docs`` at a time (the conversion's
-        temporaries stay that size), with a progress bar where ``progress`` (tqdm, if installed);
-        the index changes only once every batch is converted.
+        ids added. Documents on the host or any GPU go to the index's device, converted
+        ``batch_docs`` at a time (the conversion's temporaries stay that size), with a progress
+        bar where ``progress`` (tqdm, if installed); the index changes only once every batch is
+        converted.
 
         ``copy``: True, the store copies the documents (always). None: an empty store keeps the
         tokens of a ``(tokens, offsets)`` pair as they are where they are already its format
@@ -129,6 +130,7 @@ class Index:
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+            _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
         if copy is not True:
             refused = self._copy_needed(docs, mask)
             if refused is None:
@@ -423,9 +425,7 @@ class Index:
         if operand.ndim != 2 or operand.shape[1] != self.dim:
             raise ValueError(f"docs must have tokens of width {self.dim} (the index's dim), got shape {operand.shape}")
         offsets = np.asarray(offsets, dtype=np.int64)
-        if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != operand.shape[0] or (
-                np.diff(offsets) < 0).any():
-            raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
+        _check_offsets(offsets, operand.shape[0])
         return operand, offsets
 
     def _stored(self, operand):
@@ -541,6 +541,13 @@ def _document_slice(docs, start: int, stop: int):
         stop = min(stop, offsets.shape[0] - 1)
         return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
     return docs[start:stop]
+
+
+def _check_offsets(offsets: np.ndarray, tokens: int) -> None:
+    """A ValueError unless host ``offsets`` start at 0, never decrease and end at ``tokens``."""
+    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != tokens or (
+            np.diff(offsets) < 0).any():
+        raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
 
 
 def _on_gpu(device: int):

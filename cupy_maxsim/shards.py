@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _arrays, streaming
-from .index import Index, _document_count, _document_slice, _id_array, _parse_device, answer
+from .index import Index, _check_offsets, _document_count, _document_slice, _id_array, _parse_device, answer
 from .search import _check_k
 
 
@@ -205,6 +205,7 @@ def split_documents(docs, mask, ids: np.ndarray, parts: int):
     count = ids.shape[0]
     if isinstance(docs, tuple) and len(docs) == 2:
         docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
+        _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: shards see slices)
     bounds = np.linspace(0, count, parts + 1).round().astype(int)
     for start, stop in zip(bounds[:-1], bounds[1:]):
         yield (_document_slice(docs, int(start), int(stop)), None if mask is None else mask[start:stop],

@@ -321,6 +321,13 @@ def test_add_without_a_copy(device):
         assert len(index) == before
     with pytest.raises(ValueError, match="copy must be"):
         cm.Index(DIM).add((tokens, offsets), copy="no")
+    # Offsets are checked whole (each batch sees a rebased slice): leading or trailing tokens
+    # outside them, or a decrease, are refused before anything is added.
+    for bad in (offsets + 1, offsets[:-1], np.concatenate([offsets[:3], offsets[2:]])[::-1]):
+        index = cm.Index(DIM, dtype="float16", device=device)
+        with pytest.raises(ValueError, match="offsets must start at 0"):
+            index.add((tokens, bad), batch_docs=4)
+        assert len(index) == 0
 
 
 @pytest.mark.gpu
