@@ -219,6 +219,17 @@ def test_add_holds_the_documents_once_beside_the_source(dtype, rescore):
         assert peak < 1.25 * (before + grown) + 2**20, (peak, before, grown)
     assert len(index) == 2 * lengths.shape[0] and index._tokens.shape[0] == 2 * tokens.shape[0]
 
+def test_offsets_are_checked_whole():
+    """add() converts a (tokens, offsets) pair in batches, each a rebased slice: the offsets are
+    checked whole first (leading or trailing tokens outside them, a decrease), nothing added."""
+    rng = np.random.default_rng(16)
+    tokens, offsets = cm.pack(_documents(rng, 30))
+    for bad in (offsets + 1, offsets[:-1], np.concatenate([offsets[:3], offsets[2:]])[::-1]):
+        for index in (cm.Index(DIM, dtype="float32"), cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=2)):
+            with pytest.raises(ValueError, match="offsets must start at 0"):
+                index.add((tokens, bad), batch_docs=4) if isinstance(index, cm.Index) else index.add((tokens, bad))
+            assert len(index) == 0
+
 
 def test_torch_queries_answer_in_torch():
     torch = pytest.importorskip("torch")
@@ -321,13 +332,6 @@ def test_add_without_a_copy(device):
         assert len(index) == before
     with pytest.raises(ValueError, match="copy must be"):
         cm.Index(DIM).add((tokens, offsets), copy="no")
-    # Offsets are checked whole (each batch sees a rebased slice): leading or trailing tokens
-    # outside them, or a decrease, are refused before anything is added.
-    for bad in (offsets + 1, offsets[:-1], np.concatenate([offsets[:3], offsets[2:]])[::-1]):
-        index = cm.Index(DIM, dtype="float16", device=device)
-        with pytest.raises(ValueError, match="offsets must start at 0"):
-            index.add((tokens, bad), batch_docs=4)
-        assert len(index) == 0
 
 
 @pytest.mark.gpu
