@@ -123,7 +123,9 @@ class CudaCopies:
         finalizer unregisters it). Where the registration is refused: the whole pages inside
         the array (its first or last page may be registered already, by a neighbouring view
         of one array: another shard's store); where that is refused too (memory-mapped files
-        on some systems), a pinned copy.
+        on some systems), a pinned copy; where the host cannot pin that much either (a store
+        larger than its memory, memory-mapped), the array itself, its copies staged through
+        the driver (slower, the same results).
 
         Memory freed while registered stays pinned in the driver's view: a later copy from an
         allocation that reuses those addresses read stale pages (garbage scores and "invalid
@@ -146,7 +148,10 @@ class CudaCopies:
             # (array holds its memory's owner: the finalizer runs before the memory can go)
             weakref.finalize(array, _unregister, runtime, first)
             return array
-        memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
+        try:
+            memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
+        except Exception:  # noqa: BLE001 - more than the host can pin (a store past its memory)
+            return array  # (copies from pageable memory: staged by the driver, slower, the same)
         copy = np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)
         copy[...] = array
         return copy

@@ -162,6 +162,30 @@ def test_pinned_memory_is_unregistered_before_it_can_be_freed():
 
 
 @pytest.mark.gpu
+def test_a_store_the_host_cannot_pin_streams_unpinned(monkeypatch):
+    """Where registration and a pinned copy are both refused (a memory-mapped store larger than
+    the host's memory), the store streams from pageable memory: the same results."""
+    import cupy
+
+    rng = np.random.default_rng(11)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 60, 800)]
+    on_gpu = cm.Index(DIM, dtype="float16", device="cuda")
+    on_gpu.add([cupy.asarray(x) for x in docs])
+    streamed = cm.Index(DIM, dtype="float16", device="host", gpu_budget_bytes=60_000)
+    streamed.add(docs)
+
+    def refused(*args, **kwargs):
+        raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+    monkeypatch.setattr(cupy.cuda.runtime, "hostRegister", refused)
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", refused)
+    q = cupy.asarray(unit_rows(rng, (3, 8, DIM), np.float32).astype(np.float16))
+    _same([x.get() for x in on_gpu.search(q, 12)], [x.get() for x in streamed.search(q, 12)])
+    assert streamed._streamed_store[2] is streamed._tokens  # not copied: the store itself
+    assert streamed.last_search.segments > 3
+
+
+@pytest.mark.gpu
 def test_neighbouring_views_are_both_pinned_in_place():
     """Two stores that are views of one array (shards adopting one corpus) share a page at
     their boundary: the second registers the whole pages inside it, and is still not copied."""
