@@ -1,7 +1,9 @@
 """Where a small search's time goes (issue 25: 10k documents took 1.2-4 ms where scoring them
 takes 0.09): one query (and 32) against 10,000 documents of 128 tokens, k = 10 and 1000, with
 CuPy arrays. The end-to-end time of back-to-back calls against the host time per call (calls
-submitted without waiting), then cProfile over 200 calls of each k, by total time.
+submitted without waiting), then cProfile over 200 calls of each k, by total time; then the
+same for an Index's search (float16 and int8 stores of the same documents, k = 100): the call
+each shard of a ShardedIndex makes, whose host time bounds issue 29's latency line.
 
     python bench/profile_search.py > bench/results/profile-search-<date>-<commit>.txt
 """
@@ -50,3 +52,27 @@ for k in (10, 1000):
     profiler.disable()
     print(f"\n# cProfile, 1 query, k={k}, 200 calls")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+
+for dtype in ("float16", "int8"):
+    index = cm.Index(128, dtype=dtype, device="cuda")
+    index.add(d)
+    q = rng.standard_normal((1, 32, 128), dtype=cupy.float32).astype(cupy.float16)
+    for _ in range(20):
+        index.search(q, 100)
+    cupy.cuda.Device().synchronize()
+    host = []
+    for _ in range(50):
+        start = time.perf_counter()
+        index.search(q, 100)
+        host.append((time.perf_counter() - start) * 1e6)
+    cupy.cuda.Device().synchronize()
+    host.sort()
+    print(f"\n# Index({dtype}).search, 1 query, k=100: host us a call median {host[25]:.0f}, min {host[0]:.0f}")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(200):
+        index.search(q, 100)
+    cupy.cuda.Device().synchronize()
+    profiler.disable()
+    print(f"# cProfile, Index({dtype}).search, 200 calls")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)

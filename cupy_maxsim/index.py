@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _rescore, quantize, scoring, search as _search, streaming
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -126,11 +126,11 @@ class Index:
         afterwards), else copies them. False: as None, but a ValueError where it would copy."""
         if copy not in (True, False, None):
             raise ValueError(f"copy must be True, False or None, got {copy!r}")
-        count = _document_count(docs)
+        count = _documents.count(docs)
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
-            _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
+            _documents.check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
         if copy is not True:
             refused = self._copy_needed(docs, mask)
             if refused is None:
@@ -143,19 +143,20 @@ class Index:
         # it: at most the old store, the new one and a batch at once (not the converted
         # documents twice, as joining converted parts would).
         top = int(self._host_offsets()[0][-1])
-        total = top + _token_count(docs, mask)
+        total = top + _documents.token_count(docs, mask)
         xp = self._xp
         with self._on_device():  # (module, new store) of the tokens, scales and exact copy
-            stores = [(module, _grown(module, old, total)) for module, old in
+            stores = [(module, _documents.grown(module, old, total)) for module, old in
                       ((xp, self._tokens), (xp, self._scales), (np, self._exact)) if old is not None]
         offsets, at = [], top
         for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
-            tokens, batch_offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None
-                                                 else mask[start:start + batch_docs])
+            tokens, batch_offsets = _documents.packed(_documents.sliced(docs, start, start + batch_docs),
+                                                      None if mask is None else mask[start:start + batch_docs], self.dim)
             if at + int(batch_offsets[-1]) > total:
                 raise ValueError("docs hold more tokens than they did when add() began counting them")
             with self._on_device():
-                parts = [part for part in self._stored(tokens) if part is not None]
+                parts = [part for part in _documents.converted(tokens, self.dtype, None if self._exact is None
+                                                               else self.rescore, self._gpu) if part is not None]
                 for (module, store), part in zip(stores, parts):
                     _arrays.copy_rows(module, store, at, part)
             offsets.append(batch_offsets[1:] + at)
@@ -178,27 +179,16 @@ class Index:
         return new_ids
 
     def _copy_needed(self, docs, mask) -> str | None:
-        """Why add(copy=None) must copy ``docs`` into the store; None where the store can keep
-        their tokens as they are."""
+        """Why add(copy=None) must copy ``docs`` into the store; None where it can keep them."""
         if self._ids.shape[0]:
             return "the index holds documents already (only an empty one keeps them as they are)"
-        if not (isinstance(docs, tuple) and len(docs) == 2):
-            return "only a (tokens, offsets) pair is kept as it is"
         if self.dtype == "int8" or self._exact is not None:
             return "an int8 index stores quantised tokens, and one that rescores a copy of them"
-        operand = _arrays.as_operand(docs[0], "docs")
-        if operand.dtype != self.dtype:
-            return f"the tokens are {operand.dtype}, the index stores {self.dtype}"
-        if operand.on_gpu != (self._gpu is not None) or (operand.on_gpu and operand.device != self._gpu):
-            return f"the tokens are on {'GPU %d' % operand.device if operand.on_gpu else 'the host'}, the index on {self.device}"
-        tokens = operand.host if not operand.on_gpu else operand.cupy()
-        if not tokens.flags.c_contiguous:
-            return "the tokens are not C-contiguous"
-        return None
+        return _documents.why_copied(docs, self.dtype, self._gpu, self.device)
 
     def _adopt(self, docs, new_ids: np.ndarray) -> np.ndarray:
         """add() of an empty store that keeps a (tokens, offsets) pair's tokens as they are."""
-        operand, offsets = self._packed(docs, None)
+        operand, offsets = _documents.packed(docs, None, self.dim)
         with self._on_device():
             self._tokens = operand.host if not operand.on_gpu else operand.cupy()
             self._offsets = self._xp.asarray(offsets)
@@ -413,46 +403,6 @@ class Index:
 
         return cupy.cuda.Device(self._gpu)
 
-    def _packed(self, docs, mask):
-        """(tokens operand's array, host int64 offsets) of what add() was given."""
-        if isinstance(docs, tuple) and len(docs) == 2:
-            tokens, offsets = docs
-            offsets = _arrays.to_host(_arrays.as_operand(offsets, "offsets"))
-        else:
-            tokens, offsets = quantize.pack(docs, mask=mask)
-            offsets = _arrays.to_host(_arrays.as_operand(offsets, "offsets"))
-        operand = _arrays.as_operand(tokens, "docs")
-        if operand.ndim != 2 or operand.shape[1] != self.dim:
-            raise ValueError(f"docs must have tokens of width {self.dim} (the index's dim), got shape {operand.shape}")
-        offsets = np.asarray(offsets, dtype=np.int64)
-        _check_offsets(offsets, operand.shape[0])
-        return operand, offsets
-
-    def _stored(self, operand):
-        """An operand's tokens (a batch of add()) in the stored format on the index's device:
-        (values, scales or None, exact copy or None). Documents on another device or the host
-        are converted where a GPU is (uploaded first to a GPU store; on their own GPU for a
-        host store) and the results moved."""
-        x = operand.host if not operand.on_gpu else operand.cupy()
-        if operand.dtype == "bfloat16":
-            x = _arrays.widened_bfloat16(x)
-        elif operand.dtype not in ("float16", "float32", "float64"):
-            raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
-        # (the exact copy lives on the host: made before host documents go to the GPU)
-        exact = None if self._exact is None else _arrays.to_host(_arrays.as_operand(x, "docs")).astype(self.rescore)
-        if self._gpu is not None and not (operand.on_gpu and operand.device == self._gpu):
-            import cupy  # (inside _on_device: the store's GPU)
-
-            x = cupy.asarray(x.get() if operand.on_gpu else x)
-        with contextlib.nullcontext() if self._gpu is not None or not operand.on_gpu else _on_gpu(operand.device):
-            if self.dtype == "int8":
-                values, scales = quantize.quantize_int8(x)
-            else:
-                values, scales = x.astype(self.dtype, copy=True), None
-            if self._gpu is None and operand.on_gpu:  # converted on the documents' GPU, stored on the host
-                values, scales = values.get(), None if scales is None else scales.get()
-        return values, scales, exact
-
     def _new_ids(self, ids, count: int) -> np.ndarray:
         if ids is None:
             return np.arange(self._next_id, self._next_id + count, dtype=np.int64)
@@ -524,61 +474,6 @@ def _progress(iterable, total: int, what: str, enabled: bool):
     except ImportError:
         return iterable
     return tqdm(iterable, total=total, desc=f"cupy_maxsim.Index: {what}")
-
-
-def _document_count(docs) -> int:
-    if isinstance(docs, tuple) and len(docs) == 2:
-        return int(_arrays.as_operand(docs[1], "offsets").shape[0]) - 1
-    if isinstance(docs, list):
-        return len(docs)
-    return int(_arrays.as_operand(docs, "docs").shape[0])
-
-
-def _document_slice(docs, start: int, stop: int):
-    """Documents start..stop of what add() takes, in the same form."""
-    if isinstance(docs, tuple) and len(docs) == 2:  # (tokens, host int64 offsets)
-        offsets = docs[1]
-        stop = min(stop, offsets.shape[0] - 1)
-        return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
-    return docs[start:stop]
-
-
-def _check_offsets(offsets: np.ndarray, tokens: int) -> None:
-    """A ValueError unless host ``offsets`` start at 0, never decrease and end at ``tokens``."""
-    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != tokens or (
-            np.diff(offsets) < 0).any():
-        raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
-
-
-def _on_gpu(device: int):
-    import cupy
-
-    return cupy.cuda.Device(device)
-
-
-def _token_count(docs, mask) -> int:
-    """Tokens the documents of add() will store (what quantize.pack keeps); what it cannot
-    count (a malformed document) counts 0, and the batch's conversion reports it."""
-    if isinstance(docs, tuple) and len(docs) == 2:  # (tokens, host int64 offsets)
-        return int(docs[1][-1]) if docs[1].shape[0] else 0
-    if isinstance(docs, list):
-        shapes = [x.shape if hasattr(x, "shape") else _arrays.as_operand(x, f"docs[{i}]").shape
-                  for i, x in enumerate(docs)]
-        return sum(int(shape[0]) for shape in shapes if len(shape) == 2)
-    shape = _arrays.as_operand(docs, "docs").shape
-    if len(shape) != 3:
-        return 0
-    if mask is None:
-        return int(shape[0]) * int(shape[1])
-    return int(np.count_nonzero(_arrays.to_host(_arrays.as_operand(mask, "mask"))))
-
-
-def _grown(xp, store, rows: int):
-    """A new array of ``rows`` rows (``store``'s dtype and row shape) beginning with ``store``'s
-    rows; the rest to be written."""
-    out = xp.empty((rows,) + store.shape[1:], store.dtype)
-    _arrays.copy_rows(xp, out, 0, xp.ascontiguousarray(store))
-    return out
 
 
 def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:

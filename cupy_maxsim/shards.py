@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, streaming
-from .index import Index, _check_offsets, _document_count, _document_slice, _id_array, _parse_device, answer
+from . import _arrays, _documents, streaming
+from .index import Index, _id_array, _parse_device, answer
 from .search import _check_k
 
 
@@ -187,7 +187,7 @@ def _shard_folder(n: int) -> str:
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:
     """The ids of documents being added: given (one each, unique, none taken) or the next free."""
-    count = _document_count(docs)
+    count = _documents.count(docs)
     if ids is None:
         return np.arange(next_id, next_id + count, dtype=np.int64)
     new = _id_array(ids, "ids")
@@ -205,10 +205,10 @@ def split_documents(docs, mask, ids: np.ndarray, parts: int):
     count = ids.shape[0]
     if isinstance(docs, tuple) and len(docs) == 2:
         docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
-        _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: shards see slices)
+        _documents.check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: shards see slices)
     bounds = np.linspace(0, count, parts + 1).round().astype(int)
     for start, stop in zip(bounds[:-1], bounds[1:]):
-        yield (_document_slice(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
+        yield (_documents.sliced(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
                ids[start:stop])
 
 
