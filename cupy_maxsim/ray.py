@@ -15,13 +15,16 @@ seconds), never waited on forever.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import ray
 
 from . import _arrays, streaming
 from .index import Index, _id_array
 from .search import _check_k
-from .shards import _host_filter, array_on, assign_ids, merge_top_k, split_documents
+from .shards import (_host_filter, array_on, assign_ids, check_loaded, merge_top_k, read_manifest, shard_folder,
+                     split_documents, write_manifest)
 
 
 class _Shard:
@@ -30,8 +33,17 @@ class _Shard:
 
     def __init__(self, dim, dtype, on_gpu, rescore, store="device", gpu_budget_bytes=streaming.DEFAULT_GPU_BUDGET):
         self.place = "cuda" if on_gpu else "cpu"  # (where it searches)
-        self.index = Index(dim, dtype=dtype, device="host" if store == "host" and on_gpu else self.place,
-                           rescore=rescore, gpu_budget_bytes=gpu_budget_bytes)
+        self.home = "host" if store == "host" and on_gpu else self.place  # (where its documents live)
+        self.budget = gpu_budget_bytes
+        self.index = Index(dim, dtype=dtype, device=self.home, rescore=rescore, gpu_budget_bytes=gpu_budget_bytes)
+
+    def save(self, folder):
+        self.index.save(folder)
+        return len(self.index)
+
+    def load(self, folder, mmap):
+        self.index = Index.load(folder, device=self.home, mmap=mmap, gpu_budget_bytes=self.budget)
+        return self.index.ids
 
     def add(self, docs, ids, mask):
         if ids.size:  # (host arrays from the driver: the Index takes them to the actor's GPU)
@@ -69,7 +81,7 @@ class RayIndex:
             raise ValueError(f"store must be 'device' or 'host', got {store!r}")
         streaming.checked_budget(gpu_budget_bytes)
         remote = ray.remote(num_gpus=num_gpus)(_Shard)
-        self.dim, self.dtype, self.timeout = int(dim), dtype, timeout
+        self.dim, self.dtype, self.timeout, self.rescore = int(dim), dtype, timeout, rescore
         self.actors = [remote.remote(dim, dtype, num_gpus > 0, rescore, store, gpu_budget_bytes) for _ in range(actors)]
         self._next_id = 0
         self._held = [np.zeros(0, np.int64) for _ in range(actors)]  # each actor's ids (driver's copy)
@@ -117,6 +129,29 @@ class RayIndex:
         results = self._gather([actor.search.remote(host_q, k, host_mask, allow, return_argmax)
                                 for actor in self.actors])
         return merge_top_k(results, k)
+
+    def save(self, path) -> Path:
+        """Write each actor's shard (on a file system every actor and the driver share) as
+        ShardedIndex.save lays a sharded index out: either class loads it."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._gather([actor.save.remote(str(folder / shard_folder(n))) for n, actor in enumerate(self.actors)])
+        return write_manifest(folder, self.dim, self.dtype, self.rescore, len(self.actors), len(self), self._next_id)
+
+    @classmethod
+    def load(cls, path, *, num_gpus: float = 0, store: str = "device", mmap: bool = True, timeout: float | None = 600.0,
+             gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET) -> "RayIndex":
+        """A sharded index saved by :meth:`save` or ShardedIndex.save, an actor a shard (each
+        loads its own shard's files: a file system they share)."""
+        folder = Path(path)
+        manifest = read_manifest(folder)
+        index = cls(manifest["dim"], dtype=manifest["dtype"], actors=manifest["shards"], num_gpus=num_gpus,
+                    rescore=manifest.get("rescore"), timeout=timeout, store=store, gpu_budget_bytes=gpu_budget_bytes)
+        index._held = index._gather([actor.load.remote(str(folder / shard_folder(n)), mmap)
+                                     for n, actor in enumerate(index.actors)])
+        index._next_id = int(manifest["next_id"])
+        check_loaded(folder, manifest, len(index))
+        return index
 
     def _gather(self, futures):
         """ray.get of one future per actor, each failure reported with its shard."""

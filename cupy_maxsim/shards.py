@@ -146,16 +146,14 @@ class ShardedIndex:
 
     def save(self, path, *, progress: bool = False) -> Path:
         """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
-        ``sharded.json`` (last: a folder without it is no sharded index)."""
+        ``sharded.json`` (last: a folder without it is no sharded index). RayIndex.save writes
+        the same folder: either class loads what the other saved."""
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         for n, shard in enumerate(self.shards):
-            shard.save(folder / _shard_folder(n), progress=progress)
-        manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype,
-                    "rescore": self.shards[0].rescore, "shards": len(self.shards), "documents": len(self),
-                    "next_id": self._next_id}
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        return folder
+            shard.save(folder / shard_folder(n), progress=progress)
+        return write_manifest(folder, self.dim, self.dtype, self.shards[0].rescore, len(self.shards), len(self),
+                              self._next_id)
 
     @classmethod
     def load(cls, path, *, devices=None, store: str = "device", mmap: bool = True, progress: bool = False,
@@ -165,24 +163,44 @@ class ShardedIndex:
         Host-stored shards (and shards on the CPU) with ``mmap`` are memory-mapped: a corpus
         larger than the host's memory is read from its files as it streams."""
         folder = Path(path)
-        try:
-            manifest = json.loads((folder / MANIFEST).read_text())
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.ShardedIndex") from None
-        if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
-            raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
+        manifest = read_manifest(folder)
         index = cls(manifest["dim"], dtype=manifest["dtype"], devices=devices, shards=manifest["shards"],
                     rescore=manifest.get("rescore"), store=store, gpu_budget_bytes=gpu_budget_bytes)
-        index.shards = [Index.load(folder / _shard_folder(n), device=shard.device, mmap=mmap, progress=progress,
+        index.shards = [Index.load(folder / shard_folder(n), device=shard.device, mmap=mmap, progress=progress,
                                    gpu_budget_bytes=gpu_budget_bytes) for n, shard in enumerate(index.shards)]
         index._next_id = int(manifest["next_id"])
-        if len(index) != manifest["documents"]:
-            raise ValueError(f"{folder}: the shards hold {len(index)} documents, {MANIFEST} says {manifest['documents']}")
+        check_loaded(folder, manifest, len(index))
         return index
 
 
-def _shard_folder(n: int) -> str:
+def shard_folder(n: int) -> str:
+    """Shard n's folder in a saved sharded index."""
     return f"shard-{n:04d}"
+
+
+def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, documents: int, next_id: int) -> Path:
+    """A saved sharded index's manifest, written after its shards: ``folder``."""
+    manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype, "rescore": rescore,
+                "shards": shards, "documents": documents, "next_id": next_id}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return folder
+
+
+def read_manifest(folder: Path) -> dict:
+    """A saved sharded index's manifest; FileNotFoundError or ValueError naming what is wrong."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved sharded index") from None
+    if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
+        raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
+    return manifest
+
+
+def check_loaded(folder: Path, manifest: dict, documents: int) -> None:
+    """A ValueError where the loaded shards do not hold the documents the manifest counts."""
+    if documents != manifest["documents"]:
+        raise ValueError(f"{folder}: the shards hold {documents} documents, {MANIFEST} says {manifest['documents']}")
 
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:

@@ -203,7 +203,7 @@ def test_ray_index_is_one_index(ray_cluster):
         remote.add([np.zeros((3, DIM + 1), np.float32)] * 2)
 
 
-def test_ray_index_stored_on_the_host(ray_cluster):
+def test_ray_index_stored_on_the_host(ray_cluster, tmp_path):
     """store="host": CPU actors keep their documents in their host's memory anyway (GPU actors
     stream theirs: the GPU test below); the same results."""
     import cupy_maxsim.ray as cmr
@@ -214,6 +214,17 @@ def test_ray_index_stored_on_the_host(ray_cluster):
     single.add(docs)
     hosted.add(docs)
     _compare(hosted, single, rng)
+    # saved by Ray, loaded by a ShardedIndex and by Ray again (one folder layout), ids kept
+    hosted.remove([4, 30])
+    single.remove([4, 30])
+    hosted.save(tmp_path / "ray")
+    del hosted  # (its actors' CPUs for the loaded ones: the test cluster has two)
+    again = cmr.RayIndex.load(tmp_path / "ray")
+    assert len(again.actors) == 2 and sorted(again.ids) == sorted(single.ids)
+    _compare(again, single, rng)
+    _compare(cm.ShardedIndex.load(tmp_path / "ray", devices=["cpu"]), single, rng)
+    with pytest.raises(FileNotFoundError, match="sharded.json"):
+        cmr.RayIndex.load(tmp_path)
     with pytest.raises(ValueError, match="store must be"):
         cmr.RayIndex(DIM, actors=1, store="disk")
     with pytest.raises(ValueError, match="gpu_budget_bytes"):
