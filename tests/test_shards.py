@@ -157,6 +157,35 @@ def test_merge_top_k_is_a_sort_of_the_candidates(k):
     assert single[0].shape == (min(k, shards * each),)
 
 
+@pytest.mark.gpu
+def test_merge_top_k_on_the_gpu_is_the_host_merge():
+    """merge_top_k with CuPy (a ShardedIndex's many-candidate merge for GPU queries) gives the
+    host merge's results, ties, +-0, +-inf, NaN and missing ids included, on both paths."""
+    import cupy
+
+    from cupy_maxsim.shards import merge_top_k
+
+    rng = np.random.default_rng(8)
+    pool = np.array([2.5, 1.0, 0.0, -0.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+    results = []
+    ids = rng.permutation(100_000)[:4 * 64 * 50].reshape(4, 64, 50)
+    for n in range(4):
+        scores = np.where(rng.random((64, 50)) < 0.5, pool[rng.integers(0, pool.size, (64, 50))],
+                          rng.standard_normal((64, 50)).astype(np.float32))
+        shard_ids = np.where(rng.random((64, 50)) < 0.1, -1, ids[n])
+        scores[shard_ids < 0] = -np.inf
+        results.append((scores, shard_ids, rng.integers(0, 9, (64, 50, 3)).astype(np.int16)))
+    for offset, dtype in ((0, np.float32), (2**33, np.float32), (0, np.float64)):
+        given = [(r[0].astype(dtype), np.where(r[1] < 0, -1, r[1] + offset), r[2]) for r in results]
+        host = merge_top_k(given, 70)
+        device = merge_top_k(given, 70, cupy)
+        real = host[1] >= 0
+        for a, b in zip(host, device):
+            b = b.get()
+            np.testing.assert_array_equal(a[real] if a.ndim == 2 else a[real], b[real] if b.ndim == 2 else b[real])
+        assert (device[1].get()[~real] == -1).all()
+
+
 def test_search_threads_are_kept():
     """The threads that search several GPUs at once are started once, not every search."""
     sharded = cm.ShardedIndex(DIM, devices=["cpu"], shards=2)
