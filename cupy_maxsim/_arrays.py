@@ -389,3 +389,15 @@ def copy_rows(xp, out, at: int, part) -> None:
     elif part.nbytes:
         row = out.nbytes // max(1, out.shape[0])
         (out.data + at * row).copy_from_device_async(part.data, part.nbytes, stream=xp.cuda.get_current_stream())
+
+
+def answer(host_results, like: Operand) -> tuple:
+    """Host (NumPy) results on the device and in the framework of the query operand ``like``."""
+    out = list(host_results)
+    if like.on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(like.device):
+            out = [cupy.asarray(x) for x in out]
+    output = Output(like)
+    return tuple(output.wrap(x) for x in out)

@@ -126,3 +126,10 @@ def _on_gpu(device: int):
     import cupy
 
     return cupy.cuda.Device(device)
+
+
+def token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """The token rows of ``documents`` (positions into packed ``offsets``' tokens), in order:
+    each one's start, then consecutive rows."""
+    lengths = offsets[documents + 1] - offsets[documents]
+    return np.arange(int(lengths.sum())) + np.repeat(offsets[documents] - (np.cumsum(lengths) - lengths), lengths)

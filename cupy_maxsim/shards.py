@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _arrays, _documents, streaming
-from .index import Index, _id_array, _parse_device, answer
+from .index import Index, _id_array, _parse_device
 from ._gpu.device import on_device, on_stream
 from .search import _check_k, _stable_argsort
 
@@ -139,8 +139,8 @@ class ShardedIndex:
             with on_device(like.device), on_stream(like.stream):
                 import cupy
 
-                return answer(merge_top_k(results, k, cupy), like)
-        return answer(merge_top_k(results, k), like)
+                return _arrays.answer(merge_top_k(results, k, cupy), like)
+        return _arrays.answer(merge_top_k(results, k), like)
 
     def _threads(self, count: int) -> ThreadPoolExecutor:
         """The index's own threads, a GPU each, kept from search to search (starting them took
