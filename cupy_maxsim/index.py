@@ -224,6 +224,8 @@ class Index:
         allowed_device = self._allowed_on_device() if filter is None else self._to_store_device(allowed)
 
         def block(start, stop):  # (its offsets are the store's: checked when they were stored)
+            if (start, stop) == (0, problem.num_docs):  # (every document: the problem above, not validated again)
+                return scoring.score_problem(problem)
             return scoring.score_packed_with_bounds(
                 q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]

@@ -164,9 +164,16 @@ def score_packed_with_bounds(q, tokens, offsets, q_mask, q_scale, d_scale, retur
     not check (and, on a GPU, wait for the stream) again; an Index passes its store's bounds in
     (``checked_offsets``) for the same reason."""
     problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax, checked_offsets)
+    return score_problem(problem), bounds
+
+
+def score_problem(problem: ScoreProblem):
+    """The scores (and winners) of a validated problem: the NumPy backend for host inputs, the
+    kernels for device ones. search scores a problem it validated itself whole (one block of
+    every document) through this, not validating it again."""
     if not problem.q.on_gpu:
-        return _on_host(problem), bounds
-    return _forward.run(problem, current()), bounds
+        return _on_host(problem)
+    return _forward.run(problem, current())
 
 
 def _on_host(problem: ScoreProblem):

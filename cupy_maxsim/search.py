@@ -66,11 +66,12 @@ def search_packed(q, tokens, offsets, k, *, q_mask=None, q_scale=None, d_scale=N
     problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
 
     def block(start, stop):  # a slice of the offsets is the same tokens' documents start..stop
-        # One block of every document: the offsets checked above (on a GPU, one read back and
-        # wait for the stream, not two).
-        checked = bounds if (start, stop) == (0, problem.num_docs) else None
+        # One block of every document: the problem validated above, offsets and all (on a GPU
+        # their check is a read back and a wait for the stream: once, not twice).
+        if (start, stop) == (0, problem.num_docs):
+            return scoring.score_problem(problem)
         return scoring.score_packed_with_bounds(q, tokens, offsets[start:stop + 1], q_mask, q_scale, d_scale,
-                                                return_argmax, checked)[0]
+                                                return_argmax)[0]
 
     return _top_k(problem, block, k, workspace_bytes)
 
