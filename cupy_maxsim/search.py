@@ -174,11 +174,9 @@ def _gpu_stream(like) -> contextlib.ExitStack:
     """CuPy's work on the caller's device and stream (torch's current one for torch tensors)."""
     stack = contextlib.ExitStack()
     if like.on_gpu:
-        import cupy
+        from ._gpu.device import on_device, on_stream
 
-        from ._gpu.device import on_stream
-
-        stack.enter_context(cupy.cuda.Device(like.device))
+        stack.enter_context(on_device(like.device))  # (no switch where it is current already)
         stack.enter_context(on_stream(like.stream))
     return stack
 
