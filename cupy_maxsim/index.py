@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _rescore, quantize, scoring, search as _search, streaming
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -116,15 +116,15 @@ class Index:
         ids added. The documents are converted ``batch_docs`` at a time (the conversion's
         temporaries stay that size), with a progress bar where ``progress`` (tqdm, if installed);
         the index changes only once every batch is converted."""
-        count = _document_count(docs)
+        count = _documents.count(docs)
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
-            _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
+            _documents.check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
         parts, base = [], 0
         for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
-            tokens, offsets = self._packed(_document_slice(docs, start, start + batch_docs), None if mask is None else
-                                           mask[start:start + batch_docs])
+            tokens, offsets = _documents.packed(_documents.sliced(docs, start, start + batch_docs), None if mask is None
+                                                else mask[start:start + batch_docs], self.dim)
             with self._on_device():
                 parts.append(self._stored(tokens) + (offsets[1:] + base,))
             base += int(offsets[-1])
@@ -352,21 +352,6 @@ class Index:
 
         return cupy.cuda.Device(self._gpu)
 
-    def _packed(self, docs, mask):
-        """(tokens operand's array, host int64 offsets) of what add() was given."""
-        if isinstance(docs, tuple) and len(docs) == 2:
-            tokens, offsets = docs
-            offsets = _arrays.to_host(_arrays.as_operand(offsets, "offsets"))
-        else:
-            tokens, offsets = quantize.pack(docs, mask=mask)
-            offsets = _arrays.to_host(_arrays.as_operand(offsets, "offsets"))
-        operand = _arrays.as_operand(tokens, "docs")
-        if operand.ndim != 2 or operand.shape[1] != self.dim:
-            raise ValueError(f"docs must have tokens of width {self.dim} (the index's dim), got shape {operand.shape}")
-        offsets = np.asarray(offsets, dtype=np.int64)
-        _check_offsets(offsets, operand.shape[0])
-        return operand, offsets
-
     def _stored(self, operand):
         """An operand's tokens in the stored format on the index's device: (values, scales)."""
         xp = self._xp
@@ -457,30 +442,6 @@ def _progress(iterable, total: int, what: str, enabled: bool):
     except ImportError:
         return iterable
     return tqdm(iterable, total=total, desc=f"cupy_maxsim.Index: {what}")
-
-
-def _document_count(docs) -> int:
-    if isinstance(docs, tuple) and len(docs) == 2:
-        return int(_arrays.as_operand(docs[1], "offsets").shape[0]) - 1
-    if isinstance(docs, list):
-        return len(docs)
-    return int(_arrays.as_operand(docs, "docs").shape[0])
-
-
-def _document_slice(docs, start: int, stop: int):
-    """Documents start..stop of what add() takes, in the same form."""
-    if isinstance(docs, tuple) and len(docs) == 2:  # (tokens, host int64 offsets)
-        offsets = docs[1]
-        stop = min(stop, offsets.shape[0] - 1)
-        return docs[0][int(offsets[start]):int(offsets[stop])], offsets[start:stop + 1] - offsets[start]
-    return docs[start:stop]
-
-
-def _check_offsets(offsets: np.ndarray, tokens: int) -> None:
-    """A ValueError unless host ``offsets`` start at 0, never decrease and end at ``tokens``."""
-    if offsets.ndim != 1 or offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != tokens or (
-            np.diff(offsets) < 0).any():
-        raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
 
 
 def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import _arrays
-from .index import Index, _check_offsets, _document_count, _document_slice, _id_array, _parse_device, answer
+from . import _arrays, _documents
+from .index import Index, _id_array, _parse_device, answer
 from .search import _check_k
 
 
@@ -110,7 +110,7 @@ class ShardedIndex:
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:
     """The ids of documents being added: given (one each, unique, none taken) or the next free."""
-    count = _document_count(docs)
+    count = _documents.count(docs)
     if ids is None:
         return np.arange(next_id, next_id + count, dtype=np.int64)
     new = _id_array(ids, "ids")
@@ -128,10 +128,10 @@ def split_documents(docs, mask, ids: np.ndarray, parts: int):
     count = ids.shape[0]
     if isinstance(docs, tuple) and len(docs) == 2:
         docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
-        _check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: shards see slices)
+        _documents.check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: shards see slices)
     bounds = np.linspace(0, count, parts + 1).round().astype(int)
     for start, stop in zip(bounds[:-1], bounds[1:]):
-        yield (_document_slice(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
+        yield (_documents.sliced(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
                ids[start:stop])
 
 
