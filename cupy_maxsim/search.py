@@ -63,7 +63,7 @@ def search_packed(q, tokens, offsets, k, *, q_mask=None, q_scale=None, d_scale=N
     """:func:`search` over packed documents, as :func:`cupy_maxsim.score_packed` takes them
     (tokens (T, D), offsets (Nd + 1,)); ids index the documents of ``offsets``."""
     k = _check_k(k)
-    problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
+    problem, _ = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
 
     def block(start, stop):  # a slice of the offsets is the same tokens' documents start..stop
         # One block of every document: the problem validated above, offsets and all (on a GPU
