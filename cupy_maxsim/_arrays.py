@@ -392,3 +392,15 @@ def concatenated(xp, arrays):
             (out.data + at).copy_from_device_async(part.data, part.nbytes, stream=stream)
         at += part.nbytes
     return out
+
+
+def answer(host_results, like: Operand) -> tuple:
+    """Host (NumPy) results on the device and in the framework of the query operand ``like``."""
+    out = list(host_results)
+    if like.on_gpu:
+        import cupy
+
+        with cupy.cuda.Device(like.device):
+            out = [cupy.asarray(x) for x in out]
+    output = Output(like)
+    return tuple(output.wrap(x) for x in out)

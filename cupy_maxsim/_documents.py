@@ -47,3 +47,10 @@ def packed(docs, mask, dim: int):
         raise ValueError(f"docs must have tokens of width {dim} (the index's dim), got shape {operand.shape}")
     check_offsets(offsets, operand.shape[0])
     return operand, offsets
+
+
+def token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """The token rows of ``documents`` (positions into packed ``offsets``' tokens), in order:
+    each one's start, then consecutive rows."""
+    lengths = offsets[documents + 1] - offsets[documents]
+    return np.arange(int(lengths.sum())) + np.repeat(offsets[documents] - (np.cumsum(lengths) - lengths), lengths)

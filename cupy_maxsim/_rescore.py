@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _arrays, scoring, search as _search
-from . import index as _index  # (index imports this module: its names are read at call time)
+from . import _arrays, _documents, scoring, search as _search
 
 
 def in_one_call(xp) -> bool:
@@ -41,7 +40,7 @@ def rescored(index, q, q_mask, rows, k, return_argmax, like):
     union = np.unique(rows[~missing])
     lengths = offsets[union + 1] - offsets[union]
     union_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    tokens = index._exact[_index._token_rows(offsets, union)]  # (the copy may be memory-mapped: one gather)
+    tokens = index._exact[_documents.token_rows(offsets, union)]  # (the copy may be memory-mapped: one gather)
     columns = np.where(missing, 0, np.searchsorted(union, rows))
     with _search._gpu_stream(like):
         xp = _cupy() if like.on_gpu else np
@@ -66,7 +65,7 @@ def rescored(index, q, q_mask, rows, k, return_argmax, like):
                    for x, (v, _) in zip(out, fill)]
         out = [x[0] if single else x for x in out]
     if xp is np:
-        return _index.answer(out, like)
+        return _arrays.answer(out, like)
     output = _arrays.Output(like)
     return tuple(output.wrap(x) for x in out)
 
@@ -98,7 +97,7 @@ def exact_scores(index, q, q_mask, tokens, offsets, columns, single, return_argm
         if not offsets[-1] and not mine.size:
             continue
         sub = np.concatenate([[0], np.cumsum(offsets[mine + 1] - offsets[mine])]).astype(np.int64)
-        result = scoring.score_packed(q_host[i], tokens[_index._token_rows(offsets, mine)], sub,
+        result = scoring.score_packed(q_host[i], tokens[_documents.token_rows(offsets, mine)], sub,
                                       q_mask=None if mask is None else mask[i], return_argmax=return_argmax)
         where = np.searchsorted(mine, columns[i])
         scores[i] = (result[0] if return_argmax else result)[where]

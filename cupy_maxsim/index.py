@@ -164,7 +164,7 @@ class Index:
         offsets = _arrays.to_host(self._offsets)
         keep = np.flatnonzero(self._alive)
         lengths = np.diff(offsets)[keep]
-        token_rows = _token_rows(offsets, keep)
+        token_rows = _documents.token_rows(offsets, keep)
         with self._on_device():
             xp = self._xp
             rows = xp.asarray(token_rows)
@@ -421,18 +421,6 @@ def _cast(x, dtype: str):
     return x.astype(dtype)
 
 
-def answer(host_results, like) -> tuple:
-    """Host (NumPy) results on the device and in the framework of the query operand ``like``."""
-    out = list(host_results)
-    if like.on_gpu:
-        import cupy
-
-        with cupy.cuda.Device(like.device):
-            out = [cupy.asarray(x) for x in out]
-    output = _arrays.Output(like)
-    return tuple(output.wrap(x) for x in out)
-
-
 def _progress(iterable, total: int, what: str, enabled: bool):
     """``iterable`` behind a tqdm bar where asked for and tqdm is installed."""
     if not enabled:
@@ -442,13 +430,6 @@ def _progress(iterable, total: int, what: str, enabled: bool):
     except ImportError:
         return iterable
     return tqdm(iterable, total=total, desc=f"cupy_maxsim.Index: {what}")
-
-
-def _token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:
-    """The token rows of ``documents`` (storage rows), in order: each one's start, then
-    consecutive rows."""
-    lengths = offsets[documents + 1] - offsets[documents]
-    return np.arange(int(lengths.sum())) + np.repeat(offsets[documents] - (np.cumsum(lengths) - lengths), lengths)
 
 
 def _parse_device(device) -> int | None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import _arrays, _documents
-from .index import Index, _id_array, _parse_device, answer
+from .index import Index, _id_array, _parse_device
 from .search import _check_k
 
 
@@ -105,7 +105,7 @@ class ShardedIndex:
             with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
                 found.update(zip(gpus, pool.map(search_on, gpus)))
         results = [found[shard.device].pop(0) for shard in self.shards]  # back in shard order
-        return answer(merge_top_k(results, k), like)
+        return _arrays.answer(merge_top_k(results, k), like)
 
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:

@@ -262,10 +262,8 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
 
         results = _top_k(problem, block, k, workspace_bytes, allowed_device, ranges=ranges)
     if moved:  # host queries scored on a GPU: the results on the host, in their framework
-        from .index import answer
-
         like = _arrays.as_operand(original, "q")
-        problem, results = problem._replace(like=like), answer(tuple(x.get() for x in results), like)
+        problem, results = problem._replace(like=like), _arrays.answer(tuple(x.get() for x in results), like)
     return problem, results
 
 
