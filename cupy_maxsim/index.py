@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _replay, _rescore, quantize, scoring, search as _search, streaming
+from . import _forward as _forward_gpu
+from .tuning import current
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -77,6 +79,7 @@ class Index:
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
         self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
         self._offsets_cache = self._allowed_cache = (None,)  # per store version: _host_offsets, _allowed_on_device
+        self._forward_replays = (None, None, {})  # per store version: _forward's recorded launches
         self._alive = np.zeros((0,), dtype=bool)
         self._next_id = 0
 
@@ -225,7 +228,7 @@ class Index:
 
         def block(start, stop):  # (its offsets are the store's: checked when they were stored)
             if (start, stop) == (0, problem.num_docs):  # (every document: the problem above, not validated again)
-                return scoring.score_problem(problem)
+                return self._forward(problem, q, (q_mask, None, scales.get("q_scale"), scales.get("d_scale")))
             return scoring.score_packed_with_bounds(
                 q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
@@ -233,6 +236,31 @@ class Index:
         ids = None if rows else self._ids_on_device()  # (search answers with them: no mapping after)
         return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids),
                               rows, mapped=not rows)
+
+    def _forward(self, problem, q, extras):
+        """The scores (and winners) of ``problem``, one block of every stored document: on a GPU
+        replayed (_replay.Replay: pointers patched into the launch recorded) where a call of
+        the same signature ran against this version of the store (the offsets' pointer and the
+        documents' count are in the recorded arguments), else through the general path,
+        recorded. ``extras``: (q_mask, None, q_scale, d_scale) as _replay.replay_key takes them."""
+        if not problem.q.on_gpu:
+            return scoring.score_problem(problem)
+        key = _replay.replay_key(q, self._tokens, problem.argmax_dtype is not None, extras)
+        if self._forward_replays[0] is not self._tokens or self._forward_replays[1] is not self._offsets:
+            self._forward_replays = (self._tokens, self._offsets, {})
+        recorded = self._forward_replays[2]
+        replay = None if key is None else recorded.get(key)
+        result = None if replay is None else replay(q, self._tokens, extras)
+        if result is not None:
+            return result
+        tunables, record = current(), [] if key is not None else None
+        result = _forward_gpu.run(problem, tunables, record)
+        if record:
+            plan, values, map_shape, scale_strides, query_shape = record[0]
+            recorded[key] = _replay.Replay(problem.like.with_changes(ptr=0, keepalive=None), problem.shape,
+                                           problem.result_dtype, problem.argmax_dtype, plan, values, map_shape,
+                                           tunables.use_tma, scale_strides, query_shape)
+        return result
 
     def _answered(self, problem, results, rows, mapped=False):
         """search's results with storage rows mapped to the index's ids (``mapped``: search

@@ -277,6 +277,33 @@ def test_index_on_gpu(framework, tmp_path):
     np.testing.assert_array_equal(to_numpy(again[1]), want[1])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_gpu_index_search_replays_its_forward(dtype):
+    """A GPU Index's forward is recorded on a search and replayed on the next of the same
+    signature (new query arrays, winners or not), per version of its store: the answers are the
+    general path's (search_packed over the store), before and after documents are added."""
+    import cupy
+
+    rng = np.random.default_rng(17)
+    index = cm.Index(DIM, dtype=dtype, device="cuda")
+    index.add([cupy.asarray(x) for x in _documents(rng, 300, longest=40)])
+    for round_ in range(3):
+        if round_ == 2:
+            index.add([cupy.asarray(x) for x in _documents(rng, 50, longest=40)])  # a new store version
+        for argmax in (False, True):
+            q = cupy.asarray(unit_rows(rng, (4, 6, DIM), np.float32).astype(np.float16))
+            got = index.search(q, 12, return_argmax=argmax)
+            extra = {} if dtype != "int8" else dict(zip(("q_scale",), cm.quantize_int8(q)[1:])) | {"d_scale": index._scales}
+            query = q if dtype != "int8" else cm.quantize_int8(q)[0]
+            want = cm.search_packed(query, index._tokens, index._offsets, 12, return_argmax=argmax, **extra)
+            np.testing.assert_array_equal(got[0].get(), want[0].get())
+            np.testing.assert_array_equal(got[1].get(), want[1].get())  # (ids are positions: nothing removed)
+            if argmax:
+                np.testing.assert_array_equal(got[2].get(), want[2].get())
+        assert len(index._forward_replays[2]) == 2 and index._forward_replays[0] is index._tokens
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 def test_an_empty_index_answers_nothing_found(dtype):
     """A valid corner: no documents yet (or all removed), id -1 and -inf for every place."""
