@@ -285,14 +285,18 @@ def test_gpu_index_search_replays_its_forward(dtype):
     general path's (search_packed over the store), before and after documents are added."""
     import cupy
 
-    rng = np.random.default_rng(17)
-    index = cm.Index(DIM, dtype=dtype, device="cuda")
-    index.add([cupy.asarray(x) for x in _documents(rng, 300, longest=40)])
+    rng, dim = np.random.default_rng(17), 64  # (a dim the tensor-core builds take, whose launches are recorded)
+
+    def documents(count):
+        return [cupy.asarray(unit_rows(rng, (int(n), dim), np.float32)) for n in rng.integers(0, 40, count)]
+
+    index = cm.Index(dim, dtype=dtype, device="cuda")
+    index.add(documents(300))
     for round_ in range(3):
         if round_ == 2:
-            index.add([cupy.asarray(x) for x in _documents(rng, 50, longest=40)])  # a new store version
+            index.add(documents(50))  # a new store version
         for argmax in (False, True):
-            q = cupy.asarray(unit_rows(rng, (4, 6, DIM), np.float32).astype(np.float16))
+            q = cupy.asarray(unit_rows(rng, (4, 6, dim), np.float32).astype(np.float16))
             got = index.search(q, 12, return_argmax=argmax)
             extra = {} if dtype != "int8" else dict(zip(("q_scale",), cm.quantize_int8(q)[1:])) | {"d_scale": index._scales}
             query = q if dtype != "int8" else cm.quantize_int8(q)[0]
