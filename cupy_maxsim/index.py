@@ -23,8 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from . import _arrays, _documents, _replay, _rescore, quantize, scoring, search as _search, streaming
-from . import _forward as _forward_gpu
-from .tuning import current
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -238,29 +236,14 @@ class Index:
                               rows, mapped=not rows)
 
     def _forward(self, problem, q, extras):
-        """The scores (and winners) of ``problem``, one block of every stored document: on a GPU
-        replayed (_replay.Replay: pointers patched into the launch recorded) where a call of
-        the same signature ran against this version of the store (the offsets' pointer and the
-        documents' count are in the recorded arguments), else through the general path,
-        recorded. ``extras``: (q_mask, None, q_scale, d_scale) as _replay.replay_key takes them."""
+        """The scores (and winners) of ``problem``, one block of every stored document; on a GPU
+        replayed from this store version's records where the query's signature repeats
+        (_replay.run_recorded). ``extras``: (q_mask, None, q_scale, d_scale)."""
         if not problem.q.on_gpu:
             return scoring.score_problem(problem)
-        key = _replay.replay_key(q, self._tokens, problem.argmax_dtype is not None, extras)
         if self._forward_replays[0] is not self._tokens or self._forward_replays[1] is not self._offsets:
-            self._forward_replays = (self._tokens, self._offsets, {})
-        recorded = self._forward_replays[2]
-        replay = None if key is None else recorded.get(key)
-        result = None if replay is None else replay(q, self._tokens, extras)
-        if result is not None:
-            return result
-        tunables, record = current(), [] if key is not None else None
-        result = _forward_gpu.run(problem, tunables, record)
-        if record:
-            plan, values, map_shape, scale_strides, query_shape = record[0]
-            recorded[key] = _replay.Replay(problem.like.with_changes(ptr=0, keepalive=None), problem.shape,
-                                           problem.result_dtype, problem.argmax_dtype, plan, values, map_shape,
-                                           tunables.use_tma, scale_strides, query_shape)
-        return result
+            self._forward_replays = (self._tokens, self._offsets, {})  # (records hold the store's pointers)
+        return _replay.run_recorded(self._forward_replays[2], problem, q, self._tokens, extras)
 
     def _answered(self, problem, results, rows, mapped=False):
         """search's results with storage rows mapped to the index's ids (``mapped``: search

@@ -64,10 +64,7 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
     record = [] if replayable else None
     result = _forward.run(problem, tunables, record)
     if record:
-        plan, values, map_shape, scale_strides, query_shape = record[0]
-        _replay.replays.put(replay_key, _replay.Replay(problem.like.with_changes(ptr=0, keepalive=None), problem.shape,
-                                                       problem.result_dtype, problem.argmax_dtype, plan, values,
-                                                       map_shape, tunables.use_tma, scale_strides, query_shape))
+        _replay.replays.put(replay_key, _replay.Replay.recorded(problem, tunables, record[0]))
     return result
 
 
