@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _replay, _rescore, quantize, scoring, search as _search, streaming
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -77,6 +77,7 @@ class Index:
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
         self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
         self._offsets_cache = self._allowed_cache = (None,)  # per store version: _host_offsets, _allowed_on_device
+        self._forward_replays = (None, None, {})  # per store version: _forward's recorded launches
         self._alive = np.zeros((0,), dtype=bool)
         self._next_id = 0
 
@@ -273,6 +274,8 @@ class Index:
         allowed_device = self._allowed_on_device() if filter is None else self._to_store_device(allowed)
 
         def block(start, stop):  # (its offsets are the store's: checked when they were stored)
+            if (start, stop) == (0, problem.num_docs):  # (every document: the problem above, not validated again)
+                return self._forward(problem, q, (q_mask, None, scales.get("q_scale"), scales.get("d_scale")))
             return scoring.score_packed_with_bounds(
                 q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
@@ -280,6 +283,16 @@ class Index:
         ids = None if rows else self._ids_on_device()  # (search answers with them: no mapping after)
         return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids),
                               rows, mapped=not rows)
+
+    def _forward(self, problem, q, extras):
+        """The scores (and winners) of ``problem``, one block of every stored document; on a GPU
+        replayed from this store version's records where the query's signature repeats
+        (_replay.run_recorded). ``extras``: (q_mask, None, q_scale, d_scale)."""
+        if not problem.q.on_gpu:
+            return scoring.score_problem(problem)
+        if self._forward_replays[0] is not self._tokens or self._forward_replays[1] is not self._offsets:
+            self._forward_replays = (self._tokens, self._offsets, {})  # (records hold the store's pointers)
+        return _replay.run_recorded(self._forward_replays[2], problem, q, self._tokens, extras)
 
     def _answered(self, problem, results, rows, mapped=False):
         """search's results with storage rows mapped to the index's ids (``mapped``: search

@@ -389,6 +389,35 @@ def test_documents_from_another_device_are_moved_batch_by_batch(dtype, rescore):
                            (index._exact, on_host._exact)):
             if want is not None:
                 np.testing.assert_array_equal(to_numpy(mine), to_numpy(want), err_msg=device)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_gpu_index_search_replays_its_forward(dtype):
+    """A GPU Index's forward is recorded on a search and replayed on the next of the same
+    signature (new query arrays, winners or not), per version of its store: the answers are the
+    general path's (search_packed over the store), before and after documents are added."""
+    import cupy
+
+    rng, dim = np.random.default_rng(17), 64  # (a dim the tensor-core builds take, whose launches are recorded)
+
+    def documents(count):
+        return [cupy.asarray(unit_rows(rng, (int(n), dim), np.float32)) for n in rng.integers(0, 40, count)]
+
+    index = cm.Index(dim, dtype=dtype, device="cuda")
+    index.add(documents(300))
+    for round_ in range(3):
+        if round_ == 2:
+            index.add(documents(50))  # a new store version
+        for argmax in (False, True):
+            q = cupy.asarray(unit_rows(rng, (4, 6, dim), np.float32).astype(np.float16))
+            got = index.search(q, 12, return_argmax=argmax)
+            extra = {} if dtype != "int8" else dict(zip(("q_scale",), cm.quantize_int8(q)[1:])) | {"d_scale": index._scales}
+            query = q if dtype != "int8" else cm.quantize_int8(q)[0]
+            want = cm.search_packed(query, index._tokens, index._offsets, 12, return_argmax=argmax, **extra)
+            np.testing.assert_array_equal(got[0].get(), want[0].get())
+            np.testing.assert_array_equal(got[1].get(), want[1].get())  # (ids are positions: nothing removed)
+            if argmax:
+                np.testing.assert_array_equal(got[2].get(), want[2].get())
+        assert len(index._forward_replays[2]) == 2 and index._forward_replays[0] is index._tokens
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
