@@ -1,8 +1,11 @@
 """Documents in the forms Index.add and ShardedIndex.add take them: a list of (Ld_i, D) arrays,
 a padded (Nd, Ld, D) array with an optional (Nd, Ld) mask, or a (tokens (T, D), offsets (Nd + 1,))
-pair: counted, cut into runs of documents, their offsets checked, packed."""
+pair: counted, cut into runs of documents, their offsets checked, packed, and converted into a
+store's format on its device."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -47,6 +50,82 @@ def packed(docs, mask, dim: int):
         raise ValueError(f"docs must have tokens of width {dim} (the index's dim), got shape {operand.shape}")
     check_offsets(offsets, operand.shape[0])
     return operand, offsets
+
+
+def why_copied(docs, dtype: str, gpu: int | None, device: str) -> str | None:
+    """Why a store of ``dtype`` on ``gpu`` (None: the host; ``device``: its name) cannot keep
+    ``docs``' tokens as they are; None where it can (a (tokens, offsets) pair of its format,
+    C-contiguous, on its device)."""
+    if not (isinstance(docs, tuple) and len(docs) == 2):
+        return "only a (tokens, offsets) pair is kept as it is"
+    operand = _arrays.as_operand(docs[0], "docs")
+    if operand.dtype != dtype:
+        return f"the tokens are {operand.dtype}, the index stores {dtype}"
+    if operand.on_gpu != (gpu is not None) or (operand.on_gpu and operand.device != gpu):
+        return f"the tokens are on {'GPU %d' % operand.device if operand.on_gpu else 'the host'}, the index on {device}"
+    tokens = operand.host if not operand.on_gpu else operand.cupy()
+    if not tokens.flags.c_contiguous:
+        return "the tokens are not C-contiguous"
+    return None
+
+
+def token_count(docs, mask) -> int:
+    """Tokens the documents will store (what quantize.pack keeps: a mask's real ones); what it
+    cannot count (a malformed document) counts 0, and the conversion of its batch reports it.
+    A pair's offsets on the host."""
+    if isinstance(docs, tuple) and len(docs) == 2:
+        return int(docs[1][-1]) if docs[1].shape[0] else 0
+    if isinstance(docs, list):
+        shapes = [x.shape if hasattr(x, "shape") else _arrays.as_operand(x, f"docs[{i}]").shape
+                  for i, x in enumerate(docs)]
+        return sum(int(shape[0]) for shape in shapes if len(shape) == 2)
+    shape = _arrays.as_operand(docs, "docs").shape
+    if len(shape) != 3:
+        return 0
+    if mask is None:
+        return int(shape[0]) * int(shape[1])
+    return int(np.count_nonzero(_arrays.to_host(_arrays.as_operand(mask, "mask"))))
+
+
+def grown(xp, store, rows: int):
+    """A new array of ``rows`` rows (``store``'s dtype and row shape) beginning with ``store``'s
+    rows; the rest to be written."""
+    out = xp.empty((rows,) + store.shape[1:], store.dtype)
+    _arrays.copy_rows(xp, out, 0, xp.ascontiguousarray(store))
+    return out
+
+
+def converted(operand, dtype: str, exact_dtype: str | None, gpu: int | None):
+    """A batch's tokens (an operand) in a store's format ``dtype`` on its device (``gpu``, or
+    None: the host): (values, int8 scales or None, a host copy in ``exact_dtype`` or None).
+    Tokens on another device or the host are converted where a GPU is (uploaded first to a GPU
+    store; on their own GPU for a host store) and the results moved. Called inside the store's
+    device context."""
+    x = operand.host if not operand.on_gpu else operand.cupy()
+    if operand.dtype == "bfloat16":
+        x = _arrays.widened_bfloat16(x)
+    elif operand.dtype not in ("float16", "float32", "float64"):
+        raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
+    # (the exact copy lives on the host: made before host documents go to the GPU)
+    exact = None if exact_dtype is None else _arrays.to_host(_arrays.as_operand(x, "docs")).astype(exact_dtype)
+    if gpu is not None and not (operand.on_gpu and operand.device == gpu):
+        import cupy
+
+        x = cupy.asarray(x.get() if operand.on_gpu else x)
+    with contextlib.nullcontext() if gpu is not None or not operand.on_gpu else _on_gpu(operand.device):
+        if dtype == "int8":
+            values, scales = quantize.quantize_int8(x)
+        else:
+            values, scales = x.astype(dtype, copy=True), None
+        if gpu is None and operand.on_gpu:  # converted on the documents' GPU, stored on the host
+            values, scales = values.get(), None if scales is None else scales.get()
+    return values, scales, exact
+
+
+def _on_gpu(device: int):
+    import cupy
+
+    return cupy.cuda.Device(device)
 
 
 def token_rows(offsets: np.ndarray, documents: np.ndarray) -> np.ndarray:

@@ -100,6 +100,14 @@ class Replay:
         self.launch = gpu_launch.PreparedLaunch(plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
                                                 plan.shared, arguments)
 
+    @classmethod
+    def recorded(cls, problem, tunables, record: tuple) -> "Replay":
+        """The replay of a general-path call of ``problem`` under ``tunables`` from what
+        _forward.run recorded of it (``record``: one entry of its ``record`` list)."""
+        plan, values, map_shape, scale_strides, query_shape = record
+        return cls(problem.like.with_changes(ptr=0, keepalive=None), problem.shape, problem.result_dtype,
+                   problem.argmax_dtype, plan, values, map_shape, tunables.use_tma, scale_strides, query_shape)
+
     def with_backward(self, template) -> "Replay":
         """This replay of a forward with winners, answering (scores, the backward plan of the
         winners from ``template``): score_with_plan replayed. The winners and the backward's
@@ -148,6 +156,25 @@ class Replay:
         if self.argmax_dtype is None:
             return output.wrap(result)
         return output.wrap(result), plan if plan is not None else output.wrap(argmax)
+
+
+def run_recorded(recorded: dict, problem, q, d, extras=NO_EXTRAS):
+    """The forward of a validated ``problem`` of ``q`` against ``d`` (``extras`` as replay_key
+    takes them): replayed from ``recorded`` (a caller's own replays: an Index's, per version of
+    its store, whose pointers and counts the records hold) where the call's signature is there,
+    else run through the general path and recorded there."""
+    from . import _forward
+
+    key = replay_key(q, d, problem.argmax_dtype is not None, extras)
+    replay = None if key is None else recorded.get(key)
+    result = None if replay is None else replay(q, d, extras)
+    if result is not None:
+        return result
+    tunables, record = current(), [] if key is not None else None
+    result = _forward.run(problem, tunables, record)
+    if record:
+        recorded[key] = Replay.recorded(problem, tunables, record[0])
+    return result
 
 
 def replayed(key, q, d, extras=NO_EXTRAS):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _replay, _rescore, quantize, scoring, search as _search, streaming
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -77,6 +77,7 @@ class Index:
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
         self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
         self._offsets_cache = self._allowed_cache = (None,)  # per store version: _host_offsets, _allowed_on_device
+        self._forward_replays = (None, None, {})  # per store version: _forward's recorded launches
         self._alive = np.zeros((0,), dtype=bool)
         self._next_id = 0
 
@@ -109,41 +110,90 @@ class Index:
 
     # ---- building -------------------------------------------------------------------------
 
-    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192) -> np.ndarray:
+    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192,
+            copy: bool | None = True) -> np.ndarray:
         """Add documents: a list of (Ld_i, dim) arrays, a padded (Nd, Ld, dim) array with an
         optional (Nd, Ld) mask, or a (tokens (T, dim), offsets (Nd + 1,)) pair. ``ids``: one
         int64 per document, none already in the index; default the next free ones. Returns the
-        ids added. The documents are converted ``batch_docs`` at a time (the conversion's
-        temporaries stay that size), with a progress bar where ``progress`` (tqdm, if installed);
-        the index changes only once every batch is converted."""
+        ids added. Documents on the host or any GPU go to the index's device, converted
+        ``batch_docs`` at a time (the conversion's temporaries stay that size), with a progress
+        bar where ``progress`` (tqdm, if installed); the index changes only once every batch is
+        converted.
+
+        ``copy``: True, the store copies the documents (always). None: an empty store keeps the
+        tokens of a ``(tokens, offsets)`` pair as they are where they are already its format
+        (float16 or float32, not int8), C-contiguous and on its device, and it rescores nothing
+        (a corpus as large as the memory it lives in is then held once; it must not be changed
+        afterwards), else copies them. False: as None, but a ValueError where it would copy."""
+        if copy not in (True, False, None):
+            raise ValueError(f"copy must be True, False or None, got {copy!r}")
         count = _documents.count(docs)
         new_ids = self._new_ids(ids, count)
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
             _documents.check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
-        parts, base = [], 0
-        for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
-            tokens, offsets = _documents.packed(_documents.sliced(docs, start, start + batch_docs), None if mask is None
-                                                else mask[start:start + batch_docs], self.dim)
-            with self._on_device():
-                parts.append(self._stored(tokens) + (offsets[1:] + base,))
-            base += int(offsets[-1])
-        if not parts:
+        if copy is not True:
+            refused = self._copy_needed(docs, mask)
+            if refused is None:
+                return self._adopt(docs, new_ids)
+            if copy is False:
+                raise ValueError(f"add(copy=False) would have to copy the documents: {refused}")
+        if count == 0:
             return new_ids
-        values, scales, exact, offsets = zip(*parts)
+        # The new store is taken once at its final size and each converted batch written into
+        # it: at most the old store, the new one and a batch at once (not the converted
+        # documents twice, as joining converted parts would).
+        top = int(self._host_offsets()[0][-1])
+        total = top + _documents.token_count(docs, mask)
+        xp = self._xp
+        with self._on_device():  # (module, new store) of the tokens, scales and exact copy
+            stores = [(module, _documents.grown(module, old, total)) for module, old in
+                      ((xp, self._tokens), (xp, self._scales), (np, self._exact)) if old is not None]
+        offsets, at = [], top
+        for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
+            tokens, batch_offsets = _documents.packed(_documents.sliced(docs, start, start + batch_docs),
+                                                      None if mask is None else mask[start:start + batch_docs], self.dim)
+            if at + int(batch_offsets[-1]) > total:
+                raise ValueError("docs hold more tokens than they did when add() began counting them")
+            with self._on_device():
+                parts = [part for part in _documents.converted(tokens, self.dtype, None if self._exact is None
+                                                               else self.rescore, self._gpu) if part is not None]
+                for (module, store), part in zip(stores, parts):
+                    _arrays.copy_rows(module, store, at, part)
+            offsets.append(batch_offsets[1:] + at)
+            at += int(batch_offsets[-1])
+        if at != total:
+            raise ValueError("docs hold fewer tokens than they did when add() began counting them")
         with self._on_device():
-            xp = self._xp
-            top = int(self._offsets[-1])
-            self._tokens = _arrays.concatenated(xp, [self._tokens, *values])
-            if self._scales is not None:
-                self._scales = _arrays.concatenated(xp, [self._scales, *scales])
-            self._offsets = _arrays.concatenated(xp, [self._offsets, xp.asarray(np.concatenate(offsets) + top)])
-        if self._exact is not None:
-            self._exact = np.concatenate([self._exact, *exact])
+            self._offsets = _arrays.concatenated(xp, [self._offsets, xp.asarray(np.concatenate(offsets))])
+        stores = iter(store for _, store in stores)
+        self._tokens = next(stores)
+        self._scales = None if self._scales is None else next(stores)
+        self._exact = None if self._exact is None else next(stores)
+        return self._added(new_ids)
+
+    def _added(self, new_ids: np.ndarray) -> np.ndarray:
+        """The ids of documents just stored, recorded; returned."""
         self._ids = np.concatenate([self._ids, new_ids])
-        self._alive = np.concatenate([self._alive, np.ones(count, bool)])
-        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if count else 0)
+        self._alive = np.concatenate([self._alive, np.ones(new_ids.shape[0], bool)])
+        self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
+
+    def _copy_needed(self, docs, mask) -> str | None:
+        """Why add(copy=None) must copy ``docs`` into the store; None where it can keep them."""
+        if self._ids.shape[0]:
+            return "the index holds documents already (only an empty one keeps them as they are)"
+        if self.dtype == "int8" or self._exact is not None:
+            return "an int8 index stores quantised tokens, and one that rescores a copy of them"
+        return _documents.why_copied(docs, self.dtype, self._gpu, self.device)
+
+    def _adopt(self, docs, new_ids: np.ndarray) -> np.ndarray:
+        """add() of an empty store that keeps a (tokens, offsets) pair's tokens as they are."""
+        operand, offsets = _documents.packed(docs, None, self.dim)
+        with self._on_device():
+            self._tokens = operand.host if not operand.on_gpu else operand.cupy()
+            self._offsets = self._xp.asarray(offsets)
+        return self._added(new_ids)
 
     def remove(self, ids) -> int:
         """Remove the documents of ``ids`` (each must be in the index); returns how many. The
@@ -224,6 +274,8 @@ class Index:
         allowed_device = self._allowed_on_device() if filter is None else self._to_store_device(allowed)
 
         def block(start, stop):  # (its offsets are the store's: checked when they were stored)
+            if (start, stop) == (0, problem.num_docs):  # (every document: the problem above, not validated again)
+                return self._forward(problem, q, (q_mask, None, scales.get("q_scale"), scales.get("d_scale")))
             return scoring.score_packed_with_bounds(
                 q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
@@ -231,6 +283,16 @@ class Index:
         ids = None if rows else self._ids_on_device()  # (search answers with them: no mapping after)
         return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids),
                               rows, mapped=not rows)
+
+    def _forward(self, problem, q, extras):
+        """The scores (and winners) of ``problem``, one block of every stored document; on a GPU
+        replayed from this store version's records where the query's signature repeats
+        (_replay.run_recorded). ``extras``: (q_mask, None, q_scale, d_scale)."""
+        if not problem.q.on_gpu:
+            return scoring.score_problem(problem)
+        if self._forward_replays[0] is not self._tokens or self._forward_replays[1] is not self._offsets:
+            self._forward_replays = (self._tokens, self._offsets, {})  # (records hold the store's pointers)
+        return _replay.run_recorded(self._forward_replays[2], problem, q, self._tokens, extras)
 
     def _answered(self, problem, results, rows, mapped=False):
         """search's results with storage rows mapped to the index's ids (``mapped``: search
@@ -301,9 +363,12 @@ class Index:
         return folder
 
     @classmethod
-    def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False) -> "Index":
-        """An index saved by :meth:`save`. On the CPU with ``mmap`` the arrays are memory-mapped
-        (read-only, nothing copied in Python); on a GPU they are copied to it once."""
+    def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False,
+             gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET) -> "Index":
+        """An index saved by :meth:`save`. On the CPU (and the host, ``device="host"``, whose
+        searches stream it through a GPU within ``gpu_budget_bytes``) with ``mmap`` the arrays
+        are memory-mapped (read-only, nothing copied in Python); on a GPU they are copied to it
+        once."""
         folder = Path(path)
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
@@ -311,7 +376,8 @@ class Index:
             raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index") from None
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
-        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"))
+        index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"),
+                    gpu_budget_bytes=gpu_budget_bytes)
         bar = iter(_progress(range(len(manifest.get("files", ()))), len(manifest.get("files", ())), "loading", progress))
 
         def load(name):
@@ -349,25 +415,6 @@ class Index:
         import cupy
 
         return cupy.cuda.Device(self._gpu)
-
-    def _stored(self, operand):
-        """An operand's tokens in the stored format on the index's device: (values, scales)."""
-        xp = self._xp
-        if operand.on_gpu != (self._gpu is not None) or (operand.on_gpu and operand.device != self._gpu):
-            where = "the host" if self._gpu is None else f"GPU {self._gpu}"
-            raise ValueError(f"docs must be on {where} (the index's device), got "
-                             f"{'the host' if not operand.on_gpu else f'GPU {operand.device}'}")
-        x = operand.host if not operand.on_gpu else operand.cupy()
-        if operand.dtype == "bfloat16":
-            x = _arrays.widened_bfloat16(x)
-        elif operand.dtype not in ("float16", "float32", "float64"):
-            raise TypeError(f"docs must be floating point, got dtype {operand.dtype}")
-        exact = None if self._exact is None else (x.get() if xp is not np else np.asarray(x)).astype(self.rescore)
-        if self.dtype == "int8":
-            values, scales = quantize.quantize_int8(x)
-            return xp.asarray(values), xp.asarray(scales), exact
-        return x.astype(self.dtype, copy=True), None, exact
-
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
         if ids is None:

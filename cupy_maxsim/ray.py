@@ -15,25 +15,39 @@ seconds), never waited on forever.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import ray
 
-from . import _arrays
+from . import _arrays, streaming
 from .index import Index, _id_array
 from .search import _check_k
-from .shards import _host_filter, array_on, assign_ids, docs_on, merge_top_k, split_documents
+from .shards import (_host_filter, array_on, assign_ids, check_loaded, merge_top_k, read_manifest, shard_folder,
+                     split_documents, write_manifest)
 
 
 class _Shard:
-    """One actor's shard: an Index on the actor's GPU (Ray sets its visible devices) or CPU."""
+    """One actor's shard: an Index on the actor's GPU (Ray sets its visible devices; with
+    ``store="host"`` kept in the actor's host memory and streamed through that GPU) or CPU."""
 
-    def __init__(self, dim, dtype, on_gpu, rescore):
-        self.index = Index(dim, dtype=dtype, device="cuda" if on_gpu else "cpu", rescore=rescore)
+    def __init__(self, dim, dtype, on_gpu, rescore, store="device", gpu_budget_bytes=streaming.DEFAULT_GPU_BUDGET):
+        self.place = "cuda" if on_gpu else "cpu"  # (where it searches)
+        self.home = "host" if store == "host" and on_gpu else self.place  # (where its documents live)
+        self.budget = gpu_budget_bytes
+        self.index = Index(dim, dtype=dtype, device=self.home, rescore=rescore, gpu_budget_bytes=gpu_budget_bytes)
+
+    def save(self, folder):
+        self.index.save(folder)
+        return len(self.index)
+
+    def load(self, folder, mmap):
+        self.index = Index.load(folder, device=self.home, mmap=mmap, gpu_budget_bytes=self.budget)
+        return self.index.ids
 
     def add(self, docs, ids, mask):
-        if ids.size:  # (host arrays from the driver: to the actor's GPU, where the Index is)
-            self.index.add(docs_on(docs, self.index.device), ids=ids,
-                           mask=None if mask is None else array_on(mask, self.index.device, "mask"))
+        if ids.size:  # (host arrays from the driver: the Index takes them to the actor's GPU)
+            self.index.add(docs, ids=ids, mask=mask)
         return len(self.index)
 
     def remove(self, ids):
@@ -46,23 +60,29 @@ class _Shard:
         return self.index.nbytes
 
     def search(self, q, k, q_mask, filter, return_argmax):
-        q, q_mask = array_on(q, self.index.device, "q"), None if q_mask is None else array_on(q_mask, self.index.device, "q_mask")
+        q, q_mask = array_on(q, self.place, "q"), None if q_mask is None else array_on(q_mask, self.place, "q_mask")
         results = self.index.search(q, k, q_mask=q_mask, filter=filter, return_argmax=return_argmax)
         return tuple(x.get() if hasattr(x, "get") else np.asarray(x) for x in results)
 
 
 class RayIndex:
     """:class:`~cupy_maxsim.ShardedIndex`'s interface over ``actors`` Ray actors of ``num_gpus``
-    GPUs each (0: CPU actors on the NumPy backend). ``ray.init()`` first (or Ray starts a local
-    cluster on first use)."""
+    GPUs each (0: CPU actors on the NumPy backend). ``store="host"``: a GPU actor keeps its
+    documents in its host's memory and streams them through its GPU within
+    ``gpu_budget_bytes`` (as ``Index(device="host")``): a corpus larger than the cluster's GPU
+    memory. ``ray.init()`` first (or Ray starts a local cluster on first use)."""
 
     def __init__(self, dim: int, *, dtype: str = "float16", actors: int = 2, num_gpus: float = 0,
-                 rescore: str | None = None, timeout: float | None = 600.0):
+                 rescore: str | None = None, timeout: float | None = 600.0, store: str = "device",
+                 gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET):
         if isinstance(actors, bool) or not isinstance(actors, (int, np.integer)) or actors < 1:
             raise ValueError(f"actors must be a positive int, got {actors!r}")
+        if store not in ("device", "host"):
+            raise ValueError(f"store must be 'device' or 'host', got {store!r}")
+        streaming.checked_budget(gpu_budget_bytes)
         remote = ray.remote(num_gpus=num_gpus)(_Shard)
-        self.dim, self.dtype, self.timeout = int(dim), dtype, timeout
-        self.actors = [remote.remote(dim, dtype, num_gpus > 0, rescore) for _ in range(actors)]
+        self.dim, self.dtype, self.timeout, self.rescore = int(dim), dtype, timeout, rescore
+        self.actors = [remote.remote(dim, dtype, num_gpus > 0, rescore, store, gpu_budget_bytes) for _ in range(actors)]
         self._next_id = 0
         self._held = [np.zeros(0, np.int64) for _ in range(actors)]  # each actor's ids (driver's copy)
 
@@ -109,6 +129,29 @@ class RayIndex:
         results = self._gather([actor.search.remote(host_q, k, host_mask, allow, return_argmax)
                                 for actor in self.actors])
         return merge_top_k(results, k)
+
+    def save(self, path) -> Path:
+        """Write each actor's shard (on a file system every actor and the driver share) as
+        ShardedIndex.save lays a sharded index out: either class loads it."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._gather([actor.save.remote(str(folder / shard_folder(n))) for n, actor in enumerate(self.actors)])
+        return write_manifest(folder, self.dim, self.dtype, self.rescore, len(self.actors), len(self), self._next_id)
+
+    @classmethod
+    def load(cls, path, *, num_gpus: float = 0, store: str = "device", mmap: bool = True, timeout: float | None = 600.0,
+             gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET) -> "RayIndex":
+        """A sharded index saved by :meth:`save` or ShardedIndex.save, an actor a shard (each
+        loads its own shard's files: a file system they share)."""
+        folder = Path(path)
+        manifest = read_manifest(folder)
+        index = cls(manifest["dim"], dtype=manifest["dtype"], actors=manifest["shards"], num_gpus=num_gpus,
+                    rescore=manifest.get("rescore"), timeout=timeout, store=store, gpu_budget_bytes=gpu_budget_bytes)
+        index._held = index._gather([actor.load.remote(str(folder / shard_folder(n)), mmap)
+                                     for n, actor in enumerate(index.actors)])
+        index._next_id = int(manifest["next_id"])
+        check_loaded(folder, manifest, len(index))
+        return index
 
     def _gather(self, futures):
         """ray.get of one future per actor, each failure reported with its shard."""

@@ -64,10 +64,7 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
     record = [] if replayable else None
     result = _forward.run(problem, tunables, record)
     if record:
-        plan, values, map_shape, scale_strides, query_shape = record[0]
-        _replay.replays.put(replay_key, _replay.Replay(problem.like.with_changes(ptr=0, keepalive=None), problem.shape,
-                                                       problem.result_dtype, problem.argmax_dtype, plan, values,
-                                                       map_shape, tunables.use_tma, scale_strides, query_shape))
+        _replay.replays.put(replay_key, _replay.Replay.recorded(problem, tunables, record[0]))
     return result
 
 
@@ -164,9 +161,16 @@ def score_packed_with_bounds(q, tokens, offsets, q_mask, q_scale, d_scale, retur
     not check (and, on a GPU, wait for the stream) again; an Index passes its store's bounds in
     (``checked_offsets``) for the same reason."""
     problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax, checked_offsets)
+    return score_problem(problem), bounds
+
+
+def score_problem(problem: ScoreProblem):
+    """The scores (and winners) of a validated problem: the NumPy backend for host inputs, the
+    kernels for device ones. search scores a problem it validated itself whole (one block of
+    every document) through this, not validating it again."""
     if not problem.q.on_gpu:
-        return _on_host(problem), bounds
-    return _forward.run(problem, current()), bounds
+        return _on_host(problem)
+    return _forward.run(problem, current())
 
 
 def _on_host(problem: ScoreProblem):

@@ -63,14 +63,15 @@ def search_packed(q, tokens, offsets, k, *, q_mask=None, q_scale=None, d_scale=N
     """:func:`search` over packed documents, as :func:`cupy_maxsim.score_packed` takes them
     (tokens (T, D), offsets (Nd + 1,)); ids index the documents of ``offsets``."""
     k = _check_k(k)
-    problem, bounds = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
+    problem, _ = packed_problem(q, tokens, offsets, q_mask, q_scale, d_scale, return_argmax)
 
     def block(start, stop):  # a slice of the offsets is the same tokens' documents start..stop
-        # One block of every document: the offsets checked above (on a GPU, one read back and
-        # wait for the stream, not two).
-        checked = bounds if (start, stop) == (0, problem.num_docs) else None
+        # One block of every document: the problem validated above, offsets and all (on a GPU
+        # their check is a read back and a wait for the stream: once, not twice).
+        if (start, stop) == (0, problem.num_docs):
+            return scoring.score_problem(problem)
         return scoring.score_packed_with_bounds(q, tokens, offsets[start:stop + 1], q_mask, q_scale, d_scale,
-                                                return_argmax, checked)[0]
+                                                return_argmax)[0]
 
     return _top_k(problem, block, k, workspace_bytes)
 
@@ -173,11 +174,9 @@ def _gpu_stream(like) -> contextlib.ExitStack:
     """CuPy's work on the caller's device and stream (torch's current one for torch tensors)."""
     stack = contextlib.ExitStack()
     if like.on_gpu:
-        import cupy
+        from ._gpu.device import on_device, on_stream
 
-        from ._gpu.device import on_stream
-
-        stack.enter_context(cupy.cuda.Device(like.device))
+        stack.enter_context(on_device(like.device))  # (no switch where it is current already)
         stack.enter_context(on_stream(like.stream))
     return stack
 

@@ -6,34 +6,57 @@ the lower id), so the results are the ones one index of every document gives.
     index = cupy_maxsim.ShardedIndex(128, devices=["cuda:0", "cuda:1"])   # or shards=4 on one GPU
     index.add(documents)
     scores, ids = index.search(queries, k=10)
+
+With ``store="host"`` the shards keep their documents in host memory and each streams its own
+through its GPU (:mod:`cupy_maxsim.streaming`): a corpus larger than every GPU's memory together,
+searched by all of them at once.
 """
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents
+from . import _arrays, _documents, streaming
 from .index import Index, _id_array, _parse_device
-from .search import _check_k
+from ._gpu.device import on_device, on_stream
+from .search import _check_k, _stable_argsort
+
+
+MANIFEST = "sharded.json"
+FORMAT_NAME = "cupy-maxsim-sharded-index"
+VERSION = 1
 
 
 class ShardedIndex:
     """Documents spread over ``shards`` indexes on ``devices`` (shard i on devices[i %
     len(devices)]; default one shard per visible GPU, else one on the CPU). Added documents are
-    split into contiguous runs, one per shard; ids are the index's, as one Index would give them."""
+    split into contiguous runs, one per shard; ids are the index's, as one Index would give them.
+
+    ``store``: where a shard on a GPU keeps its documents: "device" (in the GPU's memory) or
+    "host" (in host memory, streamed through that GPU at each search within
+    ``gpu_budget_bytes``, as ``Index(device="host")``; each GPU streams its own shards, all at
+    once). Shards on the CPU keep theirs in host memory either way."""
 
     def __init__(self, dim: int, *, dtype: str = "float16", devices=None, shards: int | None = None,
-                 rescore: str | None = None):
+                 rescore: str | None = None, store: str = "device",
+                 gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET):
         devices = _default_devices() if devices is None else [_device_name(d) for d in devices]
         if not devices:
             raise ValueError("devices must name at least one device")
         count = len(devices) if shards is None else shards
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"shards must be a positive int, got {shards!r}")
-        self.dim, self.dtype = int(dim), dtype
-        self.shards = [Index(dim, dtype=dtype, device=devices[i % len(devices)], rescore=rescore) for i in range(count)]
+        if store not in ("device", "host"):
+            raise ValueError(f"store must be 'device' or 'host', got {store!r}")
+        self.dim, self.dtype, self.store = int(dim), dtype, store
+        #: The device each shard searches on ("cpu" or "cuda:N"), in shard order.
+        self.places = [devices[i % len(devices)] for i in range(count)]
+        self.shards = [Index(dim, dtype=dtype, device="host" if store == "host" and place != "cpu" else place,
+                             rescore=rescore, gpu_budget_bytes=gpu_budget_bytes) for place in self.places]
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -48,18 +71,25 @@ class ShardedIndex:
         return sum(shard.nbytes for shard in self.shards)
 
     def __repr__(self) -> str:
-        places = ", ".join(sorted({shard.device for shard in self.shards}))
-        return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}, "
+        places = ", ".join(sorted(set(self.places)))
+        store = ", stored on the host" if any(shard.device == "host" for shard in self.shards) else ""
+        return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}{store}, "
                 f"documents={len(self):,}, {self.nbytes / 1e6:,.1f} MB)")
 
-    def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
-        """As :meth:`Index.add`; the documents go to the shards in contiguous runs."""
+    def add(self, docs, *, ids=None, mask=None, copy: bool | None = True) -> np.ndarray:
+        """As :meth:`Index.add`; the documents go to the shards in contiguous runs (with
+        ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
+        pair as they are: the corpus held once)."""
         new_ids = assign_ids(docs, ids, self._next_id, np.concatenate([s._ids for s in self.shards]))
-        for shard, (part, part_mask, part_ids) in zip(self.shards, split_documents(docs, mask, new_ids,
-                                                                                   len(self.shards))):
-            if part_ids.size:
-                shard.add(docs_on(part, shard.device), ids=part_ids,
-                          mask=None if part_mask is None else array_on(part_mask, shard.device, "mask"))
+        parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
+        if copy is False:  # (every shard asked before any adds: none or all keep their run)
+            for n, (shard, (part, part_mask, part_ids)) in enumerate(zip(self.shards, parts)):
+                refused = shard._copy_needed(part, part_mask) if part_ids.size else None
+                if refused is not None:
+                    raise ValueError(f"add(copy=False) would have to copy shard {n}'s documents: {refused}")
+        for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
+            if part_ids.size:  # (each shard's add takes them from wherever they are, a batch at a time)
+                shard.add(part, ids=part_ids, mask=part_mask, copy=copy)
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
 
@@ -75,11 +105,12 @@ class ShardedIndex:
     def search(self, q, k: int, *, q_mask=None, filter=None, return_argmax=False):
         """As :meth:`Index.search`, over every shard; results in the framework of ``q``, on its
         device. The shards of each device are searched by a thread of their own (the devices
-        work at once), their top-k lists merged on the host."""
+        work at once), their top-k lists merged on the host; host-stored shards stream through
+        their own GPU."""
         k = _check_k(k)
         like = _arrays.as_operand(q, "q")
         filter = None if filter is None else _host_filter(filter, self)
-        devices = list(dict.fromkeys(shard.device for shard in self.shards))  # in shard order
+        devices = list(dict.fromkeys(self.places))  # in shard order
         # The queries go as they are to the shards on their own device, from one host copy to
         # the others.
         local = f"cuda:{like.device}" if like.on_gpu else "cpu"
@@ -93,7 +124,7 @@ class ShardedIndex:
             shard_mask = None if shard_mask is None else array_on(shard_mask, device, "q_mask")
             return [tuple(_host(x) for x in shard.search(shard_q, k, q_mask=shard_mask, filter=filter,
                                                          return_argmax=return_argmax))
-                    for shard in self.shards if shard.device == device]
+                    for shard, place in zip(self.shards, self.places) if place == device]
 
         gpus = [device for device in devices if device != "cpu"]
         # (CPU shards in this thread: NumPy's BLAS threads itself, and its sums may round
@@ -102,10 +133,80 @@ class ShardedIndex:
         if len(gpus) == 1:
             found[gpus[0]] = search_on(gpus[0])
         elif gpus:
-            with ThreadPoolExecutor(max_workers=len(gpus)) as pool:
-                found.update(zip(gpus, pool.map(search_on, gpus)))
-        results = [found[shard.device].pop(0) for shard in self.shards]  # back in shard order
+            found.update(zip(gpus, self._threads(len(gpus)).map(search_on, gpus)))
+        results = [found[place].pop(0) for place in self.places]  # back in shard order
+        if like.on_gpu and results[0][0].size * len(results) >= GPU_MERGE_CANDIDATES:
+            with on_device(like.device), on_stream(like.stream):
+                import cupy
+
+                return _arrays.answer(merge_top_k(results, k, cupy), like)
         return _arrays.answer(merge_top_k(results, k), like)
+
+    def _threads(self, count: int) -> ThreadPoolExecutor:
+        """The index's own threads, a GPU each, kept from search to search (starting them took
+        part of a one-query search's time); they end with the index."""
+        pool = getattr(self, "_pool", None)
+        if pool is None or pool._max_workers < count:
+            self._pool = pool = ThreadPoolExecutor(max_workers=count, thread_name_prefix="cupy_maxsim.shards")
+        return pool
+
+    def save(self, path, *, progress: bool = False) -> Path:
+        """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
+        ``sharded.json`` (last: a folder without it is no sharded index). RayIndex.save writes
+        the same folder: either class loads what the other saved."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        for n, shard in enumerate(self.shards):
+            shard.save(folder / shard_folder(n), progress=progress)
+        return write_manifest(folder, self.dim, self.dtype, self.shards[0].rescore, len(self.shards), len(self),
+                              self._next_id)
+
+    @classmethod
+    def load(cls, path, *, devices=None, store: str = "device", mmap: bool = True, progress: bool = False,
+             gpu_budget_bytes: int = streaming.DEFAULT_GPU_BUDGET) -> "ShardedIndex":
+        """A sharded index saved by :meth:`save`, its shards on ``devices`` and kept in ``store``
+        as the constructor places them (the saved shards, whatever devices they were on).
+        Host-stored shards (and shards on the CPU) with ``mmap`` are memory-mapped: a corpus
+        larger than the host's memory is read from its files as it streams."""
+        folder = Path(path)
+        manifest = read_manifest(folder)
+        index = cls(manifest["dim"], dtype=manifest["dtype"], devices=devices, shards=manifest["shards"],
+                    rescore=manifest.get("rescore"), store=store, gpu_budget_bytes=gpu_budget_bytes)
+        index.shards = [Index.load(folder / shard_folder(n), device=shard.device, mmap=mmap, progress=progress,
+                                   gpu_budget_bytes=gpu_budget_bytes) for n, shard in enumerate(index.shards)]
+        index._next_id = int(manifest["next_id"])
+        check_loaded(folder, manifest, len(index))
+        return index
+
+
+def shard_folder(n: int) -> str:
+    """Shard n's folder in a saved sharded index."""
+    return f"shard-{n:04d}"
+
+
+def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, documents: int, next_id: int) -> Path:
+    """A saved sharded index's manifest, written after its shards: ``folder``."""
+    manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype, "rescore": rescore,
+                "shards": shards, "documents": documents, "next_id": next_id}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return folder
+
+
+def read_manifest(folder: Path) -> dict:
+    """A saved sharded index's manifest; FileNotFoundError or ValueError naming what is wrong."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved sharded index") from None
+    if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
+        raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
+    return manifest
+
+
+def check_loaded(folder: Path, manifest: dict, documents: int) -> None:
+    """A ValueError where the loaded shards do not hold the documents the manifest counts."""
+    if documents != manifest["documents"]:
+        raise ValueError(f"{folder}: the shards hold {documents} documents, {MANIFEST} says {manifest['documents']}")
 
 
 def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:
@@ -135,48 +236,56 @@ def split_documents(docs, mask, ids: np.ndarray, parts: int):
                ids[start:stop])
 
 
-def merge_top_k(results, k: int):
+def merge_top_k(results, k: int, xp=np):
     """Every shard's (scores, ids[, winners]) (host arrays, (Nq, k) or (k,)) as one top-k: by
-    descending score, ties to the lower id, -inf then NaN last, missing (-1) after all."""
+    descending score, ties to the lower id, -inf then NaN last, missing (-1) after all. ``xp``:
+    the module to merge with (CuPy: on the current GPU, the candidates uploaded at once; the
+    results there)."""
     single = results[0][0].ndim == 1
-    scores = np.concatenate([np.atleast_2d(r[0]) for r in results], axis=1)
-    ids = np.concatenate([np.atleast_2d(r[1]) for r in results], axis=1)
-    winners = None if len(results[0]) < 3 else np.concatenate(
-        [r[2][None] if single else r[2] for r in results], axis=1)
-    order = _merge_order(scores, ids, k)
-    out = [np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)]
-    if winners is not None:
-        out.append(np.take_along_axis(winners, order[..., None], 1))
+    joined = [np.concatenate([np.atleast_2d(r[0]) for r in results], axis=1),
+              np.concatenate([np.atleast_2d(r[1]) for r in results], axis=1)]
+    if len(results[0]) >= 3:
+        joined.append(np.concatenate([r[2][None] if single else r[2] for r in results], axis=1))
+    joined = [xp.asarray(x) for x in joined]
+    order = _merge_order(xp, joined[0], joined[1], k)
+    out = [xp.take_along_axis(joined[0], order, 1), xp.take_along_axis(joined[1], order, 1)]
+    if len(joined) == 3:
+        out.append(xp.take_along_axis(joined[2], order[..., None], 1))
     return tuple(x[0] for x in out) if single else tuple(out)
 
 
-def _merge_order(scores, ids, k: int) -> np.ndarray:
+#: Candidates (queries x shards' k) from which a ShardedIndex with GPU queries merges on their GPU:
+#: 256 queries x 8 shards of 100 took 7.5 ms on a host's CPU (merge-top-k-2026-12-05-0ff8281),
+#: a sort of a few microseconds on a GPU after one upload; one query's 0.04 ms stays on the host.
+GPU_MERGE_CANDIDATES = 2**16
+
+
+def _merge_order(xp, scores, ids, k: int):
     """The positions of each row's k first candidates in merge_top_k's order. float32 scores and
     ids below 2**32 (nearly always): one sort of a 64-bit key a candidate (the score's order in
     the high half as the selection kernel keys it, the id in the low), stable: a merge of the
     shards' runs, each in this order already (256 queries x 8 shards of 100: 2.9 ms against
     the three sorts' 23, and a quicksort's 5.7); else three stable sorts (ids, then scores,
     then missing), each kept by the next."""
-    if scores.dtype == np.float32 and ids.max(initial=-1) < 2**32:
-        return np.argsort(merge_keys(scores, ids), axis=1, kind="stable")[:, :k]
-    order = np.argsort(np.where(ids < 0, np.iinfo(np.int64).max, ids), axis=1, kind="stable")  # ids ascending
-    order = np.take_along_axis(order, np.argsort(-np.take_along_axis(scores, order, 1), axis=1, kind="stable"), 1)
-    missing = np.take_along_axis(ids, order, 1) < 0
-    return np.take_along_axis(order, np.argsort(missing, axis=1, kind="stable"), 1)[:, :k]
+    if scores.dtype == np.float32 and int(ids.max(initial=-1) if xp is np else ids.max()) < 2**32:
+        return _stable_argsort(xp, merge_keys(xp, scores, ids))[:, :k]
+    order = _stable_argsort(xp, xp.where(ids < 0, np.iinfo(np.int64).max, ids))  # ids ascending
+    order = xp.take_along_axis(order, _stable_argsort(xp, -xp.take_along_axis(scores, order, 1)), 1)
+    missing = xp.take_along_axis(ids, order, 1) < 0
+    return xp.take_along_axis(order, _stable_argsort(xp, missing.astype(np.int8)), 1)[:, :k]
 
 
-def merge_keys(scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def merge_keys(xp, scores, ids):
     """uint64 keys whose ascending order is merge_top_k's: the high half a float32 score's
     descending order (kernels_cu/maxsim_topk.cu's topk_key, inverted: -0.0 as 0.0, NaN just
     after -inf), the low half the id (0 <= id < 2**32); a missing candidate (id -1) last."""
     bits = scores.view(np.uint32)
-    bits = np.where(bits == np.uint32(0x80000000), np.uint32(0), bits)  # (-0.0: 0.0's bits)
+    bits = xp.where(bits == np.uint32(0x80000000), np.uint32(0), bits)  # (-0.0: 0.0's bits)
     # Descending order: negatives as they are, positives with every bit but the sign flipped.
     descending = bits ^ ((~(bits.view(np.int32) >> 31)).view(np.uint32) & np.uint32(0x7FFFFFFF))
-    descending[np.isnan(scores)] = 0xFF800001  # (just after -inf's 0xFF800000)
+    descending = xp.where(xp.isnan(scores), np.uint32(0xFF800001), descending)  # (just after -inf's 0xFF800000)
     keys = (descending.astype(np.uint64) << np.uint64(32)) | ids.astype(np.uint64)
-    keys[ids < 0] = np.iinfo(np.uint64).max
-    return keys
+    return xp.where(ids < 0, np.uint64(np.iinfo(np.uint64).max), keys)
 
 
 def _host(x) -> np.ndarray:
@@ -195,17 +304,6 @@ def _host_filter(filter, index):
             raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(index)},), got {values.shape}")
         return index.ids[values]
     return _id_array(values, "filter")
-
-
-def docs_on(docs, device: str):
-    """What add() was given (a list, a padded array, or tokens with host offsets), its arrays
-    on ``device`` ("cpu" or "cuda:N"), as a shard's Index takes them (it refuses another
-    device's documents)."""
-    if isinstance(docs, tuple) and len(docs) == 2:
-        return array_on(docs[0], device, "docs"), docs[1]
-    if isinstance(docs, list):
-        return [array_on(x, device, "docs") for x in docs]
-    return array_on(docs, device, "docs")
 
 
 def array_on(x, device: str, name: str):

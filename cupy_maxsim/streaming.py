@@ -14,12 +14,17 @@ CPU tests run every step but the transfer itself.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import weakref
 
 import numpy as np
 
 #: Device bytes a host-resident index's search may hold of the corpus by default.
 DEFAULT_GPU_BUDGET = 2 * 2**30
+#: cudaHostRegister's flags (driver_types.h): cudaHostRegisterPortable, cudaHostRegisterReadOnly.
+HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY = 0x01, 0x08
+#: The host's page: what cudaHostRegister pins.
+PAGE = mmap.PAGESIZE
 #: Device buffers segments rotate through: one being scored, one being filled (a third would
 #: let a copy run two segments ahead; two measured enough where copies are slower than scoring).
 BUFFERS = 2
@@ -115,8 +120,12 @@ class CudaCopies:
     def pinned(self, array):
         """``array``'s memory page-locked in place (cudaHostRegister), so that copies from it
         run asynchronously at the full rate, for as long as the returned array lives (its
-        finalizer unregisters it); where the registration is refused (memory-mapped files on
-        some systems), a pinned copy.
+        finalizer unregisters it). Where the registration is refused: the whole pages inside
+        the array (its first or last page may be registered already, by a neighbouring view
+        of one array: another shard's store); where that is refused too (memory-mapped files
+        on some systems), a pinned copy; where the host cannot pin that much either (a store
+        larger than its memory, memory-mapped), the array itself, its copies staged through
+        the driver (slower, the same results).
 
         Memory freed while registered stays pinned in the driver's view: a later copy from an
         allocation that reuses those addresses read stale pages (garbage scores and "invalid
@@ -126,16 +135,26 @@ class CudaCopies:
         array = np.ascontiguousarray(array)
         if array.nbytes == 0:
             return array
+        # Portable: pinned for every GPU's copies (a sharded store's, or another device's
+        # search); read-only memory (an index loaded memory-mapped) is registered as such.
+        flags = HOST_REGISTER_PORTABLE | (0 if array.flags.writeable else HOST_REGISTER_READ_ONLY)
+        start, end = array.ctypes.data, array.ctypes.data + array.nbytes
+        inside = (-(-start // PAGE) * PAGE, end // PAGE * PAGE)
+        for first, last in [(start, end)] + ([inside] if inside[1] - inside[0] >= PAGE else []):
+            try:
+                runtime.hostRegister(first, last - first, flags)
+            except Exception:  # noqa: BLE001 - any refusal: the next way
+                continue
+            # (array holds its memory's owner: the finalizer runs before the memory can go)
+            weakref.finalize(array, _unregister, runtime, first)
+            return array
         try:
-            runtime.hostRegister(array.ctypes.data, array.nbytes, 0)
-        except Exception:  # noqa: BLE001 - any refusal: copy into pinned memory instead
             memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
-            copy = np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)
-            copy[...] = array
-            return copy
-        # (array holds its memory's owner: the finalizer runs before the memory can go)
-        weakref.finalize(array, _unregister, runtime, array.ctypes.data)
-        return array
+        except Exception:  # noqa: BLE001 - more than the host can pin (a store past its memory)
+            return array  # (copies from pageable memory: staged by the driver, slower, the same)
+        copy = np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)
+        copy[...] = array
+        return copy
 
 
 def _unregister(runtime, pointer: int) -> None:

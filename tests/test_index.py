@@ -4,6 +4,7 @@ then load (memory-mapped), int8 and float32 stores, validation. CPU here; the GP
 marked gpu."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -194,6 +195,30 @@ def test_adding_in_batches_with_progress_is_adding_at_once():
     assert len(index) == 0 and index._tokens.shape[0] == 0
 
 
+@pytest.mark.parametrize("dtype,rescore", [("float32", None), ("int8", "float32")])
+def test_add_holds_the_documents_once_beside_the_source(dtype, rescore):
+    """add() writes each converted batch into the new store: its peak memory is the store and a
+    batch (not the converted documents twice); a second add copies the old store once. Counted
+    by tracemalloc, which sees NumPy's allocations."""
+    import tracemalloc
+
+    rng = np.random.default_rng(12)
+    lengths = rng.integers(1, 40, 10000)
+    tokens = unit_rows(rng, (int(lengths.sum()), DIM), np.float32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    index = cm.Index(DIM, dtype=dtype, rescore=rescore)
+    for _ in range(2):
+        before = index.nbytes
+        tracemalloc.start()
+        index.add((tokens, offsets), batch_docs=64)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        grown = index.nbytes - before
+        # The new store (old and new documents), plus batches' temporaries: under 1.25x of it
+        # (joining converted parts took twice the new documents).
+        assert peak < 1.25 * (before + grown) + 2**20, (peak, before, grown)
+    assert len(index) == 2 * lengths.shape[0] and index._tokens.shape[0] == 2 * tokens.shape[0]
+
 def test_offsets_are_checked_whole():
     """add() converts a (tokens, offsets) pair in batches, each a rebased slice: the offsets are
     checked whole first (leading or trailing tokens outside them, a decrease), nothing added."""
@@ -275,6 +300,124 @@ def test_index_on_gpu(framework, tmp_path):
     index.save(tmp_path / "gpu")
     again = cm.Index.load(tmp_path / "gpu", device="cuda").search(device(q), 20)
     np.testing.assert_array_equal(to_numpy(again[1]), want[1])
+
+
+@pytest.mark.parametrize("device", ["cpu", "host"])
+def test_add_without_a_copy(device):
+    """copy=None: an empty float store keeps a (tokens, offsets) pair's tokens as they are (the
+    same results as a copy); where it cannot, it copies (None) or says why (False)."""
+    rng = np.random.default_rng(14)
+    docs = _documents(rng, 50)
+    tokens, offsets = cm.pack([x.astype(np.float16) for x in docs])
+    kept = cm.Index(DIM, dtype="float16", device=device)
+    kept.add((tokens, offsets), copy=None)
+    assert np.shares_memory(kept._tokens, tokens)
+    copied = cm.Index(DIM, dtype="float16", device=device)
+    copied.add((tokens, offsets))
+    assert not np.shares_memory(copied._tokens, tokens)
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    for a, b in zip(kept.search(q, 7), copied.search(q, 7)):
+        np.testing.assert_array_equal(a, b)
+    kept.add((tokens, offsets), copy=None)  # not empty any more: copied
+    assert len(kept) == 100 and not np.shares_memory(kept._tokens, tokens)
+    refusals = {"holds documents already": (kept, (tokens, offsets)),
+                "only a (tokens, offsets) pair": (cm.Index(DIM, dtype="float16", device=device), docs),
+                "int8 index": (cm.Index(DIM, dtype="int8", device=device), (tokens, offsets)),
+                "tokens are float16, the index stores float32": (cm.Index(DIM, dtype="float32"), (tokens, offsets)),
+                "C-contiguous": (cm.Index(DIM, dtype="float16"), (np.asfortranarray(tokens), offsets))}
+    for reason, (index, given) in refusals.items():
+        before = len(index)
+        with pytest.raises(ValueError, match=f"copy=False.*{re.escape(reason)}"):
+            index.add(given, copy=False)
+        assert len(index) == before
+    with pytest.raises(ValueError, match="copy must be"):
+        cm.Index(DIM).add((tokens, offsets), copy="no")
+
+
+@pytest.mark.gpu
+def test_gpu_add_without_a_copy():
+    """copy=None on a GPU store: CuPy tokens in its format on its GPU are kept as they are."""
+    import cupy
+
+    rng = np.random.default_rng(15)
+    tokens, offsets = cm.pack([cupy.asarray(x.astype(np.float16)) for x in _documents(rng, 80)])
+    kept, copied = (cm.Index(DIM, dtype="float16", device="cuda") for _ in range(2))
+    kept.add((tokens, offsets), copy=None)
+    copied.add((tokens, offsets))
+    assert kept._tokens.data.ptr == tokens.data.ptr and copied._tokens.data.ptr != tokens.data.ptr
+    q = cupy.asarray(unit_rows(rng, (3, 4, DIM), np.float32).astype(np.float16))
+    for a, b in zip(kept.search(q, 9), copied.search(q, 9)):
+        np.testing.assert_array_equal(a.get(), b.get())
+    with pytest.raises(ValueError, match="the tokens are on GPU 0, the index on host"):
+        cm.Index(DIM, dtype="float16", device="host").add((tokens, offsets), copy=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rescore", [("float16", None), ("int8", "float32")])
+def test_documents_from_another_device_are_moved_batch_by_batch(dtype, rescore):
+    """A GPU index takes host documents (each batch uploaded, then converted on the GPU) and a
+    host store takes GPU documents (converted on their GPU, then copied back): the stores are
+    those of documents given on the index's own device, bitwise."""
+    import cupy
+
+    rng = np.random.default_rng(13)
+    docs = _documents(rng, 300, longest=30)
+    padded = np.zeros((300, 30, DIM), np.float32)
+    mask = np.zeros((300, 30), bool)
+    for n, x in enumerate(docs):
+        padded[n, :len(x)], mask[n, :len(x)] = x, True
+    on_gpu = cm.Index(DIM, dtype=dtype, device="cuda", rescore=rescore)
+    on_gpu.add([cupy.asarray(x) for x in docs])
+    on_host = cm.Index(DIM, dtype=dtype, rescore=rescore)
+    on_host.add(docs)
+    layouts = {"host list": (docs, None), "host padded": (padded, mask), "host packed": (cm.pack(docs), None)}
+    for name, (given, given_mask) in layouts.items():
+        index = cm.Index(DIM, dtype=dtype, device="cuda", rescore=rescore)
+        index.add(given, mask=given_mask, batch_docs=64)
+        for mine, want in ((index._tokens, on_gpu._tokens), (index._scales, on_gpu._scales),
+                           (index._offsets, on_gpu._offsets), (index._exact, on_gpu._exact)):
+            if want is not None:
+                np.testing.assert_array_equal(to_numpy(mine), to_numpy(want), err_msg=name)
+    for device in ("cpu", "host"):
+        index = cm.Index(DIM, dtype=dtype, device=device, rescore=rescore)
+        index.add(cm.pack([cupy.asarray(x) for x in docs]), batch_docs=64)
+        assert isinstance(index._tokens, np.ndarray)
+        # int8 scales from the GPU's quantisation may differ from NumPy's in the last bit: the
+        # GPU index's (converted the same way) are the reference
+        reference = on_gpu if dtype == "int8" else on_host
+        for mine, want in ((index._tokens, reference._tokens), (index._scales, reference._scales),
+                           (index._exact, on_host._exact)):
+            if want is not None:
+                np.testing.assert_array_equal(to_numpy(mine), to_numpy(want), err_msg=device)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_gpu_index_search_replays_its_forward(dtype):
+    """A GPU Index's forward is recorded on a search and replayed on the next of the same
+    signature (new query arrays, winners or not), per version of its store: the answers are the
+    general path's (search_packed over the store), before and after documents are added."""
+    import cupy
+
+    rng, dim = np.random.default_rng(17), 64  # (a dim the tensor-core builds take, whose launches are recorded)
+
+    def documents(count):
+        return [cupy.asarray(unit_rows(rng, (int(n), dim), np.float32)) for n in rng.integers(0, 40, count)]
+
+    index = cm.Index(dim, dtype=dtype, device="cuda")
+    index.add(documents(300))
+    for round_ in range(3):
+        if round_ == 2:
+            index.add(documents(50))  # a new store version
+        for argmax in (False, True):
+            q = cupy.asarray(unit_rows(rng, (4, 6, dim), np.float32).astype(np.float16))
+            got = index.search(q, 12, return_argmax=argmax)
+            extra = {} if dtype != "int8" else dict(zip(("q_scale",), cm.quantize_int8(q)[1:])) | {"d_scale": index._scales}
+            query = q if dtype != "int8" else cm.quantize_int8(q)[0]
+            want = cm.search_packed(query, index._tokens, index._offsets, 12, return_argmax=argmax, **extra)
+            np.testing.assert_array_equal(got[0].get(), want[0].get())
+            np.testing.assert_array_equal(got[1].get(), want[1].get())  # (ids are positions: nothing removed)
+            if argmax:
+                np.testing.assert_array_equal(got[2].get(), want[2].get())
+        assert len(index._forward_replays[2]) == 2 and index._forward_replays[0] is index._tokens
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])

@@ -71,6 +71,55 @@ def test_sharded_index_is_one_index(layout):
         sharded.add(docs[:1], ids=[40])
 
 
+def test_host_store_on_the_cpu_is_one_index():
+    """store="host" with CPU devices: shards on the CPU keep their documents in host memory
+    anyway (plain CPU indexes), with the same results."""
+    rng = np.random.default_rng(3)
+    docs = _corpus(rng)
+    single = cm.Index(DIM, dtype="float32")
+    sharded = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=2, store="host")
+    single.add(docs)
+    sharded.add(docs)
+    assert [s.device for s in sharded.shards] == ["cpu", "cpu"] and sharded.places == ["cpu", "cpu"]
+    _compare(sharded, single, rng)
+    # copy=None: each empty shard keeps its run of one (tokens, offsets) pair as it is
+    tokens, offsets = cm.pack(docs)
+    held = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=2, store="host")
+    held.add((tokens, offsets), copy=None)
+    assert all(np.shares_memory(shard._tokens, tokens) for shard in held.shards)
+    _compare(held, single, rng)
+    with pytest.raises(ValueError, match=r"copy=False\) would have to copy shard 0"):  # none added
+        held.add((tokens, offsets), copy=False)
+    assert len(held) == len(docs)
+
+
+@pytest.mark.parametrize("store", ["device", "host"])
+def test_save_then_load(tmp_path, store):
+    """A sharded index saved and loaded (memory-mapped, onto other devices and stores) answers
+    as before, ids and removals kept; a folder that is not one is refused."""
+    rng = np.random.default_rng(4)
+    docs = _corpus(rng)
+    single = cm.Index(DIM, dtype="float32")
+    sharded = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=3)
+    for index in (single, sharded):
+        index.add(docs)
+        index.remove([1, 20, 33])
+    sharded.save(tmp_path / "sharded")
+    loaded = cm.ShardedIndex.load(tmp_path / "sharded", devices=["cpu"], store=store)
+    assert len(loaded.shards) == 3 and len(loaded) == 38 and sorted(loaded.ids) == sorted(sharded.ids)
+    assert all(isinstance(shard._tokens, np.memmap) for shard in loaded.shards)
+    _compare(loaded, single, rng)
+    for index in (single, loaded):  # the next ids continue where they were
+        np.testing.assert_array_equal(index.add(docs[:2]), [41, 42])
+    _compare(loaded, single, rng)
+    with pytest.raises(FileNotFoundError, match="sharded.json"):
+        cm.ShardedIndex.load(tmp_path / "sharded" / "shard-0000")
+    manifest = tmp_path / "sharded" / "sharded.json"
+    manifest.write_text(manifest.read_text().replace('"documents": 38', '"documents": 39'))
+    with pytest.raises(ValueError, match="38 documents"):
+        cm.ShardedIndex.load(tmp_path / "sharded", devices=["cpu"])
+
+
 @pytest.mark.parametrize("k", [1, 5, 12, 40])
 def test_merge_top_k_is_a_sort_of_the_candidates(k):
     """merge_top_k (one 64-bit key a candidate for float32 scores; three stable sorts for
@@ -108,7 +157,48 @@ def test_merge_top_k_is_a_sort_of_the_candidates(k):
     assert single[0].shape == (min(k, shards * each),)
 
 
+@pytest.mark.gpu
+def test_merge_top_k_on_the_gpu_is_the_host_merge():
+    """merge_top_k with CuPy (a ShardedIndex's many-candidate merge for GPU queries) gives the
+    host merge's results, ties, +-0, +-inf, NaN and missing ids included, on both paths."""
+    import cupy
+
+    from cupy_maxsim.shards import merge_top_k
+
+    rng = np.random.default_rng(8)
+    pool = np.array([2.5, 1.0, 0.0, -0.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+    results = []
+    ids = rng.permutation(100_000)[:4 * 64 * 50].reshape(4, 64, 50)
+    for n in range(4):
+        scores = np.where(rng.random((64, 50)) < 0.5, pool[rng.integers(0, pool.size, (64, 50))],
+                          rng.standard_normal((64, 50)).astype(np.float32))
+        shard_ids = np.where(rng.random((64, 50)) < 0.1, -1, ids[n])
+        scores[shard_ids < 0] = -np.inf
+        results.append((scores, shard_ids, rng.integers(0, 9, (64, 50, 3)).astype(np.int16)))
+    for offset, dtype in ((0, np.float32), (2**33, np.float32), (0, np.float64)):
+        given = [(r[0].astype(dtype), np.where(r[1] < 0, -1, r[1] + offset), r[2]) for r in results]
+        host = merge_top_k(given, 70)
+        device = merge_top_k(given, 70, cupy)
+        real = host[1] >= 0
+        for a, b in zip(host, device):
+            b = b.get()
+            np.testing.assert_array_equal(a[real] if a.ndim == 2 else a[real], b[real] if b.ndim == 2 else b[real])
+        assert (device[1].get()[~real] == -1).all()
+
+
+def test_search_threads_are_kept():
+    """The threads that search several GPUs at once are started once, not every search."""
+    sharded = cm.ShardedIndex(DIM, devices=["cpu"], shards=2)
+    first = sharded._threads(2)
+    assert sharded._threads(2) is first and sharded._threads(1) is first
+    assert sharded._threads(3) is not first and sharded._threads(3)._max_workers == 3
+
+
 def test_sharded_index_validation():
+    with pytest.raises(ValueError, match="store must be"):
+        cm.ShardedIndex(DIM, devices=["cpu"], store="disk")
+    with pytest.raises(ValueError, match="gpu_budget_bytes"):
+        cm.ShardedIndex(DIM, devices=["cpu"], gpu_budget_bytes=0)
     with pytest.raises(ValueError, match="shards must be"):
         cm.ShardedIndex(DIM, devices=["cpu"], shards=0)
     with pytest.raises(ValueError, match="devices must"):
@@ -142,6 +232,34 @@ def test_ray_index_is_one_index(ray_cluster):
         remote.add([np.zeros((3, DIM + 1), np.float32)] * 2)
 
 
+def test_ray_index_stored_on_the_host(ray_cluster, tmp_path):
+    """store="host": CPU actors keep their documents in their host's memory anyway (GPU actors
+    stream theirs: the GPU test below); the same results."""
+    import cupy_maxsim.ray as cmr
+
+    rng = np.random.default_rng(3)
+    docs = _corpus(rng)
+    single, hosted = cm.Index(DIM, dtype="float32"), cmr.RayIndex(DIM, dtype="float32", actors=2, store="host")
+    single.add(docs)
+    hosted.add(docs)
+    _compare(hosted, single, rng)
+    # saved by Ray, loaded by a ShardedIndex and by Ray again (one folder layout), ids kept
+    hosted.remove([4, 30])
+    single.remove([4, 30])
+    hosted.save(tmp_path / "ray")
+    del hosted  # (its actors' CPUs for the loaded ones: the test cluster has two)
+    again = cmr.RayIndex.load(tmp_path / "ray")
+    assert len(again.actors) == 2 and sorted(again.ids) == sorted(single.ids)
+    _compare(again, single, rng)
+    _compare(cm.ShardedIndex.load(tmp_path / "ray", devices=["cpu"]), single, rng)
+    with pytest.raises(FileNotFoundError, match="sharded.json"):
+        cmr.RayIndex.load(tmp_path)
+    with pytest.raises(ValueError, match="store must be"):
+        cmr.RayIndex(DIM, actors=1, store="disk")
+    with pytest.raises(ValueError, match="gpu_budget_bytes"):
+        cmr.RayIndex(DIM, actors=1, gpu_budget_bytes=0)
+
+
 def _wait_until_dead(ray, actor, seconds=60.0):
     """ray.kill returns before the actor is gone: a call made at once may still be answered
     (CI once saw the search below succeed). Waits until a call reports the death."""
@@ -172,6 +290,25 @@ def test_a_dead_actor_is_reported(ray_cluster):
 
 
 @pytest.mark.gpu
+def test_ray_host_stored_gpu_actors_are_one_gpu_index(ray_cluster):
+    """RayIndex(store="host") with GPU actors (two of half a GPU each): each streams its host
+    store through its GPU; the results of one GPU index, bitwise."""
+    import cupy
+
+    import cupy_maxsim.ray as cmr
+
+    rng = np.random.default_rng(7)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 60, 1500)]
+    single = cm.Index(DIM, dtype="int8", device="cuda")
+    single.add([cupy.asarray(x) for x in docs])
+    remote = cmr.RayIndex(DIM, dtype="int8", actors=2, num_gpus=0.5, store="host", gpu_budget_bytes=8 * 1024 * DIM)
+    remote.add(docs)
+    q = unit_rows(rng, (4, 8, DIM), np.float32).astype(np.float16)
+    _same(remote.search(q, 30, return_argmax=True), [x.get() for x in single.search(cupy.asarray(q), 30,
+                                                                                   return_argmax=True)])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_gpu_shards_are_one_gpu_index(dtype):
     """Several shards on one GPU (the multi-GPU code path: a device each would be the same
@@ -199,6 +336,41 @@ def test_gpu_shards_are_one_gpu_index(dtype):
     allow = list(range(0, 2050, 3))
     _same([_arrays_host(x) for x in sharded.search(cupy.asarray(q), 10, filter=allow)],
           [x.get() for x in single.search(cupy.asarray(q), 10, filter=allow)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_gpu_host_stored_shards_are_one_gpu_index(dtype, tmp_path):
+    """store="host": each shard keeps its documents in host memory and streams them through its
+    GPU (here three shards through the one GPU, the multi-GPU code path), in several segments
+    each; the same top-k, scores and winners as one GPU index, bitwise."""
+    import cupy
+
+    rng = np.random.default_rng(6)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 60, 2000)]
+    single = cm.Index(DIM, dtype=dtype, device="cuda")
+    sharded = cm.ShardedIndex(DIM, dtype=dtype, devices=["cuda:0"], shards=3, store="host",
+                              gpu_budget_bytes=8 * 1024 * DIM)
+    single.add([cupy.asarray(x) for x in docs])
+    sharded.add(docs[:1000])  # host documents
+    sharded.add(cm.pack([cupy.asarray(x) for x in docs[1000:]]))  # tokens and offsets on the GPU
+    assert [s.device for s in sharded.shards] == ["host"] * 3 and sharded.places == ["cuda:0"] * 3
+    assert "stored on the host" in repr(sharded)
+    for index in (single, sharded):
+        index.remove(list(range(0, 2000, 7)))
+    q = unit_rows(rng, (5, 8, DIM), np.float32).astype(np.float16)
+    for queries in (cupy.asarray(q), q):
+        want = single.search(cupy.asarray(queries), 40, return_argmax=True)
+        got = sharded.search(queries, 40, return_argmax=True)
+        assert type(got[0]) is type(queries)
+        _same([_arrays_host(x) for x in got], [x.get() for x in want])
+    assert all(shard.last_search.segments > 1 for shard in sharded.shards)
+    # saved, and loaded memory-mapped (read-only pages, registered as such or copied once)
+    sharded.save(tmp_path / "sharded")
+    loaded = cm.ShardedIndex.load(tmp_path / "sharded", devices=["cuda:0"], store="host",
+                                  gpu_budget_bytes=8 * 1024 * DIM)
+    want = single.search(cupy.asarray(q), 40, return_argmax=True)
+    _same([_arrays_host(x) for x in loaded.search(cupy.asarray(q), 40, return_argmax=True)], [x.get() for x in want])
 
 
 def _arrays_host(x):

@@ -62,9 +62,13 @@ def test_empty_and_saved_streamed_index(tmp_path):
     rng = np.random.default_rng(4)
     memory, streamed = _pair("float16", 10_000, rng)
     memory.save(tmp_path / "index")
-    loaded = cm.Index.load(tmp_path / "index", device="host")
+    loaded = cm.Index.load(tmp_path / "index", device="host", gpu_budget_bytes=10_000)
+    assert loaded.gpu_budget_bytes == 10_000
     q = unit_rows(rng, (2, 5, DIM), np.float32)
     _same(memory.search(q, 6), loaded.search(q, 6))
+    assert loaded.last_search.segments > 1
+    with pytest.raises(ValueError, match="gpu_budget_bytes"):
+        cm.Index.load(tmp_path / "index", device="host", gpu_budget_bytes=0)
 
 
 def test_a_document_past_the_budget_is_refused():
@@ -112,6 +116,26 @@ def test_streamed_through_the_gpu_equals_the_gpu_index(dtype):
 
 
 @pytest.mark.gpu
+def test_memory_mapped_store_streams_through_the_gpu(tmp_path):
+    """An index saved and loaded memory-mapped on the host (read-only pages: registered as
+    such, or copied into pinned memory where the driver refuses) searches as the GPU index."""
+    import cupy
+
+    rng = np.random.default_rng(10)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 60, 1500)]
+    on_gpu = cm.Index(DIM, dtype="int8", device="cuda")
+    on_gpu.add([cupy.asarray(x) for x in docs])
+    saved = cm.Index(DIM, dtype="int8")
+    saved.add(docs)
+    saved.save(tmp_path / "index")
+    loaded = cm.Index.load(tmp_path / "index", device="host", mmap=True, gpu_budget_bytes=100_000)
+    assert not loaded._tokens.flags.writeable  # memory-mapped read-only
+    q = cupy.asarray(unit_rows(rng, (4, 8, DIM), np.float32).astype(np.float16))
+    _same([x.get() for x in on_gpu.search(q, 15)], [x.get() for x in loaded.search(q, 15)])
+    assert loaded.last_search.segments > 3
+
+
+@pytest.mark.gpu
 def test_pinned_memory_is_unregistered_before_it_can_be_freed():
     """CudaCopies.pinned registers a host store in place; the registration ends when the array
     it returned goes, while the memory still exists. (Left registered, freed memory stayed
@@ -135,3 +159,45 @@ def test_pinned_memory_is_unregistered_before_it_can_be_freed():
     gc.collect()
     cupy.cuda.runtime.hostRegister(pointer, size, 0)  # free to register again: it was unregistered
     cupy.cuda.runtime.hostUnregister(pointer)
+
+
+@pytest.mark.gpu
+def test_a_store_the_host_cannot_pin_streams_unpinned(monkeypatch):
+    """Where registration and a pinned copy are both refused (a memory-mapped store larger than
+    the host's memory), the store streams from pageable memory: the same results."""
+    import cupy
+
+    rng = np.random.default_rng(11)
+    docs = [unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 60, 800)]
+    on_gpu = cm.Index(DIM, dtype="float16", device="cuda")
+    on_gpu.add([cupy.asarray(x) for x in docs])
+    streamed = cm.Index(DIM, dtype="float16", device="host", gpu_budget_bytes=60_000)
+    streamed.add(docs)
+
+    def refused(*args, **kwargs):
+        raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+    monkeypatch.setattr(cupy.cuda.runtime, "hostRegister", refused)
+    monkeypatch.setattr(cupy.cuda, "alloc_pinned_memory", refused)
+    q = cupy.asarray(unit_rows(rng, (3, 8, DIM), np.float32).astype(np.float16))
+    _same([x.get() for x in on_gpu.search(q, 12)], [x.get() for x in streamed.search(q, 12)])
+    assert streamed._streamed_store[2] is streamed._tokens  # not copied: the store itself
+    assert streamed.last_search.segments > 3
+
+
+@pytest.mark.gpu
+def test_neighbouring_views_are_both_pinned_in_place():
+    """Two stores that are views of one array (shards adopting one corpus) share a page at
+    their boundary: the second registers the whole pages inside it, and is still not copied."""
+    import cupy
+
+    from cupy_maxsim import streaming
+
+    corpus = np.ones((3 * streaming.PAGE + 100,), np.float32)
+    split = streaming.PAGE + 7  # (elements: a boundary inside a page)
+    copies = streaming.CudaCopies(cupy.cuda.runtime.getDevice())
+    first, second = copies.pinned(corpus[:split]), copies.pinned(corpus[split:])
+    assert np.shares_memory(first, corpus) and np.shares_memory(second, corpus)
+    device = cupy.empty(second.shape, second.dtype)
+    device.set(second)
+    assert float(device.sum()) == second.size
