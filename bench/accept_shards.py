@@ -286,7 +286,8 @@ def main(argv=None) -> int:
     print(f"# {gpus} GPUs, k={K}\n| corpus | provider | 1 query ms | 256 queries ms | QPS | latency line ms | "
           "throughput / linear | identical |\n|---|---|---|---|---|---|---|---|", flush=True)
     if "int8" in parts:
-        corpus_part(cupy, torch, cm, gpus, "1M x 128 int8", options.int8_docs, 128, "int8", 8, options, report)
+        corpus_part(cupy, torch, cm, gpus, f"{options.int8_docs:,} x 128 int8", options.int8_docs, 128, "int8", 8,
+                    options, report)
         path.write_text(json.dumps(report, indent=1))
     if "fp16" in parts:
         corpus_part(cupy, torch, cm, gpus, "10k x 1030 fp16", 10_000, 1030, "float16", 1, options, report)
