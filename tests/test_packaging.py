@@ -215,6 +215,39 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
     assert calls[0][1][:9 * 8] == struct.pack("<9Q", *range(1, 10))
 
 
+def test_small_kernel_scalars_reach_the_driver(monkeypatch):
+    """launch() of a small kernel's Scalars (one buffer, native alignment), the driver stubbed:
+    cuLaunchKernel gets a pointer a parameter, each reading the value given, for every small
+    kernel of SMALL_KERNEL_PARAMETERS."""
+    import ctypes
+    import struct
+    import sys
+    import types
+
+    seen = []
+
+    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = [ctypes.c_void_p.from_address(params + 8 * n).value for n in range(len(codes))]
+        seen.append([struct.unpack("<" + code, ctypes.string_at(pointer, struct.calcsize(code)))[0]
+                     for code, pointer in zip(codes, pointers)])  # (read now: the buffer is the launch's)
+
+    driver = types.SimpleNamespace(launchKernel=launch_kernel)
+    api = types.ModuleType("cupy_backends.cuda.api")
+    api.driver = driver
+    for name, module in (("cupy_backends", types.ModuleType("cupy_backends")),
+                         ("cupy_backends.cuda", types.ModuleType("cupy_backends.cuda")),
+                         ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
+        monkeypatch.setitem(sys.modules, name, module)
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
+    for name, codes in gpu_launch.SMALL_KERNEL_PARAMETERS.items():
+        values = [2**40 + 3 * n if code in "Qq" else -5 - n if code == "i" else n for n, code in enumerate(codes)]
+        seen.clear()
+        gpu_launch.launch(kernel, (1,), (32,), gpu_launch.scalars(name, *values), 0, 0x1)
+        assert seen == [values], name
+    with pytest.raises(ValueError, match="takes 5 parameters"):
+        gpu_launch.scalars("maxsim_offsets_summary", 1, 2)
+
+
 def test_formats_match_the_codecs():
     """registry.FORMATS (Python) and codecs.cuh's Codec<T> (C++) describe the same element
     formats: the kernels' type, bits and scaling of every dtype, and nothing more on either side."""

@@ -10,16 +10,17 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
+import typing
 
 from .._cache import Cache
 from .args import ArgTemplate
 from .compile import get_kernel
 from .device import device_properties, on_device, on_stream
 
-def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: int, stream_ptr: int | None,
-           cooperative: bool = False) -> None:
-    """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, or a tuple
-    of such bytes) on the caller's stream (``stream_ptr``), or CuPy's current stream when None.
+def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None, cooperative: bool = False) -> None:
+    """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, a tuple of
+    such bytes, or a small kernel's :class:`Scalars`) on the caller's stream (``stream_ptr``),
+    or CuPy's current stream when None.
     Straight through the driver (cuLaunchKernel): CuPy's generic argument handling cost several
     microseconds per launch, and small calls are host-bound. ``cooperative``: every block
     resident at once (cuLaunchCooperativeKernel; the grid must fit: :func:`resident_blocks`)."""
@@ -28,8 +29,13 @@ def launch(kernel, grid, block, args: bytes | tuple[bytes, ...], shared_bytes: i
     entry = _function_pointers.get(id(kernel))
     if entry is None:
         entry = _function_pointers.put(id(kernel), (kernel, kernel.kernel.ptr))
-    values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
-    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    if isinstance(args, Scalars):  # (one buffer, a pointer into it a parameter)
+        buffer = ctypes.create_string_buffer(args.packed, len(args.packed))
+        base = ctypes.addressof(buffer)
+        params = (ctypes.c_void_p * len(args.offsets))(*[base + offset for offset in args.offsets])
+    else:
+        values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     geometry = _launch_geometry(grid, block, shared_bytes)
     if cooperative:
         driver.launchCooperativeKernel(entry[1], *geometry, _stream_or_current(stream_ptr), ctypes.addressof(params))
@@ -124,13 +130,43 @@ SMALL_KERNEL_PARAMETERS = {
 }
 
 
-def scalars(kernel: str, *values) -> tuple[bytes, ...]:
-    """The scalar parameters of small kernel ``kernel`` (a key of SMALL_KERNEL_PARAMETERS), one
-    packed value each, for :func:`launch`."""
-    codes = SMALL_KERNEL_PARAMETERS[kernel]
-    if len(codes) != len(values):
-        raise ValueError(f"{kernel} takes {len(codes)} parameters, got {len(values)}")
-    return tuple(struct.pack("<" + code, value) for code, value in zip(codes, values))
+class Scalars(typing.NamedTuple):
+    """A small kernel's scalar parameters packed in one buffer (native alignment), and where
+    each starts: :func:`launch` hands cuLaunchKernel a pointer into one buffer a parameter, not
+    a buffer each (nine ctypes buffers a launch were a third of a selection launch's host
+    time, profile-search-2026-12-05-7448d57)."""
+
+    packed: bytes
+    offsets: tuple[int, ...]
+
+
+def scalars(kernel: str, *values) -> Scalars:
+    """The scalar parameters of small kernel ``kernel`` (a key of SMALL_KERNEL_PARAMETERS), for
+    :func:`launch`."""
+    layout, offsets = _scalar_layout(kernel)
+    if len(offsets) != len(values):
+        raise ValueError(f"{kernel} takes {len(offsets)} parameters, got {len(values)}")
+    return Scalars(layout.pack(*values), offsets)
+
+
+def _scalar_layout(kernel: str) -> tuple[struct.Struct, tuple[int, ...]]:
+    """(the parameters' struct, each one's offset in it) of a small kernel, each field at its
+    natural alignment (what struct's native mode pads to)."""
+    layout = _scalar_layouts.get(kernel)
+    if layout is None:
+        codes, offsets, at = SMALL_KERNEL_PARAMETERS[kernel], [], 0
+        for code in codes:
+            size = struct.calcsize(code)
+            at = -(-at // size) * size
+            offsets.append(at)
+            at += size
+        layout = _scalar_layouts[kernel] = (struct.Struct("@" + codes), tuple(offsets))
+        assert layout[0].size >= at and all(struct.calcsize("@" + codes[:n + 1]) == offsets[n] + struct.calcsize(c)
+                                             for n, c in enumerate(codes))
+    return layout
+
+
+_scalar_layouts: dict = {}
 
 
 def _pointer(array) -> int:
