@@ -23,6 +23,7 @@ from ._gpu import device as gpu_device
 from ._gpu import launch as gpu_launch
 from ._gpu import tma
 from ._gpu.args import FORWARD_ARGS, FORWARD_HEAD, ArgTemplate, forward_args
+from ._gpu.tape import Tape
 from .tuning import current
 
 ITEMSIZE = _arrays.ITEMSIZE
@@ -182,3 +183,95 @@ def replayed(key, q, d, extras=NO_EXTRAS):
     or None: no key, none recorded, or the general path must answer."""
     replay = replays.get(key) if key is not None else None
     return None if replay is None else replay(q, d, extras)
+
+
+def search_key(q, q_mask, tokens, k: int, workspace_bytes: int):
+    """The signature of an Index search of ``q`` (a CuPy query; its mask) against the store
+    ``tokens``, for :class:`SearchReplay` (the store's version is the caller's: IndexReplays),
+    or None where it is not replayed."""
+    key = replay_key(q, tokens, False, (q_mask, None, None, None))
+    return None if key is None else key + (k, workspace_bytes)
+
+
+class SearchReplay:
+    """A repeated Index search replayed (CuPy queries of one signature, no filter, no winners,
+    the store scored as one block): an int8 index's query quantisation and the selection with
+    its finish from their tapes (_gpu.tape), the forward from its Replay; nothing validated,
+    planned or packed again (the store version and the signature are the key)."""
+
+    def __init__(self, like, single: bool, quantize, forward: Replay, selection, d, d_scale):
+        self.like, self.single = like, single
+        self.quantize, self.forward, self.selection = quantize, forward, selection
+        self.d, self.d_scale = d, d_scale
+
+    def __call__(self, q, q_mask):
+        """(scores, ids) in the caller's framework, or None where the general path must answer."""
+        stream = self.like.stream
+        with gpu_device.on_device(self.like.device), gpu_device.on_stream(stream):
+            stream_ptr = stream if stream is not None else _current_stream()
+            q_scale = None
+            if self.quantize is not None:
+                q, q_scale = self.quantize.replay(stream_ptr, (q.data.ptr, 0 if q_mask is None else q_mask.data.ptr))
+            scores = self.forward(q, self.d, (q_mask, None, q_scale, self.d_scale))
+            if scores is None:
+                return None
+            answer = self.selection.replay(stream_ptr, (scores.data.ptr,))
+        output = _arrays.Output(self.like)
+        return tuple(output.wrap(x[0] if self.single else x) for x in answer)
+
+
+def _current_stream() -> int:
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+class IndexReplays:
+    """An Index's recorded forwards (by replay_key) and searches (by search_key), for the store
+    version they were recorded on: a new documents, offsets, live set or ids array (each
+    replaced, never changed in place) drops them, since the records hold their pointers."""
+
+    def __init__(self):
+        self._version, self.forwards, self.searches = (), {}, {}
+
+    def searched(self, q, q_mask, k: int, workspace_bytes: int) -> tuple:
+        """(the answer of a replayed search, or None; the search's key; a SearchRecorder where the
+        general path should record it, else None) of an Index search without filter, winners,
+        rows or q_scale (``self.of`` called first: the store is the version's first array)."""
+        key = search_key(q, q_mask, self._version[0], k, workspace_bytes)
+        replay = self.searches.get(key)
+        found = None if replay is None else replay(q, q_mask)
+        return found, key, None if key is None or key in self.searches else SearchRecorder()
+
+    def of(self, *version) -> "IndexReplays":
+        """These records, emptied first where ``version`` (the store's arrays) is not theirs."""
+        if len(version) != len(self._version) or any(a is not b for a, b in zip(version, self._version)):
+            self._version, self.forwards, self.searches = version, {}, {}
+        return self
+
+
+class SearchRecorder:
+    """The tapes of an Index search's general path (its int8 query quantisation, its selection
+    and finish), made into a SearchReplay once the path has answered."""
+
+    def __init__(self):
+        self.quantize, self.selection = None, Tape()
+
+    def quantized(self, q, q_mask):
+        """quantize.quantize_int8(q, mask=q_mask), recorded."""
+        from . import quantize
+
+        self.quantize = Tape()
+        with self.quantize.recording((q, q_mask)):
+            values, scales = quantize.quantize_int8(q, mask=q_mask)
+        self.quantize.answered(values, scales)
+        return values, scales
+
+    def replay(self, problem, q, extras, forwards: dict, tokens) -> SearchReplay | None:
+        """The replay of the search just run (``q`` as the forward took it, ``extras`` its
+        (q_mask, None, q_scale, d_scale)), or None where a part of it cannot be replayed."""
+        forward = forwards.get(replay_key(q, tokens, False, extras))
+        if forward is None or not self.selection.replayable or not (self.quantize is None or self.quantize.replayable):
+            return None
+        return SearchReplay(problem.like.with_changes(ptr=0, keepalive=None), problem.single, self.quantize, forward,
+                            self.selection, tokens, extras[3])

@@ -84,9 +84,11 @@ def _check_k(k) -> int:
     return int(k)
 
 
-def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=None):
+def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=None, tape=None):
     """Score ``problem``'s documents block by block (``block(start, stop)`` -> the scoring
-    function's result for documents start..stop) and keep each query's k best; ``allowed``: a
+    function's result for documents start..stop) and keep each query's k best; ``tape``: a
+    _gpu.tape.Tape that records the selection and the finish of a one-block GPU search (the
+    block's scores its input), replayable where that path answered; ``allowed``: a
     boolean array over the documents (on their device), False never returned (an Index's
     removed and filtered-out documents); ``ranges``: the blocks' (start, stop), where the
     caller cuts them (a streamed corpus: by its buffers), else by ``workspace_bytes``; ``ids``:
@@ -111,13 +113,18 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=No
             scores = _as_xp(scores, problem.single)
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
             live = None if allowed is None else allowed[start:stop]
-            local, ranked = _selected(xp, scores, k, live)  # (rows, k) int32 indices into the block, or None: all
-            if ranked and len(ranges) == 1 and not winners:
-                # The whole answer in one launch: nothing compiles on a first search, nothing waits.
-                from ._gpu.launch import top_k_finish
+            one_block = len(ranges) == 1 and not winners
+            with (tape.recording((scores,), (live, ids)) if tape is not None and one_block and xp is not np
+                  else contextlib.nullcontext()):
+                local, ranked = _selected(xp, scores, k, live)  # (rows, k) int32 indices into the block, or None: all
+                if ranked and one_block:
+                    # The whole answer in one launch: nothing compiles on a first search, nothing waits.
+                    from ._gpu.launch import top_k_finish
 
-                out = top_k_finish(xp.ascontiguousarray(scores), local, start, live, ids) + (None,)
-                break
+                    out = top_k_finish(xp.ascontiguousarray(scores), local, start, live, ids) + (None,)
+                    if tape is not None:
+                        tape.answered(out[0], out[1])
+                    break
             if local is None:
                 found = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             else:
