@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _arrays, _topk, scoring, tuning
 from ._problem import packed_problem, padded_problem
-from ._topk import along_rows
+from ._topk import along_rows, stable_argsort
 
 #: Bytes the per-block scores (and winners) may take: the workspace bound of a search.
 WORKSPACE_BYTES = 64 * 2**20
@@ -200,10 +200,10 @@ def _best_of(xp, scores, ids, argmax, k, excluding=False):
     candidates come in ascending id order within each row), ``-inf`` then NaN last, excluded
     candidates (id -1) after all. A stable sort of -score does all but the last: -(-inf) sorts
     after finite keys, NaN after everything; a stable sort on exclusion then keeps that order."""
-    order = _stable_argsort(xp, -scores)
+    order = stable_argsort(xp, -scores)
     if excluding:  # (a third sort only where an Index excludes documents)
         excluded = along_rows(xp, ids, order) < 0
-        order = along_rows(xp, order, _stable_argsort(xp, excluded.astype(xp.int8)))
+        order = along_rows(xp, order, stable_argsort(xp, excluded.astype(xp.int8)))
     order = xp.ascontiguousarray(order[:, :k])
     take = lambda x: along_rows(xp, x, order)  # noqa: E731
     chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
@@ -228,17 +228,11 @@ def _merged(xp, best, candidate, k, excluding, in_order):
     return scores, ids, argmax
 
 
-def _stable_argsort(xp, keys):
-    """Along the last axis, equal keys in their order (CuPy's argsort is always stable and
-    takes no ``kind``)."""
-    return xp.argsort(keys, axis=-1, kind="stable") if xp is np else xp.argsort(keys, axis=-1)
-
-
 def _joined(xp, best, candidate):
     """Two rows' candidate lists as one, in ascending id order (what _best_of's ties need)."""
     scores = xp.concatenate([best[0], candidate[0]], axis=-1)
     ids = xp.concatenate([best[1], candidate[1]], axis=-1)
-    order = _stable_argsort(xp, ids)
+    order = stable_argsort(xp, ids)
     argmax = None
     if best[2] is not None:
         argmax = xp.take_along_axis(xp.concatenate([best[2], candidate[2]], axis=1), order[..., None], axis=1)
