@@ -252,7 +252,7 @@ class Index:
     def _search(self, q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes, rows=False):
         """search() from the store; ``rows``: (like, scores, storage rows), unwrapped. A GPU
         store's search of a repeated signature is replayed (_replay.SearchReplay)."""
-        replays = self._replays.of(self._tokens, self._offsets, self._alive, self._ids)
+        replays = self._replays.of(self._tokens, self._scales, self._offsets, self._alive, self._ids)
         replayable = filter is None and q_scale is None and not (return_argmax or rows or self._streamed)
         found, key, recorder = replays.searched(q, q_mask, k, workspace_bytes) if replayable else (None,) * 3
         if found is not None:
@@ -292,7 +292,7 @@ class Index:
         results = _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids,
                                  tape=None if recorder is None else recorder.selection)
         if recorder is not None:
-            replays.searches[key] = recorder.replay(problem, q, extras, replays.forwards, self._tokens)
+            replays.settle(key, recorder, problem, q, extras)
         return self._answered(problem, results, rows, mapped=not rows)
 
     def _forward(self, problem, q, extras, recorded: dict):

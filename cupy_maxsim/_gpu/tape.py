@@ -59,7 +59,7 @@ class Tape:
         the launches may read that stay the same (kept alive here)."""
         if getattr(_active, "tape", None) is not None:
             raise RuntimeError("a tape is recording already on this thread")
-        self._inputs = tuple(_pointer_of(x) for x in inputs)
+        self._inputs = tuple(pointer_of(x) for x in inputs)
         self._fixed = tuple(x for x in fixed if x is not None)
         _active.tape = self
         try:
@@ -83,7 +83,7 @@ class Tape:
         pointer it cannot place, another kind of launch, an answer it did not allocate)."""
         by_pointer = {array.data.ptr: n for n, (array, _, _, _) in enumerate(self._allocations)}
         inputs = {pointer: n for n, pointer in enumerate(self._inputs) if pointer}
-        fixed = {_pointer_of(x) for x in self._fixed}
+        fixed = {pointer_of(x) for x in self._fixed}
         answers = []
         for array in arrays:
             at = by_pointer.get(array.data.ptr)
@@ -139,7 +139,7 @@ class Tape:
         return self._steps is not None
 
 
-def _pointer_of(array) -> int:
+def pointer_of(array) -> int:
     """A CuPy array's or torch tensor's device address; 0 for None."""
     if array is None:
         return 0
