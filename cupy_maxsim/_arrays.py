@@ -413,3 +413,13 @@ def answer(host_results, like: Operand) -> tuple:
             out = [cupy.asarray(x) for x in out]
     output = Output(like)
     return tuple(output.wrap(x) for x in out)
+
+
+def cast(x, dtype: str):
+    """``x`` as ``dtype`` in its own framework (an Index's queries cast to its stored format:
+    the results follow the framework of the query)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+
+        return x.to(getattr(torch, dtype))
+    return x.astype(dtype)

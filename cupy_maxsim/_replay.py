@@ -23,6 +23,7 @@ from ._gpu import device as gpu_device
 from ._gpu import launch as gpu_launch
 from ._gpu import tma
 from ._gpu.args import FORWARD_ARGS, FORWARD_HEAD, ArgTemplate, forward_args
+from ._gpu.tape import Tape, pointer_of
 from .tuning import current
 
 ITEMSIZE = _arrays.ITEMSIZE
@@ -182,3 +183,111 @@ def replayed(key, q, d, extras=NO_EXTRAS):
     or None: no key, none recorded, or the general path must answer."""
     replay = replays.get(key) if key is not None else None
     return None if replay is None else replay(q, d, extras)
+
+
+def score_key(q, d, argmax, q_mask=None, d_mask=None, q_scale=None, d_scale=None):
+    """(replay_key of a score call, the ``extras`` its replay takes): score's and search's one
+    way of keying a forward (no extras at all keys shorter: the common call's key)."""
+    if q_mask is None and d_mask is None and q_scale is None and d_scale is None:
+        return replay_key(q, d, argmax), NO_EXTRAS
+    extras = (q_mask, d_mask, q_scale, d_scale)
+    return replay_key(q, d, argmax, extras), extras
+
+
+#: Recorded searches (:class:`SearchReplay`, or None: not replayable) of padded corpora, by
+#: score_key + (k, workspace bytes).
+search_replays = Cache("search replays")
+
+
+class SearchReplay:
+    """A repeated search replayed whole (CuPy queries of one signature, no winners, the corpus
+    scored as one block): an int8 index's query quantisation and the selection with its finish
+    from their tapes (_gpu.tape), the forward from its Replay; nothing validated, planned or
+    packed again (the signature, and an Index's store version, are the key)."""
+
+    def __init__(self, like, single: bool, quantize, forward: Replay, selection):
+        self.like, self.single = like, single
+        self.quantize, self.forward, self.selection = quantize, forward, selection
+
+    def __call__(self, q, d, extras):
+        """(scores, ids) in the caller's framework, or None where the general path must answer.
+        ``extras``: (q_mask, d_mask, q_scale, d_scale) as the forward takes them (q_scale from
+        the quantisation, where the search quantises the query)."""
+        stream = self.like.stream
+        with gpu_device.on_device(self.like.device), gpu_device.on_stream(stream):
+            stream_ptr = stream if stream is not None else _current_stream()
+            if self.quantize is not None:
+                q_mask = extras[0]
+                q, q_scale = self.quantize.replay(stream_ptr, (pointer_of(q), pointer_of(q_mask)))
+                extras = (q_mask, extras[1], q_scale, extras[3])
+            scores = self.forward(q, d, extras)
+            if scores is None:
+                return None
+            answer = self.selection.replay(stream_ptr, (pointer_of(scores),))
+        output = _arrays.Output(self.like)
+        return tuple(output.wrap(x[0] if self.single else x) for x in answer)
+
+
+def _current_stream() -> int:
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+class SearchRecorder:
+    """The tapes of a search's general path (an int8 index's query quantisation; the selection
+    and finish), made into a SearchReplay once the path has answered."""
+
+    def __init__(self):
+        self.quantize, self.selection = None, Tape()
+
+    def quantized(self, q, q_mask):
+        """quantize.quantize_int8(q, mask=q_mask), recorded."""
+        from . import quantize
+
+        self.quantize = Tape()
+        with self.quantize.recording((q, q_mask)):
+            values, scales = quantize.quantize_int8(q, mask=q_mask)
+        self.quantize.answered(values, scales)
+        return values, scales
+
+    def replay(self, problem, forward: Replay | None) -> SearchReplay | None:
+        """The replay of the search just run, whose forward is ``forward`` (None: not recorded),
+        or None where a part of it cannot be replayed."""
+        if forward is None or not self.selection.replayable or not (self.quantize is None or self.quantize.replayable):
+            return None
+        return SearchReplay(problem.like.with_changes(ptr=0, keepalive=None), problem.single, self.quantize, forward,
+                            self.selection)
+
+
+class IndexReplays:
+    """An Index's recorded forwards (by replay_key) and searches (by their score_key + (k,
+    workspace bytes)), for the store version they were recorded on: a new documents, offsets,
+    live set or ids array (each replaced, never changed in place) drops them, since the records
+    hold their pointers."""
+
+    def __init__(self):
+        self._version, self.forwards, self.searches = (), {}, {}
+
+    def of(self, *version) -> "IndexReplays":
+        """These records, emptied first where ``version`` (the store's arrays: the documents
+        first, then their scales) is not theirs."""
+        if len(version) != len(self._version) or any(a is not b for a, b in zip(version, self._version)):
+            self._version, self.forwards, self.searches = version, {}, {}
+        return self
+
+    def searched(self, q, q_mask, k: int, workspace_bytes: int) -> tuple:
+        """(the answer of a replayed search, or None; the search's key; a SearchRecorder where the
+        general path should record it, else None) of an Index search without filter, winners,
+        rows or q_scale."""
+        tokens, scales = self._version[:2]
+        key = score_key(q, tokens, False, q_mask)[0]
+        key = None if key is None else key + (k, workspace_bytes)
+        replay = self.searches.get(key)
+        found = None if replay is None else replay(q, tokens, (q_mask, None, None, scales))
+        return found, key, None if key is None or key in self.searches else SearchRecorder()
+
+    def settle(self, key, recorder: SearchRecorder, problem, q, extras) -> None:
+        """Keep the replay of the search ``recorder`` saw (``q`` and ``extras`` as its forward
+        took them), or None where it cannot be replayed: the key is not recorded again."""
+        self.searches[key] = recorder.replay(problem, self.forwards.get(replay_key(q, self._version[0], False, extras)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _arrays, _documents, scoring, search as _search
+from . import _arrays, _documents, _topk, scoring, search as _search
 
 
 def in_one_call(xp) -> bool:
@@ -47,14 +47,14 @@ def rescored(index, q, q_mask, rows, k, return_argmax, like):
         exact, winners = exact_scores(index, q, q_mask, tokens, union_offsets, columns, single, return_argmax, xp)
         absent = xp.asarray(missing)
         exact = xp.where(absent, -np.inf, exact)
-        order = _search._stable_argsort(xp, -exact)  # descending, NaN last; then the absent last
-        order = _search.along_rows(xp, order, _search._stable_argsort(xp, _search.along_rows(
+        order = _topk.stable_argsort(xp, -exact)  # descending, NaN last; then the absent last
+        order = _topk.along_rows(xp, order, _topk.stable_argsort(xp, _topk.along_rows(
             xp, absent, order).astype(xp.int8)))[:, :k]
         order = xp.ascontiguousarray(order)
-        found = _search.along_rows(xp, xp.asarray(rows), order)
+        found = _topk.along_rows(xp, xp.asarray(rows), order)
         real = found >= 0
         store_ids = index._ids_on_device() if xp is index._xp else xp.asarray(index._ids if index._ids.size else np.full(1, -1))
-        out = [xp.where(real, _search.along_rows(xp, exact, order), -np.inf).astype(np.float32),
+        out = [xp.where(real, _topk.along_rows(xp, exact, order), -np.inf).astype(np.float32),
                _search.mapped_ids(xp, found, store_ids)]
         if return_argmax:
             out.append(xp.where(real[..., None], xp.take_along_axis(winners, order[..., None], axis=1), -1))

@@ -10,6 +10,8 @@ lower position.
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Element classes (the kernel's TOPK_PADDING, TOPK_EXCLUDED, TOPK_LIVE).
 PADDING, EXCLUDED, LIVE = 0, 1, 2
 #: A segment is at least this many times k: a round keeps at most 1 / SEGMENT_OVER_K of what it reads.
@@ -57,3 +59,9 @@ def along_rows(xp, values, at):
     rows, n = values.shape
     flat = at if rows == 1 else at + xp.arange(0, rows * n, n, dtype=xp.int64)[:, None]
     return xp.take(values.reshape(-1), flat)
+
+
+def stable_argsort(xp, keys):
+    """Along the last axis, equal keys in their order (CuPy's argsort is always stable and
+    takes no ``kind``): search's sorts, the rescoring's and the shards' merge."""
+    return xp.argsort(keys, axis=-1, kind="stable") if xp is np else xp.argsort(keys, axis=-1)

@@ -77,7 +77,7 @@ class Index:
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
         self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
         self._offsets_cache = self._allowed_cache = (None,)  # per store version: _host_offsets, _allowed_on_device
-        self._forward_replays = (None, None, {})  # per store version: _forward's recorded launches
+        self._replays = _replay.IndexReplays()  # per store version: recorded forwards and searches
         self._alive = np.zeros((0,), dtype=bool)
         self._next_id = 0
 
@@ -250,7 +250,13 @@ class Index:
         return _rescore.rescored(self, q, q_mask, rows, k, return_argmax, like)
 
     def _search(self, q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes, rows=False):
-        """search() from the store; ``rows``: (like, scores, storage rows), unwrapped."""
+        """search() from the store; ``rows``: (like, scores, storage rows), unwrapped. A GPU
+        store's search of a repeated signature is replayed (_replay.SearchReplay)."""
+        replays = self._replays.of(self._tokens, self._scales, self._offsets, self._alive, self._ids)
+        replayable = filter is None and q_scale is None and not (return_argmax or rows or self._streamed)
+        found, key, recorder = replays.searched(q, q_mask, k, workspace_bytes) if replayable else (None,) * 3
+        if found is not None:
+            return found
         # (read, never written: _alive is replaced by remove(), not changed in place)
         allowed = self._alive if filter is None else self._alive & self._filter_rows(filter)
         scales = {} if q_scale is None else {"q_scale": q_scale}
@@ -259,10 +265,11 @@ class Index:
             raise TypeError(f"q must have dtype {', '.join(_FLOAT_QUERIES)}{' or int8' * (self._scales is not None)} "
                             f"(the index stores {self.dtype}), got {q_dtype}")
         if self._scales is None and q_dtype != self.dtype:  # queries (small) cast to the stored format
-            q = _cast(q, self.dtype)
+            q, recorder = _arrays.cast(q, self.dtype), None  # (a replay would skip the cast)
         if self._scales is not None:  # float queries quantised once, not once per block
             if q_dtype != "int8":
-                q, q_scale = quantize.quantize_int8(q, mask=q_mask)
+                q, q_scale = (quantize.quantize_int8(q, mask=q_mask) if recorder is None
+                              else recorder.quantized(q, q_mask))
                 scales["q_scale"] = q_scale
             scales["d_scale"] = self._scales
         if self._streamed:
@@ -272,27 +279,29 @@ class Index:
         problem, _ = packed_problem(q, self._tokens, self._offsets, q_mask, scales.get("q_scale"),
                                     scales.get("d_scale"), return_argmax, (0, int(host_offsets[-1]), longest))
         allowed_device = self._allowed_on_device() if filter is None else self._to_store_device(allowed)
+        extras = (q_mask, None, scales.get("q_scale"), scales.get("d_scale"))
 
         def block(start, stop):  # (its offsets are the store's: checked when they were stored)
             if (start, stop) == (0, problem.num_docs):  # (every document: the problem above, not validated again)
-                return self._forward(problem, q, (q_mask, None, scales.get("q_scale"), scales.get("d_scale")))
+                return self._forward(problem, q, extras, replays.forwards)
             return scoring.score_packed_with_bounds(
                 q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
 
         ids = None if rows else self._ids_on_device()  # (search answers with them: no mapping after)
-        return self._answered(problem, _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids),
-                              rows, mapped=not rows)
+        results = _search._top_k(problem, block, k, workspace_bytes, allowed_device, ids=ids,
+                                 tape=None if recorder is None else recorder.selection)
+        if recorder is not None:
+            replays.settle(key, recorder, problem, q, extras)
+        return self._answered(problem, results, rows, mapped=not rows)
 
-    def _forward(self, problem, q, extras):
+    def _forward(self, problem, q, extras, recorded: dict):
         """The scores (and winners) of ``problem``, one block of every stored document; on a GPU
-        replayed from this store version's records where the query's signature repeats
-        (_replay.run_recorded). ``extras``: (q_mask, None, q_scale, d_scale)."""
+        replayed from this store version's ``recorded`` forwards where the query's signature
+        repeats (_replay.run_recorded). ``extras``: (q_mask, None, q_scale, d_scale)."""
         if not problem.q.on_gpu:
             return scoring.score_problem(problem)
-        if self._forward_replays[0] is not self._tokens or self._forward_replays[1] is not self._offsets:
-            self._forward_replays = (self._tokens, self._offsets, {})  # (records hold the store's pointers)
-        return _replay.run_recorded(self._forward_replays[2], problem, q, self._tokens, extras)
+        return _replay.run_recorded(recorded, problem, q, self._tokens, extras)
 
     def _answered(self, problem, results, rows, mapped=False):
         """search's results with storage rows mapped to the index's ids (``mapped``: search
@@ -455,15 +464,6 @@ class Index:
             return allowed
         ids = _id_array(values, "filter")
         return np.isin(self._ids, ids)
-
-
-def _cast(x, dtype: str):
-    """``x`` as ``dtype`` in its own framework (the results follow the framework of the query)."""
-    if type(x).__module__.split(".")[0] == "torch":
-        import torch
-
-        return x.to(getattr(torch, dtype))
-    return x.astype(dtype)
 
 
 def _progress(iterable, total: int, what: str, enabled: bool):

@@ -46,11 +46,7 @@ def score(q, d, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, return_
         Only with ``return_argmax``: ``argmax[i, n, t]`` is the first ``j`` reaching the max
         for query token ``t``; -1 for a masked query token or a document with no real token.
     """
-    if q_mask is None and d_mask is None and q_scale is None and d_scale is None:
-        extras = _replay.NO_EXTRAS
-    else:
-        extras = (q_mask, d_mask, q_scale, d_scale)
-    replay_key = _replay.replay_key(q, d, return_argmax, extras)
+    replay_key, extras = _replay.score_key(q, d, return_argmax, q_mask, d_mask, q_scale, d_scale)
     result = _replay.replayed(replay_key, q, d, extras)
     if result is not None:
         return result

@@ -15,9 +15,9 @@ import contextlib
 
 import numpy as np
 
-from . import _arrays, _topk, scoring, tuning
+from . import _arrays, _replay, _topk, scoring, tuning
 from ._problem import packed_problem, padded_problem
-from ._topk import along_rows
+from ._topk import along_rows, stable_argsort
 
 #: Bytes the per-block scores (and winners) may take: the workspace bound of a search.
 WORKSPACE_BYTES = 64 * 2**20
@@ -48,6 +48,15 @@ def search(q, d, k, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, ret
         Document indices into ``d``; -1 past the corpus.
     """
     k = _check_k(k)
+    # A repeated call of GPU arrays is replayed whole (_replay.SearchReplay: the forward, the
+    # selection and the finish with new pointers) where its first call scored one block.
+    forward_key, extras = _replay.score_key(q, d, False, q_mask, d_mask, q_scale, d_scale)
+    key = None if forward_key is None or return_argmax else forward_key + (k, workspace_bytes)
+    replay = _replay.search_replays.get(key)
+    found = None if replay is None else replay(q, d, extras)
+    if found is not None:
+        return found
+    recorder = _replay.SearchRecorder() if key is not None and key not in _replay.search_replays else None
     problem = padded_problem(q, d, q_mask, d_mask, q_scale, d_scale, return_argmax)
 
     def block(start, stop):
@@ -55,7 +64,10 @@ def search(q, d, k, *, q_mask=None, d_mask=None, q_scale=None, d_scale=None, ret
                              q_scale=q_scale, d_scale=None if d_scale is None else d_scale[start:stop],
                              return_argmax=return_argmax)
 
-    return _top_k(problem, block, k, workspace_bytes)
+    result = _top_k(problem, block, k, workspace_bytes, tape=None if recorder is None else recorder.selection)
+    if recorder is not None:
+        _replay.search_replays.put(key, recorder.replay(problem, _replay.replays.get(forward_key)))
+    return result
 
 
 def search_packed(q, tokens, offsets, k, *, q_mask=None, q_scale=None, d_scale=None, return_argmax=False,
@@ -84,9 +96,11 @@ def _check_k(k) -> int:
     return int(k)
 
 
-def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=None):
+def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=None, tape=None):
     """Score ``problem``'s documents block by block (``block(start, stop)`` -> the scoring
-    function's result for documents start..stop) and keep each query's k best; ``allowed``: a
+    function's result for documents start..stop) and keep each query's k best; ``tape``: a
+    _gpu.tape.Tape that records the selection and the finish of a one-block GPU search (the
+    block's scores its input), replayable where that path answered; ``allowed``: a
     boolean array over the documents (on their device), False never returned (an Index's
     removed and filtered-out documents); ``ranges``: the blocks' (start, stop), where the
     caller cuts them (a streamed corpus: by its buffers), else by ``workspace_bytes``; ``ids``:
@@ -111,13 +125,18 @@ def _top_k(problem, block, k, workspace_bytes, allowed=None, ranges=None, ids=No
             scores = _as_xp(scores, problem.single)
             argmax = None if argmax is None else _as_xp(argmax, problem.single).astype(problem.argmax_dtype)
             live = None if allowed is None else allowed[start:stop]
-            local, ranked = _selected(xp, scores, k, live)  # (rows, k) int32 indices into the block, or None: all
-            if ranked and len(ranges) == 1 and not winners:
-                # The whole answer in one launch: nothing compiles on a first search, nothing waits.
-                from ._gpu.launch import top_k_finish
+            one_block = len(ranges) == 1 and not winners
+            with (tape.recording((scores,), (live, ids)) if tape is not None and one_block and xp is not np
+                  else contextlib.nullcontext()):
+                local, ranked = _selected(xp, scores, k, live)  # (rows, k) int32 indices into the block, or None: all
+                if ranked and one_block:
+                    # The whole answer in one launch: nothing compiles on a first search, nothing waits.
+                    from ._gpu.launch import top_k_finish
 
-                out = top_k_finish(xp.ascontiguousarray(scores), local, start, live, ids) + (None,)
-                break
+                    out = top_k_finish(xp.ascontiguousarray(scores), local, start, live, ids) + (None,)
+                    if tape is not None:
+                        tape.answered(out[0], out[1])
+                    break
             if local is None:
                 found = xp.broadcast_to(xp.arange(start, stop, dtype=xp.int64), scores.shape)
             else:
@@ -193,10 +212,10 @@ def _best_of(xp, scores, ids, argmax, k, excluding=False):
     candidates come in ascending id order within each row), ``-inf`` then NaN last, excluded
     candidates (id -1) after all. A stable sort of -score does all but the last: -(-inf) sorts
     after finite keys, NaN after everything; a stable sort on exclusion then keeps that order."""
-    order = _stable_argsort(xp, -scores)
+    order = stable_argsort(xp, -scores)
     if excluding:  # (a third sort only where an Index excludes documents)
         excluded = along_rows(xp, ids, order) < 0
-        order = along_rows(xp, order, _stable_argsort(xp, excluded.astype(xp.int8)))
+        order = along_rows(xp, order, stable_argsort(xp, excluded.astype(xp.int8)))
     order = xp.ascontiguousarray(order[:, :k])
     take = lambda x: along_rows(xp, x, order)  # noqa: E731
     chosen_argmax = None if argmax is None else xp.take_along_axis(argmax, order[..., None], axis=1)
@@ -221,17 +240,11 @@ def _merged(xp, best, candidate, k, excluding, in_order):
     return scores, ids, argmax
 
 
-def _stable_argsort(xp, keys):
-    """Along the last axis, equal keys in their order (CuPy's argsort is always stable and
-    takes no ``kind``)."""
-    return xp.argsort(keys, axis=-1, kind="stable") if xp is np else xp.argsort(keys, axis=-1)
-
-
 def _joined(xp, best, candidate):
     """Two rows' candidate lists as one, in ascending id order (what _best_of's ties need)."""
     scores = xp.concatenate([best[0], candidate[0]], axis=-1)
     ids = xp.concatenate([best[1], candidate[1]], axis=-1)
-    order = _stable_argsort(xp, ids)
+    order = stable_argsort(xp, ids)
     argmax = None
     if best[2] is not None:
         argmax = xp.take_along_axis(xp.concatenate([best[2], candidate[2]], axis=1), order[..., None], axis=1)

@@ -23,7 +23,8 @@ import numpy as np
 from . import _arrays, _documents, streaming
 from .index import Index, _id_array, _parse_device
 from ._gpu.device import on_device, on_stream
-from .search import _check_k, _stable_argsort
+from ._topk import stable_argsort
+from .search import _check_k
 
 
 MANIFEST = "sharded.json"
@@ -268,11 +269,11 @@ def _merge_order(xp, scores, ids, k: int):
     the three sorts' 23, and a quicksort's 5.7); else three stable sorts (ids, then scores,
     then missing), each kept by the next."""
     if scores.dtype == np.float32 and int(ids.max(initial=-1) if xp is np else ids.max()) < 2**32:
-        return _stable_argsort(xp, merge_keys(xp, scores, ids))[:, :k]
-    order = _stable_argsort(xp, xp.where(ids < 0, np.iinfo(np.int64).max, ids))  # ids ascending
-    order = xp.take_along_axis(order, _stable_argsort(xp, -xp.take_along_axis(scores, order, 1)), 1)
+        return stable_argsort(xp, merge_keys(xp, scores, ids))[:, :k]
+    order = stable_argsort(xp, xp.where(ids < 0, np.iinfo(np.int64).max, ids))  # ids ascending
+    order = xp.take_along_axis(order, stable_argsort(xp, -xp.take_along_axis(scores, order, 1)), 1)
     missing = xp.take_along_axis(ids, order, 1) < 0
-    return xp.take_along_axis(order, _stable_argsort(xp, missing.astype(np.int8)), 1)[:, :k]
+    return xp.take_along_axis(order, stable_argsort(xp, missing.astype(np.int8)), 1)[:, :k]
 
 
 def merge_keys(xp, scores, ids):

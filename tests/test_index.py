@@ -417,7 +417,56 @@ def test_gpu_index_search_replays_its_forward(dtype):
             np.testing.assert_array_equal(got[1].get(), want[1].get())  # (ids are positions: nothing removed)
             if argmax:
                 np.testing.assert_array_equal(got[2].get(), want[2].get())
-        assert len(index._forward_replays[2]) == 2 and index._forward_replays[0] is index._tokens
+        assert len(index._replays.forwards) == 2 and index._replays._version[0] is index._tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+@pytest.mark.parametrize("corpus", [300, 20000])  # (one selection round; the wide selection)
+def test_gpu_index_search_replays_the_whole_search(dtype, corpus, monkeypatch):
+    """A repeated GPU Index search (CuPy queries, no filter) is replayed whole: an int8 index's
+    query quantisation, the forward, the selection and the finish, from tapes recorded by the
+    first call of each signature (one query or several, masked or not, k small or large); the
+    answers are the general path's (the same search with a filter of every live id, which is
+    never replayed), with new query arrays each time and across store versions (documents
+    removed, then added)."""
+    import cupy
+
+    import importlib
+
+    search_module = importlib.import_module("cupy_maxsim.search")  # (cupy_maxsim.search is the function)
+
+    rng, dim = np.random.default_rng(23), 64
+    general_calls = []
+    general = search_module._top_k
+    monkeypatch.setattr(search_module, "_top_k", lambda *a, **kw: general_calls.append(1) or general(*a, **kw))
+
+    def documents(count):
+        lengths = rng.integers(1, 24, count)
+        tokens = unit_rows(rng, (int(lengths.sum()), dim), np.float32)
+        return cupy.asarray(tokens), cupy.asarray(np.concatenate([[0], np.cumsum(lengths)]))
+
+    index = cm.Index(dim, dtype=dtype, device="cuda")
+    index.add(documents(corpus))
+    shapes = [((6, dim), None), ((4, 6, dim), (4, 6))]
+    for version in range(3):
+        if version == 1:
+            index.remove(rng.choice(index.ids, corpus // 7, replace=False))
+        if version == 2:
+            index.add(documents(40))
+        for k in (12, 900):
+            for shape, mask_shape in shapes:
+                for repeat in range(3):
+                    q = cupy.asarray(unit_rows(rng, shape, np.float32).astype(np.float16))
+                    q_mask = None if mask_shape is None else cupy.asarray(rng.random(mask_shape) < 0.8)
+                    before = len(general_calls)
+                    got = index.search(q, k, q_mask=q_mask)
+                    replayed = repeat > 0 and k < corpus  # (k past the stored documents: no selection to record)
+                    assert len(general_calls) - before == (0 if replayed else 1), (version, k, shape, repeat)
+                    want = index.search(q, k, q_mask=q_mask, filter=index.ids)
+                    np.testing.assert_array_equal(got[0].get(), want[0].get())
+                    np.testing.assert_array_equal(got[1].get(), want[1].get())
+                    assert type(got[0]) is cupy.ndarray and got[0].shape == got[1].shape == shape[:-2] + (k,)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])

@@ -163,6 +163,46 @@ def test_search_on_gpu(framework):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+@pytest.mark.parametrize("corpus", [300, 20000])  # (one selection round; the wide selection)
+def test_a_repeated_gpu_search_is_replayed_whole(framework, corpus, monkeypatch):
+    """The second and later calls of a GPU search's signature run no general path (the forward,
+    the selection and the finish replayed with new pointers, search_replays) and answer as score
+    plus a stable top-k does, for new arrays each time: one query or several, masks or not, k
+    small and large; where k passes the corpus nothing is recorded (no selection), and winners
+    are never replayed."""
+    from support import replay_device
+
+    import importlib
+
+    search_module = importlib.import_module("cupy_maxsim.search")  # (cupy_maxsim.search is the function)
+
+    device = replay_device(framework)
+    general_calls = []
+    general = search_module._top_k
+    monkeypatch.setattr(search_module, "_top_k", lambda *a, **kw: general_calls.append(1) or general(*a, **kw))
+    rng = np.random.default_rng(31)
+    for k in (7, 900):
+        for nq, masked in ((None, False), (3, True)):
+            for repeat in range(3):
+                q, d, mask = _corpus(rng, nq=nq or 1, nd=corpus, ld=9, dim=64)
+                q, d = device((q[0] if nq is None else q).astype(np.float16)), device(d.astype(np.float16))
+                d_mask = device(mask) if masked else None
+                before = len(general_calls)
+                scores, ids = cm.search(q, d, k, d_mask=d_mask)
+                replayed = repeat > 0 and k < corpus
+                assert len(general_calls) - before == (0 if replayed else 1), (k, nq, masked, repeat)
+                want_scores, want_ids = expected_top_k(to_numpy(cm.score(q, d, d_mask=d_mask)), k)
+                np.testing.assert_array_equal(np.atleast_2d(to_numpy(ids)), want_ids)
+                np.testing.assert_array_equal(np.atleast_2d(to_numpy(scores)), want_scores)
+                assert type(scores) is type(q) and tuple(scores.shape) == ((k,) if nq is None else (nq, k))
+    before = len(general_calls)
+    for _ in range(2):
+        cm.search(q, d, 7, d_mask=d_mask, return_argmax=True)
+    assert len(general_calls) - before == 2
+
+
+@pytest.mark.gpu
 def test_search_packed_reads_device_offsets_back_once(monkeypatch):
     """search_packed over device offsets checks them once (one launch, one read back, one wait
     for the stream) where one block holds every document, and answers as score_packed + a

@@ -16,6 +16,7 @@ from .._cache import Cache
 from .args import ArgTemplate
 from .compile import get_kernel
 from .device import device_properties, on_device, on_stream
+from .tape import allocated, recording_tape
 
 def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None, cooperative: bool = False) -> None:
     """Launch with by-value struct arguments (``args``: one from :class:`ArgStruct`, a tuple of
@@ -37,6 +38,9 @@ def launch(kernel, grid, block, args, shared_bytes: int, stream_ptr: int | None,
         values = [ctypes.create_string_buffer(a, len(a)) for a in ((args,) if isinstance(args, bytes) else args)]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
     geometry = _launch_geometry(grid, block, shared_bytes)
+    tape = recording_tape()
+    if tape is not None:
+        tape.note_launch(kernel, entry[1], geometry, cooperative, args if isinstance(args, Scalars) else None)
     if cooperative:
         driver.launchCooperativeKernel(entry[1], *geometry, _stream_or_current(stream_ptr), ctypes.addressof(params))
     else:
@@ -138,6 +142,7 @@ class Scalars(typing.NamedTuple):
 
     packed: bytes
     offsets: tuple[int, ...]
+    codes: str  # each parameter's struct code (Q: a pointer)
 
 
 def scalars(kernel: str, *values) -> Scalars:
@@ -146,7 +151,7 @@ def scalars(kernel: str, *values) -> Scalars:
     layout, offsets = _scalar_layout(kernel)
     if len(offsets) != len(values):
         raise ValueError(f"{kernel} takes {len(offsets)} parameters, got {len(values)}")
-    return Scalars(layout.pack(*values), offsets)
+    return Scalars(layout.pack(*values), offsets, SMALL_KERNEL_PARAMETERS[kernel])
 
 
 def _scalar_layout(kernel: str) -> tuple[struct.Struct, tuple[int, ...]]:
@@ -211,7 +216,7 @@ def top_k_select(scores, k: int, segment_length: int, allowed, positions, ranked
     segments = -(-width // segment_length)
     if ranked and (segments != 1 or k > TOPK_RANKED_MAX):
         raise ValueError(f"a ranked selection is one segment of at most {TOPK_RANKED_MAX}, got {segments} and k={k}")
-    chosen = cupy.empty((rows, segments, k), cupy.int32)
+    chosen = allocated((rows, segments, k), cupy.int32)
     if rows:
         shared = 4 * TOPK_CACHED_KEYS
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_select", shared_bytes=shared)
@@ -246,8 +251,8 @@ def top_k_wide(scores, k: int, allowed):
     if blocks < 1:
         return None
     row_ints = TOPK_WIDE_HEAD + 256 * chunks
-    state = cupy.zeros(rows * row_ints + 1, cupy.int32)  # (+1: the grid barrier's count)
-    candidates, chosen = cupy.empty((rows, k), cupy.int32), cupy.empty((rows, k), cupy.int32)
+    state = allocated((rows * row_ints + 1,), cupy.int32, zeroed=True)  # (+1: the grid barrier's count)
+    candidates, chosen = allocated((rows, k), cupy.int32), allocated((rows, k), cupy.int32)
     if rows:
         launch(kernel, (blocks, rows), (TOPK_THREADS,),
                scalars("maxsim_topk_wide", scores.data.ptr, n, n, k, _pointer(allowed), state.data.ptr,
@@ -268,7 +273,7 @@ def top_k_finish(scores, chosen, start: int, allowed, ids):
     import cupy
 
     rows, k = chosen.shape
-    out_scores, out_ids = cupy.empty((rows, k), cupy.float32), cupy.empty((rows, k), cupy.int64)
+    out_scores, out_ids = allocated((rows, k), cupy.float32), allocated((rows, k), cupy.int64)
     if rows and k:
         kernel = get_kernel(scores.device.id, "maxsim_topk", "maxsim_topk_finish")
         launch(kernel, (-(-k // TOPK_FINISH_THREADS), rows), (TOPK_FINISH_THREADS,),
@@ -312,7 +317,7 @@ def quantize_int8(rows, suffix: str, mask):
     import cupy
 
     count, dim = rows.shape
-    values, scales = cupy.empty((count, dim), cupy.int8), cupy.empty(count, cupy.float32)
+    values, scales = allocated((count, dim), cupy.int8), allocated((count,), cupy.float32)
     if count:
         sms = device_properties(rows.device.id)[0]
         blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
