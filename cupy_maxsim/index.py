@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _arrays, _documents, _replay, _rescore, quantize, scoring, search as _search, streaming
+from ._ids import id_array, new_ids
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -198,7 +199,7 @@ class Index:
     def remove(self, ids) -> int:
         """Remove the documents of ``ids`` (each must be in the index); returns how many. The
         store is compacted once removed tokens outnumber live ones."""
-        wanted = _id_array(ids, "ids")
+        wanted = id_array(ids, "ids")
         rows = self._rows_of(wanted, "ids")
         self._alive = self._alive.copy()  # (a new version: _allowed_on_device caches by identity)
         self._alive[rows] = False
@@ -426,17 +427,8 @@ class Index:
         return cupy.cuda.Device(self._gpu)
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
-        if ids is None:
-            return np.arange(self._next_id, self._next_id + count, dtype=np.int64)
-        new = _id_array(ids, "ids")
-        if new.shape[0] != count:
-            raise ValueError(f"ids must give one id per document: {count} documents, {new.shape[0]} ids")
-        if np.unique(new).shape[0] != count:
-            raise ValueError("ids must be unique")
-        taken = np.isin(new, self._ids)  # live, or removed and not yet compacted away
-        if taken.any():
-            raise ValueError(f"ids already in the index (or removed, before compact()): {new[taken][:5].tolist()}")
-        return new
+        # (a removed id stays taken until compact() drops it)
+        return new_ids(ids, count, self._next_id, self._ids, " (or removed, before compact())")
 
     def _rows_of(self, ids: np.ndarray, name: str) -> np.ndarray:
         """Storage rows of live ``ids``; ValueError naming any that is not in the index."""
@@ -462,7 +454,7 @@ class Index:
             allowed = np.zeros(self._ids.shape[0], bool)
             allowed[np.flatnonzero(self._alive)[values]] = True
             return allowed
-        ids = _id_array(values, "filter")
+        ids = id_array(values, "filter")
         return np.isin(self._ids, ids)
 
 
@@ -486,9 +478,3 @@ def _parse_device(device) -> int | None:
             return int(number)
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
-
-def _id_array(ids, name: str) -> np.ndarray:
-    values = np.asarray(_arrays.to_host(_arrays.as_operand(ids, name)) if not isinstance(ids, (list, tuple, range)) else ids)
-    if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
-        raise TypeError(f"{name} must be a 1-D array of integer ids, got dtype {values.dtype} shape {values.shape}")
-    return values.astype(np.int64)
