@@ -1,7 +1,9 @@
 """Host time of ``add(copy=None)`` (the corpus kept as it is, nothing copied) of a host corpus
 into a CPU Index and a ShardedIndex, with ids assigned and given (shuffled), beside NumPy's
 ``np.unique`` of the same ids (what the checks of added ids took until 2026-12-05: 6.2 s of the
-108 GB corpus's add on the H200 machine was its 6M ids). Runs on any machine, no GPU.
+108 GB corpus's add on the H200 machine was its 6M ids), and of a search filter's rows (an
+allow-list of 1,000 ids made into a boolean over the stored documents, each filtered search).
+Runs on any machine, no GPU.
 
     python bench/add_probe.py [--docs 6032547] > bench/results/add-probe-<date>-<commit>.txt
 """
@@ -40,6 +42,12 @@ def main():
             start = time.perf_counter()
             index.add((tokens, offsets), ids=ids, copy=None)
             print(f"| {name}.add(copy=None), ids {given} | {time.perf_counter() - start:.3f} |")
+            if name == "Index":
+                allow = np.random.default_rng(1).choice(docs, 1000, replace=False)
+                index._filter_rows(allow)  # (a first call may take the ids' sorted view)
+                start = time.perf_counter()
+                index._filter_rows(allow)
+                print(f"| Index filter of 1,000 ids, ids {given} (a search's host step) | {time.perf_counter() - start:.4f} |")
 
 
 if __name__ == "__main__":

@@ -45,3 +45,24 @@ def new_ids(ids, count: int, next_id: int, taken: np.ndarray, taken_note: str = 
     if clash.any():
         raise ValueError(f"ids already in the index{taken_note}: {new[clash][:5].tolist()}")
     return new
+
+
+def sorted_view(ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(the stable argsort of ``ids``, or None where they already increase, as assigned ids
+    do; ``ids`` in that order): what :func:`find` searches, taken once per version of an index's
+    ids."""
+    if ids.shape[0] < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return None, ids
+    order = np.argsort(ids, kind="stable")
+    return order, ids[order]
+
+
+def find(view: tuple[np.ndarray | None, np.ndarray], wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a row of the viewed ids holding each of ``wanted``, whether one does: rows of the ids not
+    found are any row), by binary search: a filter of 1,000 ids against 6M costs microseconds
+    where ``np.isin`` over the 6M took 0.25 s."""
+    order, ordered = view
+    if not ordered.shape[0]:
+        return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)
+    position = np.minimum(np.searchsorted(ordered, wanted), ordered.shape[0] - 1)
+    return (position if order is None else order[position]), ordered[position] == wanted

@@ -38,3 +38,15 @@ def test_new_ids_assigned_and_checked():
         _ids.new_ids(np.array([1.5, 2.0]), 2, 0, taken)
     with pytest.raises(TypeError, match="ids must be a 1-D array of integer ids"):
         _ids.new_ids(np.array([[1, 2]]), 2, 0, taken)
+
+
+@pytest.mark.parametrize("ids", [np.arange(50), np.random.default_rng(2).permutation(50) * 3 - 40, np.array([], np.int64),
+                                 np.array([9]), np.array([5, 1, 9, -3])])
+def test_find_is_a_lookup(ids):
+    ids = ids.astype(np.int64)
+    view = _ids.sorted_view(ids)
+    assert (view[0] is None) == bool(ids.shape[0] < 2 or (np.diff(ids) > 0).all())
+    wanted = np.concatenate([ids[::2], [-1000, 1000, 4, 7], ids[:3]]).astype(np.int64)
+    rows, found = _ids.find(view, wanted)
+    np.testing.assert_array_equal(found, np.isin(wanted, ids))
+    np.testing.assert_array_equal(ids[rows[found]], wanted[found])
