@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _arrays, _documents, _topk, scoring, search as _search
+from ._ids import sorted_unique
 
 
 def in_one_call(xp) -> bool:
@@ -37,7 +38,7 @@ def rescored(index, q, q_mask, rows, k, return_argmax, like):
     missing = rows == none
     rows[missing] = -1
     offsets = index._host_offsets()[0]
-    union = np.unique(rows[~missing])
+    union = sorted_unique(rows[~missing])
     lengths = offsets[union + 1] - offsets[union]
     union_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = index._exact[_documents.token_rows(offsets, union)]  # (the copy may be memory-mapped: one gather)
@@ -93,7 +94,7 @@ def exact_scores(index, q, q_mask, tokens, offsets, columns, single, return_argm
     scores = np.full(columns.shape, -np.inf, np.float32)
     winners = np.full(columns.shape + (q_host.shape[1],), -1, np.int32) if return_argmax else None
     for i in range(q_host.shape[0]):  # each query against its own shortlist only
-        mine = np.unique(columns[i])
+        mine = sorted_unique(columns[i])
         if not offsets[-1] and not mine.size:
             continue
         sub = np.concatenate([[0], np.cumsum(offsets[mine + 1] - offsets[mine])]).astype(np.int64)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, _replay, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _ids, _replay, _rescore, quantize, scoring, search as _search, streaming
+from ._ids import id_array, new_ids
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
@@ -76,6 +77,7 @@ class Index:
             self._offsets = xp.zeros((1,), dtype=np.int64)
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
         self._device_ids = None  # (the _ids they copy, on the store's device): _ids_on_device
+        self._id_view = None  # (the _ids it orders, _ids.sorted_view of them): _sorted_ids
         self._offsets_cache = self._allowed_cache = (None,)  # per store version: _host_offsets, _allowed_on_device
         self._replays = _replay.IndexReplays()  # per store version: recorded forwards and searches
         self._alive = np.zeros((0,), dtype=bool)
@@ -198,7 +200,7 @@ class Index:
     def remove(self, ids) -> int:
         """Remove the documents of ``ids`` (each must be in the index); returns how many. The
         store is compacted once removed tokens outnumber live ones."""
-        wanted = _id_array(ids, "ids")
+        wanted = id_array(ids, "ids")
         rows = self._rows_of(wanted, "ids")
         self._alive = self._alive.copy()  # (a new version: _allowed_on_device caches by identity)
         self._alive[rows] = False
@@ -426,28 +428,23 @@ class Index:
         return cupy.cuda.Device(self._gpu)
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
-        if ids is None:
-            return np.arange(self._next_id, self._next_id + count, dtype=np.int64)
-        new = _id_array(ids, "ids")
-        if new.shape[0] != count:
-            raise ValueError(f"ids must give one id per document: {count} documents, {new.shape[0]} ids")
-        if np.unique(new).shape[0] != count:
-            raise ValueError("ids must be unique")
-        taken = np.isin(new, self._ids)  # live, or removed and not yet compacted away
-        if taken.any():
-            raise ValueError(f"ids already in the index (or removed, before compact()): {new[taken][:5].tolist()}")
-        return new
+        # (a removed id stays taken until compact() drops it)
+        return new_ids(ids, count, self._next_id, self._ids, " (or removed, before compact())")
 
     def _rows_of(self, ids: np.ndarray, name: str) -> np.ndarray:
         """Storage rows of live ``ids``; ValueError naming any that is not in the index."""
-        order = np.argsort(self._ids, kind="stable")
-        position = np.searchsorted(self._ids[order], ids)
-        position = np.minimum(position, max(0, order.shape[0] - 1))
-        rows = order[position] if order.size else np.zeros(ids.shape, np.int64)
-        found = (self._ids[rows] == ids) & self._alive[rows] if order.size else np.zeros(ids.shape, bool)
+        rows, found = _ids.find(self._sorted_ids(), ids)
+        if self._alive.size:
+            found &= self._alive[rows]
         if not found.all():
             raise ValueError(f"{name} not in the index: {ids[~found][:5].tolist()}")
         return rows
+
+    def _sorted_ids(self):
+        """_ids.sorted_view of the ids, taken once per version (_ids is replaced, never changed)."""
+        if self._id_view is None or self._id_view[0] is not self._ids:
+            self._id_view = (self._ids, _ids.sorted_view(self._ids))
+        return self._id_view[1]
 
     def _filter_rows(self, filter) -> np.ndarray:
         """A boolean array over storage rows: True where ``filter`` allows the document."""
@@ -462,8 +459,10 @@ class Index:
             allowed = np.zeros(self._ids.shape[0], bool)
             allowed[np.flatnonzero(self._alive)[values]] = True
             return allowed
-        ids = _id_array(values, "filter")
-        return np.isin(self._ids, ids)
+        rows, found = _ids.find(self._sorted_ids(), id_array(values, "filter"))
+        allowed = np.zeros(self._ids.shape[0], bool)
+        allowed[rows[found]] = True
+        return allowed
 
 
 def _progress(iterable, total: int, what: str, enabled: bool):
@@ -486,9 +485,3 @@ def _parse_device(device) -> int | None:
             return int(number)
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
-
-def _id_array(ids, name: str) -> np.ndarray:
-    values = np.asarray(_arrays.to_host(_arrays.as_operand(ids, name)) if not isinstance(ids, (list, tuple, range)) else ids)
-    if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
-        raise TypeError(f"{name} must be a 1-D array of integer ids, got dtype {values.dtype} shape {values.shape}")
-    return values.astype(np.int64)

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from . import _arrays, streaming
-from .index import Index, _id_array
+from . import _arrays, _documents, _ids, streaming
+from ._ids import id_array
+from .index import Index
 from .search import _check_k
-from .shards import (_host_filter, array_on, assign_ids, check_loaded, merge_top_k, read_manifest, shard_folder,
+from .shards import (_host_filter, array_on, check_loaded, merge_top_k, read_manifest, shard_folder,
                      split_documents, write_manifest)
 
 
@@ -101,7 +102,7 @@ class RayIndex:
         return f"RayIndex(dim={self.dim}, dtype={self.dtype}, actors={len(self.actors)}, documents={len(self):,})"
 
     def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
-        new_ids = assign_ids(docs, ids, self._next_id, self.ids)
+        new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, self.ids)
         parts = list(split_documents(docs, mask, new_ids, len(self.actors)))
         self._gather([actor.add.remote(_host_docs(part), part_ids, None if part_mask is None else np.asarray(part_mask))
                       for actor, (part, part_mask, part_ids) in zip(self.actors, parts)])
@@ -110,7 +111,7 @@ class RayIndex:
         return new_ids
 
     def remove(self, ids) -> int:
-        wanted = _id_array(ids, "ids")
+        wanted = id_array(ids, "ids")
         mine = [np.isin(wanted, held) for held in self._held]
         missing = ~np.logical_or.reduce(mine)
         if missing.any():

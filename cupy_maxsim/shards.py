@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, streaming
-from .index import Index, _id_array, _parse_device
+from . import _arrays, _documents, _ids, streaming
+from ._ids import id_array
+from .index import Index, _parse_device
 from ._gpu.device import on_device, on_stream
 from ._topk import stable_argsort
 from .search import _check_k
@@ -81,7 +82,7 @@ class ShardedIndex:
         """As :meth:`Index.add`; the documents go to the shards in contiguous runs (with
         ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
         pair as they are: the corpus held once)."""
-        new_ids = assign_ids(docs, ids, self._next_id, np.concatenate([s._ids for s in self.shards]))
+        new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s._ids for s in self.shards]))
         parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
         if copy is False:  # (every shard asked before any adds: none or all keep their run)
             for n, (shard, (part, part_mask, part_ids)) in enumerate(zip(self.shards, parts)):
@@ -96,7 +97,7 @@ class ShardedIndex:
 
     def remove(self, ids) -> int:
         """As :meth:`Index.remove`: every id must be in one of the shards."""
-        wanted = _id_array(ids, "ids")
+        wanted = id_array(ids, "ids")
         held = [np.isin(wanted, shard.ids) for shard in self.shards]
         missing = ~np.logical_or.reduce(held) if held else np.ones(wanted.shape, bool)
         if missing.any():
@@ -210,21 +211,6 @@ def check_loaded(folder: Path, manifest: dict, documents: int) -> None:
         raise ValueError(f"{folder}: the shards hold {documents} documents, {MANIFEST} says {manifest['documents']}")
 
 
-def assign_ids(docs, ids, next_id: int, taken: np.ndarray) -> np.ndarray:
-    """The ids of documents being added: given (one each, unique, none taken) or the next free."""
-    count = _documents.count(docs)
-    if ids is None:
-        return np.arange(next_id, next_id + count, dtype=np.int64)
-    new = _id_array(ids, "ids")
-    if new.shape[0] != count:
-        raise ValueError(f"ids must give one id per document: {count} documents, {new.shape[0]} ids")
-    if np.unique(new).shape[0] != count:
-        raise ValueError("ids must be unique")
-    if np.isin(new, taken).any():
-        raise ValueError(f"ids already in the index: {new[np.isin(new, taken)][:5].tolist()}")
-    return new
-
-
 def split_documents(docs, mask, ids: np.ndarray, parts: int):
     """``parts`` contiguous runs of the documents: (docs, mask, ids) each, in add()'s forms."""
     count = ids.shape[0]
@@ -304,7 +290,7 @@ def _host_filter(filter, index):
         if values.shape != (len(index),):
             raise ValueError(f"filter as a boolean array must be shaped like index.ids ({len(index)},), got {values.shape}")
         return index.ids[values]
-    return _id_array(values, "filter")
+    return id_array(values, "filter")
 
 
 def array_on(x, device: str, name: str):

@@ -51,7 +51,7 @@ def test_add_every_layout_and_search():
 def test_given_ids_removes_then_adds_match_a_fresh_build():
     rng = np.random.default_rng(1)
     docs = _documents(rng, 40)
-    ids = np.arange(1000, 1040) * 7
+    ids = rng.permutation(np.arange(1000, 1040) * 7)  # (not increasing: the ids' sorted view)
     index = cm.Index(DIM, dtype="float16")
     index.add(docs[:25], ids=ids[:25])
     index.remove(ids[[2, 5, 6, 20]])
@@ -68,6 +68,8 @@ def test_given_ids_removes_then_adds_match_a_fresh_build():
         np.testing.assert_array_equal(got[1], want[1])
         np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # BLAS blocks by batch shape: last bits
         assert not np.isin(got[1], ids[[2, 5, 6, 20, 30]]).any()
+    allow = ids[[0, 2, 7, 31, 39, 12]]  # (2 is removed)
+    np.testing.assert_array_equal(index.search(q, 6, filter=allow)[1], fresh.search(q, 6, filter=allow)[1])
     assert sorted(index.ids) == sorted(ids[live]) and len(index) == 35
 
 
