@@ -358,7 +358,9 @@ class Index:
     def save(self, path, *, progress: bool = False) -> Path:
         """Write the index to directory ``path`` (created; removed documents compacted away
         first): tokens.npy, offsets.npy, ids.npy (and scales.npy for int8, exact.npy when it
-        rescores), manifest.json last (a folder without it is no index)."""
+        rescores), manifest.json last (a folder without it is no index). Each array goes to a
+        file of its own, renamed over the old one (_files.py): a save stopped midway leaves the
+        old index or none, and an index loaded from ``path`` may be saved back into it."""
         self.compact()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
