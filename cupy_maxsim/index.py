@@ -22,13 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, _ids, _replay, _rescore, quantize, scoring, search as _search, streaming
+from . import _arrays, _documents, _files, _ids, _replay, _rescore, quantize, scoring, search as _search, streaming
 from ._ids import id_array, new_ids
 from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
 FORMATS = ("float32", "float16", "int8")
 MANIFEST = "manifest.json"
+#: Every array a saved index may hold (a save removes those it does not write).
+ARRAYS = ("tokens", "offsets", "ids", "scales", "exact")
 FORMAT_NAME = "cupy-maxsim-index"
 VERSION = 1
 
@@ -152,7 +154,7 @@ class Index:
             stores = [(module, _documents.grown(module, old, total)) for module, old in
                       ((xp, self._tokens), (xp, self._scales), (np, self._exact)) if old is not None]
         offsets, at = [], top
-        for start in _progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
+        for start in _files.progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
             tokens, batch_offsets = _documents.packed(_documents.sliced(docs, start, start + batch_docs),
                                                       None if mask is None else mask[start:start + batch_docs], self.dim)
             if at + int(batch_offsets[-1]) > total:
@@ -356,7 +358,9 @@ class Index:
     def save(self, path, *, progress: bool = False) -> Path:
         """Write the index to directory ``path`` (created; removed documents compacted away
         first): tokens.npy, offsets.npy, ids.npy (and scales.npy for int8, exact.npy when it
-        rescores), manifest.json last (a folder without it is no index)."""
+        rescores), manifest.json last (a folder without it is no index). Each array goes to a
+        file of its own, renamed over the old one (_files.py): a save stopped midway leaves the
+        old index or none, and an index loaded from ``path`` may be saved back into it."""
         self.compact()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
@@ -365,12 +369,11 @@ class Index:
             arrays["scales"] = self._scales
         if self._exact is not None:
             arrays["exact"] = self._exact
-        for name in _progress(list(arrays), len(arrays), "saving", progress):
-            np.save(folder / f"{name}.npy", _arrays.to_host(arrays[name]), allow_pickle=False)
+        partial = _files.write_arrays(folder, arrays, progress)
         manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype, "rescore": self.rescore,
                     "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
                     "files": sorted(f"{name}.npy" for name in arrays)}
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        _files.commit(folder, MANIFEST, partial, ARRAYS, manifest)
         return folder
 
     @classmethod
@@ -389,21 +392,17 @@ class Index:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
         index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"),
                     gpu_budget_bytes=gpu_budget_bytes)
-        bar = iter(_progress(range(len(manifest.get("files", ()))), len(manifest.get("files", ())), "loading", progress))
-
-        def load(name):
-            next(bar, None)
-            return np.load(folder / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
-
-        with index._on_device():
-            xp = index._xp
-            index._tokens = load("tokens") if xp is np else xp.asarray(load("tokens"))
-            index._offsets = load("offsets") if xp is np else xp.asarray(load("offsets"))
-            if manifest["dtype"] == "int8":
-                index._scales = load("scales") if xp is np else xp.asarray(load("scales"))
-        if index.rescore is not None:
-            index._exact = load("exact")  # host, memory-mapped
-        index._ids = np.asarray(load("ids"))
+        # Every file memory-mapped, then (on a GPU, or without mmap) copied a chunk at a time.
+        stored = ["tokens", "offsets"] + (["scales"] if manifest["dtype"] == "int8" else [])
+        host = (["exact"] if index.rescore is not None else []) + ["ids"]
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False) for name in stored + host}
+        for xp, names in ((index._xp, stored), (np, host)):
+            if xp is not np or not mmap:
+                with index._on_device():
+                    arrays.update(_files.copied(xp, {name: arrays[name] for name in names}, progress))
+        index._tokens, index._offsets, index._scales = arrays["tokens"], arrays["offsets"], arrays.get("scales")
+        index._exact = arrays.get("exact")  # (host)
+        index._ids = np.asarray(arrays["ids"])
         index._alive = np.ones(index._ids.shape[0], bool)
         index._next_id = int(manifest["next_id"])
         if index._tokens.shape != (manifest["tokens"], manifest["dim"]) or index._ids.shape[0] != manifest["documents"]:
@@ -463,17 +462,6 @@ class Index:
         allowed = np.zeros(self._ids.shape[0], bool)
         allowed[rows[found]] = True
         return allowed
-
-
-def _progress(iterable, total: int, what: str, enabled: bool):
-    """``iterable`` behind a tqdm bar where asked for and tqdm is installed."""
-    if not enabled:
-        return iterable
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, total=total, desc=f"cupy_maxsim.Index: {what}")
 
 
 def _parse_device(device) -> int | None:

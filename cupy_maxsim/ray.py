@@ -24,7 +24,7 @@ from . import _arrays, _documents, _ids, streaming
 from ._ids import id_array
 from .index import Index
 from .search import _check_k
-from .shards import (_host_filter, array_on, check_loaded, merge_top_k, read_manifest, shard_folder,
+from .shards import (_host_filter, array_on, check_loaded, merge_top_k, read_manifest, retracted, shard_folder,
                      split_documents, write_manifest)
 
 
@@ -134,8 +134,7 @@ class RayIndex:
     def save(self, path) -> Path:
         """Write each actor's shard (on a file system every actor and the driver share) as
         ShardedIndex.save lays a sharded index out: either class loads it."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = retracted(path)
         self._gather([actor.save.remote(str(folder / shard_folder(n))) for n, actor in enumerate(self.actors)])
         return write_manifest(folder, self.dim, self.dtype, self.rescore, len(self.actors), len(self), self._next_id)
 

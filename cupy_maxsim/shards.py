@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _arrays, _documents, _ids, streaming
+from . import _arrays, _documents, _files, _ids, streaming
 from ._ids import id_array
 from .index import Index, _parse_device
 from ._gpu.device import on_device, on_stream
@@ -156,8 +156,7 @@ class ShardedIndex:
         """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
         ``sharded.json`` (last: a folder without it is no sharded index). RayIndex.save writes
         the same folder: either class loads what the other saved."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = retracted(path)
         for n, shard in enumerate(self.shards):
             shard.save(folder / shard_folder(n), progress=progress)
         return write_manifest(folder, self.dim, self.dtype, self.shards[0].rescore, len(self.shards), len(self),
@@ -186,11 +185,21 @@ def shard_folder(n: int) -> str:
     return f"shard-{n:04d}"
 
 
+def retracted(path) -> Path:
+    """The folder ``path`` of a sharded index about to be saved: created, its manifest (if any)
+    removed first, so that a save stopped midway leaves no index rather than an old manifest
+    over shards of two saves."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)
+    return folder
+
+
 def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, documents: int, next_id: int) -> Path:
-    """A saved sharded index's manifest, written after its shards: ``folder``."""
-    manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype, "rescore": rescore,
-                "shards": shards, "documents": documents, "next_id": next_id}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    """A saved sharded index's manifest, written after its shards (never half a file): ``folder``."""
+    _files.write_manifest(folder / MANIFEST, {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype,
+                                              "rescore": rescore, "shards": shards, "documents": documents,
+                                              "next_id": next_id})
     return folder
 
 

@@ -1,0 +1,106 @@
+"""An index's files: arrays written whole or not at all, a chunk at a time; manifests last.
+
+A saved index is a folder of ``.npy`` arrays and a JSON manifest that names them; a folder
+without its manifest is no index. Saving writes each array to ``NAME.npy.partial`` a chunk at a
+time (a progress bar of chunks), then takes the old manifest away, renames the new arrays over
+the old ones and writes the new manifest (through a file of its own, renamed): whatever stops a save midway leaves the old
+index or no index, never old arrays under a new manifest or the reverse. Renaming, not
+rewriting in place, is also what lets an index memory-mapped from a folder be saved back into
+it: its maps keep reading the old files (rewritten in place, they were truncated under it:
+``Index.load(p).save(p)`` lost the index). Loading without ``mmap`` reads a chunk at a time
+from the maps. (A GPU store is still copied to or from the host whole.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import _arrays
+
+#: Bytes of an array written or copied at once.
+CHUNK_BYTES = 256 * 2**20
+
+
+def progress(iterable, total: int, what: str, enabled: bool):
+    """``iterable`` behind a tqdm bar where asked for and tqdm is installed."""
+    if not enabled:
+        return iterable
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=f"cupy_maxsim.Index: {what}")
+
+
+def _chunks(arrays: dict) -> list[tuple[str, int, int]]:
+    """(name, first row, row past the last) of each chunk of each array: at least one an array."""
+    jobs = []
+    for name, array in arrays.items():
+        rows = array.shape[0]
+        step = max(1, CHUNK_BYTES // max(1, array.nbytes // max(1, rows)))
+        jobs += [(name, start, min(rows, start + step)) for start in range(0, rows, step)] or [(name, 0, 0)]
+    return jobs
+
+
+def write_arrays(folder: Path, arrays: dict, show_progress: bool) -> dict:
+    """Each of ``arrays`` (host or GPU, C-contiguous rows) written to ``folder/NAME.npy.partial``
+    a chunk at a time; returns {name: the partial file}, for :func:`commit`. Partial files of a
+    write that fails are removed."""
+    arrays = {name: _arrays.to_host(array) for name, array in arrays.items()}  # (a GPU store: whole, at once)
+    partial = {name: folder / f"{name}.npy.partial" for name in arrays}
+    files, jobs = {}, _chunks(arrays)
+    try:
+        for name, start, stop in progress(jobs, len(jobs), "saving", show_progress):
+            array = arrays[name]
+            if name not in files:
+                files[name] = open(partial[name], "wb")
+                header = {"descr": np.lib.format.dtype_to_descr(np.dtype(array.dtype)), "fortran_order": False,
+                          "shape": tuple(int(n) for n in array.shape)}
+                np.lib.format.write_array_header_1_0(files[name], header)
+            if stop > start:
+                np.ascontiguousarray(array[start:stop]).tofile(files[name])
+        for file in files.values():
+            file.close()
+    except BaseException:
+        for file in files.values():
+            file.close()
+        for path in partial.values():
+            path.unlink(missing_ok=True)
+        raise
+    return partial
+
+
+def commit(folder: Path, manifest_name: str, partial: dict, stale: tuple, manifest: dict) -> None:
+    """The arrays :func:`write_arrays` wrote put in place of the old ones and ``manifest``
+    written: the old manifest removed first, arrays of ``stale`` names the new index does not
+    have removed, the new manifest written last through a file of its own."""
+    (folder / manifest_name).unlink(missing_ok=True)  # (from here until the end: no index)
+    for name, path in partial.items():
+        os.replace(path, folder / f"{name}.npy")
+    for name in stale:
+        if name not in partial:
+            (folder / f"{name}.npy").unlink(missing_ok=True)
+    write_manifest(folder / manifest_name, manifest)
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """``manifest`` as JSON at ``path``, through ``path.partial`` renamed: never half a file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(partial, path)
+
+
+def copied(xp, arrays: dict, show_progress: bool) -> dict:
+    """Host (memory-mapped) ``arrays`` copied into new arrays of ``xp`` (NumPy a chunk at a
+    time; CuPy: on the current device, whole)."""
+    if xp is not np:
+        return {name: xp.asarray(array)
+                for name, array in progress(arrays.items(), len(arrays), "loading", show_progress)}
+    out, jobs = {name: np.empty(array.shape, dtype=array.dtype) for name, array in arrays.items()}, _chunks(arrays)
+    for name, start, stop in progress(jobs, len(jobs), "loading", show_progress):
+        out[name][start:stop] = arrays[name][start:stop]
+    return out

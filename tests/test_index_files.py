@@ -1,0 +1,128 @@
+"""An index's files (cupy_maxsim/_files.py): an index memory-mapped from a folder saved back into
+it, changed or not (it once truncated the files under its own maps and lost the index); a save
+stopped midway leaves the old index whole, or no index, never a mix; arrays written and loaded a
+chunk at a time; arrays of an earlier save the new one does not have removed; sharded folders
+the same. CPU (the GPU's chunked load is in test_index's GPU case)."""
+
+import os
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from cupy_maxsim import _files
+from support import unit_rows
+
+DIM = 16
+
+
+def _index(rng, count, dtype="float16", **kwargs):
+    index = cm.Index(DIM, dtype=dtype, **kwargs)
+    index.add([unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(0, 12, count)])
+    return index
+
+
+def _answers(index, q, k=7):
+    return tuple(np.asarray(x) for x in index.search(q, k))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_a_loaded_index_saves_back_into_its_folder(tmp_path, dtype):
+    rng = np.random.default_rng(0)
+    index = _index(rng, 60, dtype)
+    q = unit_rows(rng, (3, 5, DIM), np.float32)
+    folder = index.save(tmp_path / "idx")
+    loaded = cm.Index.load(folder)  # memory-mapped
+    assert isinstance(loaded._tokens, np.memmap)
+    loaded.save(folder)  # unchanged: every array written from the maps of the files it replaces
+    for answer, expected in zip(_answers(cm.Index.load(folder), q), _answers(index, q)):
+        np.testing.assert_array_equal(answer, expected)
+    np.testing.assert_array_equal(_answers(loaded, q)[1], _answers(index, q)[1])  # its maps still read
+    loaded = cm.Index.load(folder)
+    loaded.remove([3, 4, 50])
+    more = [unit_rows(rng, (5, DIM), np.float32) for _ in range(4)]
+    loaded.add(more, ids=[100, 101, 102, 103])
+    loaded.save(folder)  # changed: compacted, grown
+    again = cm.Index.load(folder)
+    index.remove([3, 4, 50])
+    index.add(more, ids=[100, 101, 102, 103])
+    for answer, expected in zip(_answers(again, q), _answers(index, q)):
+        np.testing.assert_array_equal(answer, expected)
+    assert sorted(os.listdir(folder)) == sorted(["manifest.json", "tokens.npy", "offsets.npy", "ids.npy"]
+                                                + (["scales.npy"] if dtype == "int8" else []))
+
+
+def test_a_save_stopped_midway_leaves_the_old_index_or_none(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    old, new = _index(rng, 40), _index(rng, 70)
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    folder = old.save(tmp_path / "idx")
+    monkeypatch.setattr(_files, "CHUNK_BYTES", 256)  # many chunks: stopped after a few (Ctrl-C)
+    progress = _files.progress
+
+    def interrupted(iterable, *args):
+        for n, item in enumerate(progress(iterable, *args)):
+            if n == 4:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(_files, "progress", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        new.save(folder)
+    assert not [name for name in os.listdir(folder) if name.endswith(".partial")]
+    for answer, expected in zip(_answers(cm.Index.load(folder), q), _answers(old, q)):
+        np.testing.assert_array_equal(answer, expected)  # the old index, whole
+    monkeypatch.setattr(_files, "progress", progress)
+    replaced = []
+
+    def failing_replace(source, target):
+        replaced.append(target)
+        if len(replaced) == 2:
+            raise OSError("stopped")
+        os.rename(source, target)
+
+    monkeypatch.setattr(_files.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="stopped"):
+        new.save(folder)
+    with pytest.raises(FileNotFoundError, match="not a saved"):  # no index, never a mix
+        cm.Index.load(folder)
+
+
+def test_arrays_are_written_and_loaded_a_chunk_at_a_time(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    index = _index(rng, 50, "float32", rescore="float32")
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    monkeypatch.setattr(_files, "CHUNK_BYTES", 200)  # a few rows a chunk
+    folder = index.save(tmp_path / "idx")
+    for mmap in (True, False):
+        loaded = cm.Index.load(folder, mmap=mmap)
+        assert isinstance(loaded._tokens, np.memmap) == mmap and isinstance(loaded._exact, np.memmap) == mmap
+        for answer, expected in zip(_answers(loaded, q), _answers(index, q)):
+            np.testing.assert_array_equal(answer, expected)
+    empty = cm.Index(DIM, dtype="float16")
+    loaded = cm.Index.load(empty.save(tmp_path / "empty"), mmap=False)
+    assert len(loaded) == 0 and loaded._tokens.shape == (0, DIM)
+
+
+def test_a_save_removes_arrays_the_new_index_does_not_have(tmp_path):
+    rng = np.random.default_rng(3)
+    folder = _index(rng, 20, "int8", rescore="float16").save(tmp_path / "idx")
+    assert {"scales.npy", "exact.npy"} <= set(os.listdir(folder))
+    plain = _index(rng, 20, "float16")
+    plain.save(folder)
+    assert not {"scales.npy", "exact.npy"} & set(os.listdir(folder))
+    assert cm.Index.load(folder).dtype == "float16"
+
+
+def test_a_loaded_sharded_index_saves_back_into_its_folder(tmp_path):
+    rng = np.random.default_rng(4)
+    sharded = cm.ShardedIndex(DIM, dtype="float16", devices=["cpu"], shards=3)
+    sharded.add([unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 12, 45)])
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    folder = sharded.save(tmp_path / "sharded")
+    loaded = cm.ShardedIndex.load(folder)
+    loaded.remove([0, 20, 44])
+    loaded.save(folder)
+    sharded.remove([0, 20, 44])
+    for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), _answers(sharded, q)):
+        np.testing.assert_array_equal(answer, expected)
