@@ -18,6 +18,8 @@ def id_array(ids, name: str) -> np.ndarray:
     values = np.asarray(_arrays.to_host(_arrays.as_operand(ids, name)) if not isinstance(ids, (list, tuple, range)) else ids)
     if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
         raise TypeError(f"{name} must be a 1-D array of integer ids, got dtype {values.dtype} shape {values.shape}")
+    if values.dtype.kind == "u" and values.size and int(values.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit int64, got {int(values.max())}")  # (not wrapped to negative ids)
     return values.astype(np.int64)
 
 
@@ -37,6 +39,8 @@ def new_ids(ids, count: int, next_id: int, taken: np.ndarray, taken_note: str = 
     if ids is None:
         return np.arange(next_id, next_id + count, dtype=np.int64)
     new = id_array(ids, "ids")
+    if new.size and int(new.min()) < 0:  # (-1 marks a search's missing result)
+        raise ValueError(f"ids must not be negative (-1 marks a missing search result), got {new[new < 0][:5].tolist()}")
     if new.shape[0] != count:
         raise ValueError(f"ids must give one id per document: {count} documents, {new.shape[0]} ids")
     if sorted_unique(new).shape[0] != count:

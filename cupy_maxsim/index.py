@@ -448,7 +448,7 @@ class Index:
     def _filter_rows(self, filter) -> np.ndarray:
         """A boolean array over storage rows: True where ``filter`` allows the document."""
         if isinstance(filter, (list, tuple, range)):
-            filter = np.asarray(filter, dtype=np.int64)
+            filter = np.asarray(filter)  # (a list of bools is a mask, not ids 0 and 1)
         operand = _arrays.as_operand(filter, "filter")
         values = _arrays.to_host(operand)
         if operand.dtype == "bool":

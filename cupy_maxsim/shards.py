@@ -292,7 +292,7 @@ def _host_filter(filter, index):
     """A filter as an allow-list of ids (a boolean filter is over index.ids, which the shards
     split)."""
     if isinstance(filter, (list, tuple, range)):
-        return np.asarray(filter, dtype=np.int64)
+        filter = np.asarray(filter)  # (a list of bools is a mask, not ids 0 and 1)
     operand = _arrays.as_operand(filter, "filter")
     values = _arrays.to_host(operand)
     if operand.dtype == "bool":

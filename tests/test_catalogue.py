@@ -89,6 +89,9 @@ CATALOGUE = [
     C(index_add, (D,), dict(ids=[7, 8]), ValueError, "one id per document", id="index-add-id-count"),
     C(index_add, (D,), dict(ids=np.array([7.0, 8.0, 9.0])), TypeError, "ids must be a 1-D array of integer",
       id="index-add-float-ids"),
+    C(index_add, (D,), dict(ids=[0, -1, 8]), ValueError, "must not be negative", id="index-add-negative-id"),
+    C(index_add, (D,), dict(ids=np.array([1, 2, 2**64 - 1], np.uint64)), ValueError, "must fit int64",
+      id="index-add-uint64-id"),
     C(index_remove, ([5],), {}, ValueError, "not in the index", id="index-remove-unknown"),
     C(index_remove, (np.array([[0]]),), {}, TypeError, "ids must be a 1-D array", id="index-remove-2d"),
     C(index_search, (Q, 0), {}, ValueError, "k must be at least 1", id="index-search-k"),
@@ -96,6 +99,8 @@ CATALOGUE = [
       id="index-search-filter-shape"),
     C(index_search, (Q, 2), dict(filter=np.array([0.5])), TypeError, "filter must be a 1-D array of integer",
       id="index-search-filter-float"),
+    C(index_search, (Q, 2), dict(filter=[0.5]), TypeError, "filter must be a 1-D array of integer",
+      id="index-search-filter-float-list"),
     C(index_search, (Q[..., :4], 2), {}, ValueError, "embedding dim", id="index-search-q-dim"),
     C(index_load, ("/nonexistent/cupy-maxsim-index",), {}, FileNotFoundError, "manifest", id="index-load-missing"),
     # score: types and dtypes

@@ -88,6 +88,13 @@ def test_filters_and_winners():
     boolean = np.zeros(20, bool)
     boolean[[3, 7, 11]] = True
     np.testing.assert_array_equal(index.search(q, 6, filter=boolean)[1], ids)
+    # A list of bools is a mask too (it once became ids 0 and 1), a list of ids ids.
+    np.testing.assert_array_equal(index.search(q, 6, filter=boolean.tolist())[1], ids)
+    np.testing.assert_array_equal(index.search(q, 6, filter=allow)[1], ids)
+    sharded = cm.ShardedIndex(DIM, dtype="float32", devices=["cpu"], shards=3)
+    sharded.add(docs, ids=np.arange(20) + 100)
+    for kind in (boolean, boolean.tolist(), allow):
+        np.testing.assert_array_equal(sharded.search(q, 6, filter=kind)[1], ids)
     _, hits, winners = index.search(q, 5, return_argmax=True)
     _, all_winners = cm.score_packed(q, *cm.pack(docs), return_argmax=True)
     rows = hits - 100
