@@ -240,14 +240,16 @@ class Index:
         ids, or a boolean array over :attr:`ids` (True: may be returned). Results in the
         framework of ``q``; ``q`` lives on the index's device. An int8 index quantises float
         queries (once a call); int8 queries come with their ``q_scale``. An index that
-        rescores takes the ``shortlist`` best (default max(4k, k + 16)) from its store and
-        ranks them by exact scores from its host copy."""
+        rescores takes the ``shortlist`` best (default max(4k, k + 16), at most the documents
+        stored, at least k) from its store and ranks them by exact scores from its host copy."""
         k = _search._check_k(k)
         if self._exact is None:
             return self._search(q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes)
         if q_scale is not None or _arrays.as_operand(q, "q").dtype == "int8":
             raise ValueError("an index that rescores takes float queries (it rescores them exactly), not int8 ones")
-        depth = max(4 * k, k + 16) if shortlist is None else _search._check_k(shortlist)
+        # (the default no deeper than the store, nor than k: a k past the corpus asks no more)
+        depth = (max(k, min(max(4 * k, k + 16), self._ids.shape[0])) if shortlist is None
+                 else _search._check_k(shortlist))
         if depth < k:
             raise ValueError(f"shortlist must be at least k ({k}), got {depth}")
         like, _, rows = self._search(q, depth, q_mask, None, filter, False, workspace_bytes, rows=True)
