@@ -8,7 +8,10 @@ the planners and the replay read; nothing after this module re-derives what it s
 
 from __future__ import annotations
 
+import os
+import sys
 import typing
+import warnings
 
 import numpy as np
 
@@ -190,7 +193,31 @@ def scored_operand(x, name: str) -> Operand:
     operand = as_operand(x, name)
     if operand.dtype not in FLOAT_DTYPES + ("int8",):
         raise TypeError(f"{name} must have dtype float16, bfloat16, float32, float64 or int8, got {operand.dtype}")
+    if operand.framework == "torch" and x.requires_grad:
+        warn_untracked(name)
     return operand
+
+
+def warn_untracked(name: str) -> None:
+    """A UserWarning where a torch tensor that requires grad is scored with autograd on: the
+    NumPy-level functions answer detached tensors, so a loss built on them would train nothing,
+    silently. (The adapters' forwards run with autograd off: no warning from them.)"""
+    import torch
+
+    if torch.is_grad_enabled():
+        warnings.warn(f"{name} requires grad, but cupy_maxsim's NumPy-level functions do not track gradients "
+                      "(the result is detached): use cupy_maxsim.torch.maxsim (maxsim_pairs, maxsim_packed, "
+                      "maxsim_candidates) for autograd, or torch.no_grad() to score without it", UserWarning,
+                      stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first frame outside this package (the caller's line,
+    whichever public function it called)."""
+    package, frame, level = os.path.dirname(os.path.abspath(__file__)), sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def resolve_int8(q: Operand, d: Operand, q_scale, d_scale):

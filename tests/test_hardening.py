@@ -179,3 +179,32 @@ def test_adapters_take_empty_problems(framework):
             grad_q, grad_d = jax.jit(jax.grad(loss, argnums=(0, 1)))(q, d)
             assert grad_q.shape == q.shape and grad_d.shape == d.shape
             assert not np.asarray(grad_q).any() and not np.asarray(grad_d).any()
+
+
+def test_scoring_a_tensor_that_requires_grad_warns_once_where_it_is_called():
+    """The NumPy-level functions answer detached tensors: scoring a torch tensor that requires
+    grad with autograd on warns (naming the argument and the adapters) at the caller's line, so
+    that a loss built on them does not silently train nothing; under torch.no_grad(), through
+    the autograd adapters, and for tensors that do not require grad, no warning."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    import cupy_maxsim.torch as cmt
+
+    q = torch.randn(2, 4, 8, requires_grad=True)
+    d = torch.randn(3, 5, 8)
+    with pytest.warns(UserWarning, match="q requires grad.*cupy_maxsim.torch.maxsim") as caught:
+        scores = cm.score(q, d)
+    assert not scores.requires_grad and caught[0].filename == __file__
+    with pytest.warns(UserWarning, match="d requires grad"):
+        cm.score(q.detach(), d.clone().requires_grad_())
+    with pytest.warns(UserWarning, match="q requires grad") as caught:
+        cm.search(q, d, 2)
+    assert {w.filename for w in caught} == {__file__}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            cm.score(q, d)
+        cm.score(q.detach(), d)
+        cmt.maxsim(q, d).sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape

@@ -91,7 +91,8 @@ def rerank(documents_ids, queries_embeddings, documents_embeddings, device=None)
             results.append([])
             continue
         lengths = torch.tensor([0] + [x.shape[0] for x in docs], device=q.device)
-        scores = cm.score_packed(q, torch.cat(docs), torch.cumsum(lengths, 0))
+        with torch.no_grad():  # (reranking: scores, not a loss)
+            scores = cm.score_packed(q, torch.cat(docs), torch.cumsum(lengths, 0))
         order = torch.sort(scores, descending=True, stable=True)
         results.append([{"id": ids[i], "score": float(v)} for v, i in zip(order.values.tolist(),
                                                                          order.indices.tolist())])
