@@ -11,9 +11,23 @@ and :func:`score_backward` turns it into gradients.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 BLOCK_ELEMENTS = 8 * 1024 * 1024
+
+
+def _quiet(function):
+    """``function`` under np.errstate(all="ignore"): a non-finite input, or a similarity past
+    float32, is scored as the contract says (NaN), without NumPy's RuntimeWarnings from inside
+    the backend ("invalid value encountered in matmul", "overflow encountered in cast")."""
+    @functools.wraps(function)
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return function(*args, **kwargs)
+
+    return quiet
 
 
 def _compute_dtype(dtype) -> np.dtype:
@@ -37,8 +51,7 @@ def _block(x, scale, ctype):
     block = x.astype(ctype, copy=False)
     if scale is None:
         return block
-    with np.errstate(invalid="ignore"):  # 0 * inf of a non-finite scale: NaN, as documented
-        return block * scale[..., None].astype(ctype)
+    return block * scale[..., None].astype(ctype)  # (0 * inf of a non-finite scale: NaN, as documented)
 
 
 def _token_reduce(sims: np.ndarray, d_real: np.ndarray | None, with_argmax: bool = False):
@@ -75,6 +88,7 @@ def _real_mask(mask, shape):
     return np.ones(shape, bool) if mask is None else mask
 
 
+@_quiet
 def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=False):
     """q (Nq, Lq, D), d (Nd, Ld, D), masks (Nq, Lq) / (Nd, Ld) or None -> (Nq, Nd), and with
     with_argmax the winners (Nq, Nd, Lq) int32. int8 inputs come with per-token scales shaped
@@ -113,6 +127,7 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=F
     return (out, argmax) if with_argmax else out
 
 
+@_quiet
 def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=False):
     """Aligned pairs: q (B, Lq, D), d (B, Ld, D) -> (B,), and the winners (B, Lq)."""
     batch, query_length, _ = q.shape
@@ -144,6 +159,7 @@ def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=Fa
     return (out, argmax) if with_argmax else out
 
 
+@_quiet
 def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_argmax=False):
     """q (Nq, Lq, D), tokens (T, D), offsets (Nd + 1,) -> (Nq, Nd), and the winners
     (Nq, Nd, Lq) as indices within each document; d_scale is (T,)."""
@@ -200,6 +216,7 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
     return (out, argmax) if with_argmax else out
 
 
+@_quiet
 def score_backward(grad, q, d, argmax, offsets=None, pairs=False):
     """Gradients of the scores from the saved winners, in the compute dtype (float32, or
     float64 for float64 inputs).

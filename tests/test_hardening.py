@@ -208,3 +208,31 @@ def test_scoring_a_tensor_that_requires_grad_warns_once_where_it_is_called():
         cm.score(q.detach(), d)
         cmt.maxsim(q, d).sum().backward()
     assert q.grad is not None and q.grad.shape == q.shape
+
+
+def test_non_finite_inputs_score_nan_without_numpy_warnings():
+    """Non-finite elements and similarities past float32 are scored as documented (NaN) by the
+    CPU backend without NumPy's RuntimeWarnings from inside it (it once warned "invalid value
+    encountered in matmul" and "overflow encountered in cast" for what the contract allows)."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    q, d = _rows(rng, (2, 4, 8)), _rows(rng, (3, 5, 8))
+    d[0, 1, 2], d[1, 2, 3], q[1, 0, 0] = np.nan, np.inf, -np.inf
+    big = np.full((1, 2, 8), 1e30, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores, argmax = cm.score(q, d, return_argmax=True)
+        tokens, offsets = cm.pack(list(d))
+        packed = cm.score_packed(q, tokens, offsets)
+        pairs = cm.score_pairs(q, d[:2])
+        cm.score_backward(np.ones_like(scores), q, d, argmax)
+        huge = cm.score(big, big)
+        index = cm.Index(8, dtype="int8", rescore="float16")
+        index.add(list(d))
+        index.search(q, 2)
+    expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected))
+    np.testing.assert_array_equal(np.isnan(packed), np.isnan(expected))
+    assert np.isnan(scores[:, :2]).all() and np.isnan(scores[1]).all() and np.isfinite(scores[0, 2])
+    assert np.isnan(pairs).all() and np.isnan(huge).all()
