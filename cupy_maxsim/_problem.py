@@ -286,7 +286,8 @@ def check_device(q: Operand, other: Operand) -> None:
 def mask_operand(mask, name: str, shape: tuple, q: Operand):
     if mask is None:
         return None
-    return per_token_operand(mask, name, shape, q, "bool", "a boolean array (True = real token)")
+    return per_token_operand(mask, name, shape, q, "bool", "a boolean array (True = real token; an attention mask "
+                             "of 0/1 integers: mask.bool() in torch, mask.astype(bool) in NumPy)")
 
 
 def per_token_operand(x, name: str, shape: tuple, q: Operand, dtype: str, what: str) -> Operand:
