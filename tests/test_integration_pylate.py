@@ -260,6 +260,16 @@ def test_exact_index_behind_pylate_retrieve():
     assert [[g[0] for g in row] for row in got] == [[w[0] for w in row] for row in exhaustive(list(range(30, 60)), 5)]
     (embedding,), = index.get_documents_embeddings([["doc-40"]])
     np.testing.assert_array_equal(embedding, documents[40].astype(np.float16))
+    pairs = index.get_documents_embeddings([["doc-59", "doc-31"], [], ["doc-45"]])
+    for group, want in zip(pairs, [[59, 31], [], [45]]):
+        assert len(group) == len(want)
+        for got, n in zip(group, want):
+            np.testing.assert_array_equal(got, documents[n].astype(np.float16))
+    with pytest.raises(ValueError, match="must be in the index"):
+        index.get_documents_embeddings([["doc-3"]])  # removed
+    with pytest.raises(ValueError, match="must be in the index"):  # nothing removed: doc-3 is gone already
+        index.remove_documents(["doc-50", "doc-3"])
+    assert "doc-50" in [hit["id"] for hit in retriever.retrieve(queries, k=30)[0]]
     with pytest.raises(ValueError, match="new and unique"):
         index.add_documents(["doc-40"], [documents[0]])
 

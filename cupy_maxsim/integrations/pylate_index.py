@@ -54,7 +54,15 @@ class ExactIndex(Base):
         return self
 
     def remove_documents(self, documents_ids) -> "ExactIndex":
-        self.index.remove(np.array([self._key.pop(doc) for doc in documents_ids], dtype=np.int64))
+        """Remove documents by PyLate id; every id must be in the index (checked before any is
+        removed: a missing one leaves the index as it was)."""
+        documents_ids = list(documents_ids)
+        missing = [doc for doc in documents_ids if doc not in self._key]
+        if missing or len(set(documents_ids)) != len(documents_ids):
+            raise ValueError(f"documents_ids must be in the index, each once, got {missing[:5] or 'repeats'}")
+        self.index.remove(np.array([self._key[doc] for doc in documents_ids], dtype=np.int64))
+        for doc in documents_ids:
+            del self._key[doc]
         return self
 
     def __call__(self, queries_embeddings, k: int = 10, subset=None, **kwargs) -> list[list[dict]]:
@@ -70,15 +78,19 @@ class ExactIndex(Base):
 
     def get_documents_embeddings(self, documents_ids):
         """The stored embeddings (the store's format, on the host) of each list of ids."""
-        offsets = _host(self.index._offsets)
-        rows = {int(i): n for n, i in enumerate(self.index._ids)}
-        tokens = self.index._tokens
-
-        def rows_of(doc):
-            n = rows[self._key[doc]]
-            return _host(tokens[offsets[n]:offsets[n + 1]])
-
-        return [[rows_of(doc) for doc in group] for group in documents_ids]
+        offsets, tokens = _host(self.index._offsets), self.index._tokens
+        groups = [list(group) for group in documents_ids]
+        missing = [doc for group in groups for doc in group if doc not in self._key]
+        if missing:
+            raise ValueError(f"documents_ids must be in the index, got {missing[:5]}")
+        # (the store's rows of every id at once: not a dict of every stored id a call)
+        rows = self.index._rows_of(np.array([self._key[doc] for group in groups for doc in group], np.int64),
+                                   "documents_ids").tolist()
+        out, at = [], 0
+        for group in groups:
+            out.append([_host(tokens[offsets[n]:offsets[n + 1]]) for n in rows[at:at + len(group)]])
+            at += len(group)
+        return out
 
     # ---- internals --------------------------------------------------------------------------
 
