@@ -10,16 +10,24 @@ answers), where PLAID and its relatives are approximate.
 
 Document ids are PyLate's (strings, or anything hashable); the store keeps its own int64 ids
 beside them. ``subset`` restricts the search inside it: one list of ids for every query, or a
-list per query.
+list per query. ``index.save(folder)`` / ``ExactIndex.load(folder, device=...)`` keep it (the
+store as cupy_maxsim.Index saves it, memory-mapped on load, and the PyLate ids in JSON).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
 from pylate.indexes.base import Base
 
+from .. import _files
 from ..index import Index
+
+#: The PyLate ids of a saved ExactIndex's documents, beside the store's files.
+NAMES = "pylate_ids.json"
 
 
 class ExactIndex(Base):
@@ -90,6 +98,37 @@ class ExactIndex(Base):
         for group in groups:
             out.append([_host(tokens[offsets[n]:offsets[n + 1]]) for n in rows[at:at + len(group)]])
             at += len(group)
+        return out
+
+    def save(self, path) -> Path:
+        """The store as :meth:`cupy_maxsim.Index.save` writes it, and the PyLate ids of its
+        documents (``pylate_ids.json``, after it: strings or integers) in folder ``path``."""
+        live = self.index.ids.tolist()
+        names = [self._name[i] for i in live]
+        if not all(isinstance(name, (str, int)) and not isinstance(name, bool) for name in names):
+            raise ValueError("only string or integer PyLate ids can be saved (JSON)")
+        folder = self.index.save(path)
+        _files.write_manifest(folder / NAMES, {"name": self.name, "ids": live, "names": names})
+        return folder
+
+    @classmethod
+    def load(cls, path, *, device: str = "cpu", mmap: bool = True) -> "ExactIndex":
+        """An ExactIndex saved by :meth:`save` (its store memory-mapped on the CPU with ``mmap``,
+        else copied to ``device``)."""
+        folder = Path(path)
+        index = Index.load(folder, device=device, mmap=mmap)
+        try:
+            saved = json.loads((folder / NAMES).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{folder} holds no {NAMES}: not a saved ExactIndex") from None
+        if saved["ids"] != index.ids.tolist():
+            raise ValueError(f"{folder / NAMES} does not name the saved store's documents (a partial write?)")
+        out = cls.__new__(cls)
+        out.name, out.index = saved["name"], index
+        out._name = [None] * max([index._next_id] + [i + 1 for i in saved["ids"]])
+        for i, name in zip(saved["ids"], saved["names"]):
+            out._name[i] = name
+        out._key = dict(zip(saved["names"], saved["ids"]))
         return out
 
     # ---- internals --------------------------------------------------------------------------
