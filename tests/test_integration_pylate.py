@@ -220,9 +220,10 @@ def test_patch_reaches_every_captured_scorer_and_unpatch_restores(colbert):
     _assert_close(patched[0], unpatched[0])
 
 
-def test_exact_index_behind_pylate_retrieve():
+def test_exact_index_behind_pylate_retrieve(tmp_path):
     """pylate.retrieve.ColBERT over the end-to-end ExactIndex returns exhaustive fp16 MaxSim's
-    top-k (ids in order), with subsets and after removes."""
+    top-k (ids in order), with subsets and after removes, and as it was after a save and a
+    load (and changes then saved back into the same folder)."""
     import cupy_maxsim as cm
     from pylate import retrieve
 
@@ -260,6 +261,29 @@ def test_exact_index_behind_pylate_retrieve():
     assert [[g[0] for g in row] for row in got] == [[w[0] for w in row] for row in exhaustive(list(range(30, 60)), 5)]
     (embedding,), = index.get_documents_embeddings([["doc-40"]])
     np.testing.assert_array_equal(embedding, documents[40].astype(np.float16))
+    pairs = index.get_documents_embeddings([["doc-59", "doc-31"], [], ["doc-45"]])
+    for group, want in zip(pairs, [[59, 31], [], [45]]):
+        assert len(group) == len(want)
+        for got, n in zip(group, want):
+            np.testing.assert_array_equal(got, documents[n].astype(np.float16))
+    with pytest.raises(ValueError, match="must be in the index"):
+        index.get_documents_embeddings([["doc-3"]])  # removed
+    with pytest.raises(ValueError, match="must be in the index"):  # nothing removed: doc-3 is gone already
+        index.remove_documents(["doc-50", "doc-3"])
+    assert "doc-50" in [hit["id"] for hit in retriever.retrieve(queries, k=30)[0]]
+    # Saved and loaded (memory-mapped), grown, shrunk and saved back into its folder.
+    folder = index.save(tmp_path / "exact")
+    loaded = ExactIndex.load(folder)
+    assert as_pairs(retrieve.ColBERT(index=loaded).retrieve(queries, k=6)) == as_pairs(retriever.retrieve(queries, k=6))
+    for changed in (index, loaded):
+        changed.remove_documents(["doc-31", "doc-57"]).add_documents(["new-a", "new-b"], documents[:2])
+    loaded.save(folder)
+    again = ExactIndex.load(folder)
+    assert as_pairs(retrieve.ColBERT(index=again).retrieve(queries, k=8)) == as_pairs(retriever.retrieve(queries, k=8))
+    (embedding,), = again.get_documents_embeddings([["new-b"]])
+    np.testing.assert_array_equal(embedding, documents[1].astype(np.float16))
+    with pytest.raises(ValueError, match="string or integer"):
+        ExactIndex(dim=16).add_documents([("a", 1)], documents[:1]).save(tmp_path / "tuple-ids")
     with pytest.raises(ValueError, match="new and unique"):
         index.add_documents(["doc-40"], [documents[0]])
 

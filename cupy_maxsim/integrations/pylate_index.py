@@ -10,16 +10,24 @@ answers), where PLAID and its relatives are approximate.
 
 Document ids are PyLate's (strings, or anything hashable); the store keeps its own int64 ids
 beside them. ``subset`` restricts the search inside it: one list of ids for every query, or a
-list per query.
+list per query. ``index.save(folder)`` / ``ExactIndex.load(folder, device=...)`` keep it (the
+store as cupy_maxsim.Index saves it, memory-mapped on load, and the PyLate ids in JSON).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import torch
 from pylate.indexes.base import Base
 
+from .. import _files
 from ..index import Index
+
+#: The PyLate ids of a saved ExactIndex's documents, beside the store's files.
+NAMES = "pylate_ids.json"
 
 
 class ExactIndex(Base):
@@ -54,7 +62,15 @@ class ExactIndex(Base):
         return self
 
     def remove_documents(self, documents_ids) -> "ExactIndex":
-        self.index.remove(np.array([self._key.pop(doc) for doc in documents_ids], dtype=np.int64))
+        """Remove documents by PyLate id; every id must be in the index (checked before any is
+        removed: a missing one leaves the index as it was)."""
+        documents_ids = list(documents_ids)
+        missing = [doc for doc in documents_ids if doc not in self._key]
+        if missing or len(set(documents_ids)) != len(documents_ids):
+            raise ValueError(f"documents_ids must be in the index, each once, got {missing[:5] or 'repeats'}")
+        self.index.remove(np.array([self._key[doc] for doc in documents_ids], dtype=np.int64))
+        for doc in documents_ids:
+            del self._key[doc]
         return self
 
     def __call__(self, queries_embeddings, k: int = 10, subset=None, **kwargs) -> list[list[dict]]:
@@ -70,15 +86,50 @@ class ExactIndex(Base):
 
     def get_documents_embeddings(self, documents_ids):
         """The stored embeddings (the store's format, on the host) of each list of ids."""
-        offsets = _host(self.index._offsets)
-        rows = {int(i): n for n, i in enumerate(self.index._ids)}
-        tokens = self.index._tokens
+        offsets, tokens = _host(self.index._offsets), self.index._tokens
+        groups = [list(group) for group in documents_ids]
+        missing = [doc for group in groups for doc in group if doc not in self._key]
+        if missing:
+            raise ValueError(f"documents_ids must be in the index, got {missing[:5]}")
+        # (the store's rows of every id at once: not a dict of every stored id a call)
+        rows = self.index._rows_of(np.array([self._key[doc] for group in groups for doc in group], np.int64),
+                                   "documents_ids").tolist()
+        out, at = [], 0
+        for group in groups:
+            out.append([_host(tokens[offsets[n]:offsets[n + 1]]) for n in rows[at:at + len(group)]])
+            at += len(group)
+        return out
 
-        def rows_of(doc):
-            n = rows[self._key[doc]]
-            return _host(tokens[offsets[n]:offsets[n + 1]])
+    def save(self, path) -> Path:
+        """The store as :meth:`cupy_maxsim.Index.save` writes it, and the PyLate ids of its
+        documents (``pylate_ids.json``, after it: strings or integers) in folder ``path``."""
+        live = self.index.ids.tolist()
+        names = [self._name[i] for i in live]
+        if not all(isinstance(name, (str, int)) and not isinstance(name, bool) for name in names):
+            raise ValueError("only string or integer PyLate ids can be saved (JSON)")
+        folder = self.index.save(path)
+        _files.write_manifest(folder / NAMES, {"name": self.name, "ids": live, "names": names})
+        return folder
 
-        return [[rows_of(doc) for doc in group] for group in documents_ids]
+    @classmethod
+    def load(cls, path, *, device: str = "cpu", mmap: bool = True) -> "ExactIndex":
+        """An ExactIndex saved by :meth:`save` (its store memory-mapped on the CPU with ``mmap``,
+        else copied to ``device``)."""
+        folder = Path(path)
+        index = Index.load(folder, device=device, mmap=mmap)
+        try:
+            saved = json.loads((folder / NAMES).read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{folder} holds no {NAMES}: not a saved ExactIndex") from None
+        if saved["ids"] != index.ids.tolist():
+            raise ValueError(f"{folder / NAMES} does not name the saved store's documents (a partial write?)")
+        out = cls.__new__(cls)
+        out.name, out.index = saved["name"], index
+        out._name = [None] * max([index._next_id] + [i + 1 for i in saved["ids"]])
+        for i, name in zip(saved["ids"], saved["names"]):
+            out._name[i] = name
+        out._key = dict(zip(saved["names"], saved["ids"]))
+        return out
 
     # ---- internals --------------------------------------------------------------------------
 
