@@ -63,7 +63,9 @@ def write_arrays(folder: Path, arrays: dict, show_progress: bool) -> dict:
                 np.lib.format.write_array_header_1_0(files[name], header)
             if stop > start:
                 np.ascontiguousarray(array[start:stop]).tofile(files[name])
-        for file in files.values():
+        for file in files.values():  # (on disk before the renames make them the index)
+            file.flush()
+            os.fsync(file.fileno())
             file.close()
     except BaseException:
         for file in files.values():
@@ -90,7 +92,10 @@ def commit(folder: Path, manifest_name: str, partial: dict, stale: tuple, manife
 def write_manifest(path: Path, manifest: dict) -> None:
     """``manifest`` as JSON at ``path``, through ``path.partial`` renamed: never half a file."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(manifest, indent=1) + "\n")
+    with open(partial, "w") as file:
+        file.write(json.dumps(manifest, indent=1) + "\n")
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(partial, path)
 
 
