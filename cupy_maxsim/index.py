@@ -72,7 +72,7 @@ class Index:
         self._streamed, self.last_search = device == "host", None
         self.gpu_budget_bytes = streaming.checked_budget(gpu_budget_bytes)
         self._gpu = None if self._streamed else _parse_device(device)
-        if device != "cpu":
+        if self._gpu is not None:  # (a host store's searches find CuPy when they stream)
             _arrays.require_cupy(f"Index(device={device!r})")
         xp = self._xp
         with self._on_device():
