@@ -15,6 +15,7 @@ kernels then run on torch's current stream, with no device-wide synchronisation.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 
@@ -138,6 +139,7 @@ def as_operand(x, name: str) -> Operand:
         platform = next(iter(x.devices())).platform
         if platform == "cpu":
             return _host_operand(np.asarray(x), name, "jax")
+        require_cupy(f"{name} on a GPU")
         import cupy
 
         return _cupy_operand(cupy.from_dlpack(x), name, "jax")
@@ -145,6 +147,7 @@ def as_operand(x, name: str) -> Operand:
         device_type, _ = x.__dlpack_device__()
         if device_type == 1:  # kDLCPU
             return _host_operand(np.from_dlpack(x), name, "dlpack")
+        require_cupy(f"{name} on a GPU")
         import cupy
 
         return _cupy_operand(cupy.from_dlpack(x), name, "dlpack")
@@ -152,6 +155,18 @@ def as_operand(x, name: str) -> Operand:
         f"{name} must be an array (NumPy, CuPy, PyTorch, JAX or any __dlpack__ producer), "
         f"got {type(x).__name__}"
     )
+
+
+def require_cupy(what: str) -> None:
+    """An ImportError that says how to install CuPy where ``what`` needs the GPU backend and
+    CuPy is not there (a bare "No module named 'cupy'" does not say which package to take)."""
+    if sys.modules.get("cupy") is not None:  # (imported already: a dict lookup a call)
+        return
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        raise ImportError(f"{what} needs the GPU backend, CuPy: pip install \"cupy-maxsim[cuda12]\" (CUDA 12 "
+                          "driver), [cuda13] or [cuda12-ctk] (see the README's Install)") from None
 
 
 def dtype_name(dtype) -> str:
@@ -215,6 +230,7 @@ def _torch_operand(x, name: str) -> Operand:
         operand.dtype = dtype
         return operand
     device = x.device
+    require_cupy(f"{name} on a GPU")
     return Operand(name, "torch", dtype, tuple(x.shape), tuple(x.stride()), device.index,
                    ptr=x.data_ptr(), keepalive=x, torch_device=device)
 

@@ -72,6 +72,8 @@ class Index:
         self._streamed, self.last_search = device == "host", None
         self.gpu_budget_bytes = streaming.checked_budget(gpu_budget_bytes)
         self._gpu = None if self._streamed else _parse_device(device)
+        if self._gpu is not None:  # (a host store's searches find CuPy when they stream)
+            _arrays.require_cupy(f"Index(device={device!r})")
         xp = self._xp
         with self._on_device():
             self._tokens = xp.zeros((0, self.dim), dtype=np.int8 if dtype == "int8" else dtype)

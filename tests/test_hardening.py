@@ -236,3 +236,19 @@ def test_non_finite_inputs_score_nan_without_numpy_warnings():
     np.testing.assert_array_equal(np.isnan(packed), np.isnan(expected))
     assert np.isnan(scores[:, :2]).all() and np.isnan(scores[1]).all() and np.isfinite(scores[0, 2])
     assert np.isnan(pairs).all() and np.isnan(huge).all()
+
+
+def test_a_gpu_index_without_cupy_says_what_to_install(monkeypatch):
+    """Without CuPy, asking for a GPU store is an ImportError naming the package to install
+    (it was a bare "No module named 'cupy'"); the CPU keeps working."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # (an import of it fails, as where it is missing)
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(ImportError, match=r'pip install "cupy-maxsim\[cuda12\]"'):
+            cm.Index(8, device=device)
+    with pytest.raises(ImportError, match="needs the GPU backend"):
+        cm.ShardedIndex(8, devices=["cuda:0"])
+    index = cm.Index(8)
+    index.add([np.ones((2, 8), np.float32)])
+    assert index.search(np.ones((1, 2, 8), np.float32), 1)[1].tolist() == [[0]]
