@@ -391,7 +391,9 @@ class Index:
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
         except (FileNotFoundError, NotADirectoryError):  # (a file's path: NotADirectoryError)
-            raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index") from None
+            elsewhere = " (it holds a sharded index: cupy_maxsim.ShardedIndex.load)" if (
+                folder / "sharded.json").is_file() else ""
+            raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index{elsewhere}") from None
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
         index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"),

@@ -208,7 +208,8 @@ def read_manifest(folder: Path) -> dict:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved sharded index") from None
+        elsewhere = " (it holds one Index: cupy_maxsim.Index.load)" if (folder / "manifest.json").is_file() else ""
+        raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved sharded index{elsewhere}") from None
     if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
         raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
     return manifest

@@ -126,3 +126,15 @@ def test_a_loaded_sharded_index_saves_back_into_its_folder(tmp_path):
     sharded.remove([0, 20, 44])
     for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), _answers(sharded, q)):
         np.testing.assert_array_equal(answer, expected)
+
+
+def test_loading_the_other_kind_of_index_says_which_it_is(tmp_path):
+    rng = np.random.default_rng(6)
+    one = _index(rng, 5).save(tmp_path / "one")
+    sharded = cm.ShardedIndex(DIM, devices=["cpu"], shards=2)
+    sharded.add([unit_rows(rng, (3, DIM), np.float32) for _ in range(4)])
+    many = sharded.save(tmp_path / "many")
+    with pytest.raises(FileNotFoundError, match=r"sharded index: cupy_maxsim.ShardedIndex.load"):
+        cm.Index.load(many)
+    with pytest.raises(FileNotFoundError, match=r"one Index: cupy_maxsim.Index.load"):
+        cm.ShardedIndex.load(one)
