@@ -205,3 +205,19 @@ def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launc
         yield
     finally:
         _cache.clear_all()
+
+
+def stub_driver(monkeypatch, **functions):
+    """CuPy's driver module (``cupy_backends.cuda.api.driver``) stubbed with ``functions``
+    (``launchKernel=...``), so that launch code runs without a GPU; returns the stub."""
+    import sys
+    import types
+
+    driver = types.SimpleNamespace(**functions)
+    api = types.ModuleType("cupy_backends.cuda.api")
+    api.driver = driver
+    for name, module in (("cupy_backends", types.ModuleType("cupy_backends")),
+                         ("cupy_backends.cuda", types.ModuleType("cupy_backends.cuda")),
+                         ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
+        monkeypatch.setitem(sys.modules, name, module)
+    return driver

@@ -12,6 +12,7 @@ import pytest
 from cupy_maxsim._gpu import args as gpu_args
 from cupy_maxsim._gpu import launch as gpu_launch
 from cupy_maxsim._gpu import registry, tma
+from support import stub_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,7 +174,6 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
     caller's buffer."""
     import ctypes
     import struct
-    import sys
     import types
 
     calls = []
@@ -185,13 +185,7 @@ def test_prepared_launch_patches_its_own_buffer(monkeypatch):
                       ctypes.string_at(first, size["struct"]),
                       ctypes.string_at(second, tma.DOC_TILE_MAP_BYTES) if second else None))
 
-    driver = types.SimpleNamespace(launchKernel=launch_kernel)
-    api = types.ModuleType("cupy_backends.cuda.api")
-    api.driver = driver
-    for name, module in (("cupy_backends", types.ModuleType("cupy_backends")),
-                         ("cupy_backends.cuda", types.ModuleType("cupy_backends.cuda")),
-                         ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
-        monkeypatch.setitem(sys.modules, name, module)
+    stub_driver(monkeypatch, launchKernel=launch_kernel)
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
     values = [500 + k for k in range(len(gpu_args.FORWARD_ARGS))]
     template = gpu_args.ArgTemplate(gpu_args.forward_args, values, gpu_args.FORWARD_HEAD, tma.DOC_TILE_MAP_BYTES)
@@ -221,7 +215,6 @@ def test_small_kernel_scalars_reach_the_driver(monkeypatch):
     kernel of SMALL_KERNEL_PARAMETERS."""
     import ctypes
     import struct
-    import sys
     import types
 
     seen = []
@@ -231,13 +224,7 @@ def test_small_kernel_scalars_reach_the_driver(monkeypatch):
         seen.append([struct.unpack("<" + code, ctypes.string_at(pointer, struct.calcsize(code)))[0]
                      for code, pointer in zip(codes, pointers)])  # (read now: the buffer is the launch's)
 
-    driver = types.SimpleNamespace(launchKernel=launch_kernel)
-    api = types.ModuleType("cupy_backends.cuda.api")
-    api.driver = driver
-    for name, module in (("cupy_backends", types.ModuleType("cupy_backends")),
-                         ("cupy_backends.cuda", types.ModuleType("cupy_backends.cuda")),
-                         ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
-        monkeypatch.setitem(sys.modules, name, module)
+    stub_driver(monkeypatch, launchKernel=launch_kernel)
     kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0xF00))
     for name, codes in gpu_launch.SMALL_KERNEL_PARAMETERS.items():
         values = [2**40 + 3 * n if code in "Qq" else -5 - n if code == "i" else n for n, code in enumerate(codes)]

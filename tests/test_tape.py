@@ -13,6 +13,7 @@ import pytest
 
 from cupy_maxsim._gpu import launch as gpu_launch
 from cupy_maxsim._gpu import tape as gpu_tape
+from support import stub_driver
 
 
 class FakeArray:
@@ -49,15 +50,10 @@ def stubbed(monkeypatch):
         return launch_kernel
 
     current_codes = [None]
-    driver = types.SimpleNamespace(launchKernel=reader(False), launchCooperativeKernel=reader(True))
+    stub_driver(monkeypatch, launchKernel=reader(False), launchCooperativeKernel=reader(True))
     cupy = types.ModuleType("cupy")
     cupy.empty, cupy.zeros, cupy.int32, cupy.float32 = allocate(False), allocate(True), np.int32, np.float32
-    api = types.ModuleType("cupy_backends.cuda.api")
-    api.driver = driver
-    for name, module in (("cupy", cupy), ("cupy_backends", types.ModuleType("cupy_backends")),
-                         ("cupy_backends.cuda", types.ModuleType("cupy_backends.cuda")),
-                         ("cupy_backends.cuda.api", api), ("cupy_backends.cuda.api.driver", driver)):
-        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
     return launches, allocations, current_codes
 
 
