@@ -23,6 +23,8 @@ from . import _arrays
 
 #: Bytes of an array written or copied at once.
 CHUNK_BYTES = 256 * 2**20
+#: The manifest of a saved Index, and of a saved sharded index (its shards' folders hold the first).
+INDEX_MANIFEST, SHARDED_MANIFEST = "manifest.json", "sharded.json"
 
 
 def progress(iterable, total: int, what: str, enabled: bool):
@@ -86,14 +88,15 @@ def commit(folder: Path, manifest_name: str, partial: dict, stale: tuple, manife
     for name in stale:
         if name not in partial:
             (folder / f"{name}.npy").unlink(missing_ok=True)
-    write_manifest(folder / manifest_name, manifest)
+    write_json(folder / manifest_name, manifest)
 
 
-def write_manifest(path: Path, manifest: dict) -> None:
-    """``manifest`` as JSON at ``path``, through ``path.partial`` renamed: never half a file."""
+def write_json(path: Path, value) -> None:
+    """``value`` as JSON at ``path`` (a manifest), through ``path.partial`` renamed: never half a
+    file."""
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w") as file:
-        file.write(json.dumps(manifest, indent=1) + "\n")
+        file.write(json.dumps(value, indent=1) + "\n")
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)

@@ -23,10 +23,15 @@ def id_array(ids, name: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def increasing(values: np.ndarray) -> bool:
+    """Whether a 1-D array strictly increases (assigned ids do): one pass, no sort."""
+    return values.shape[0] < 2 or bool((values[1:] > values[:-1]).all())
+
+
 def sorted_unique(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)`` of a 1-D integer array (a new array, ascending), by one sort, or
     none where the values already increase."""
-    if values.shape[0] < 2 or bool((values[1:] > values[:-1]).all()):
+    if increasing(values):
         return values.copy()
     ordered = np.sort(values)
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
@@ -55,7 +60,7 @@ def sorted_view(ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """(the stable argsort of ``ids``, or None where they already increase, as assigned ids
     do; ``ids`` in that order): what :func:`find` searches, taken once per version of an index's
     ids."""
-    if ids.shape[0] < 2 or bool((ids[1:] > ids[:-1]).all()):
+    if increasing(ids):
         return None, ids
     order = np.argsort(ids, kind="stable")
     return order, ids[order]

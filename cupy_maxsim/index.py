@@ -28,7 +28,7 @@ from ._problem import packed_problem
 
 #: Storage formats, by dtype name.
 FORMATS = ("float32", "float16", "int8")
-MANIFEST = "manifest.json"
+MANIFEST = _files.INDEX_MANIFEST
 #: Every array a saved index may hold (a save removes those it does not write).
 ARRAYS = ("tokens", "offsets", "ids", "scales", "exact")
 FORMAT_NAME = "cupy-maxsim-index"
@@ -392,7 +392,7 @@ class Index:
             manifest = json.loads((folder / MANIFEST).read_text())
         except (FileNotFoundError, NotADirectoryError):  # (a file's path: NotADirectoryError)
             elsewhere = " (it holds a sharded index: cupy_maxsim.ShardedIndex.load)" if (
-                folder / "sharded.json").is_file() else ""
+                folder / _files.SHARDED_MANIFEST).is_file() else ""
             raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index{elsewhere}") from None
         if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
             raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")

@@ -28,7 +28,7 @@ from ._topk import stable_argsort
 from .search import _check_k
 
 
-MANIFEST = "sharded.json"
+MANIFEST = _files.SHARDED_MANIFEST
 FORMAT_NAME = "cupy-maxsim-sharded-index"
 VERSION = 1
 
@@ -197,7 +197,7 @@ def retracted(path) -> Path:
 
 def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, documents: int, next_id: int) -> Path:
     """A saved sharded index's manifest, written after its shards (never half a file): ``folder``."""
-    _files.write_manifest(folder / MANIFEST, {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype,
+    _files.write_json(folder / MANIFEST, {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype,
                                               "rescore": rescore, "shards": shards, "documents": documents,
                                               "next_id": next_id})
     return folder
@@ -208,7 +208,7 @@ def read_manifest(folder: Path) -> dict:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except (FileNotFoundError, NotADirectoryError):
-        elsewhere = " (it holds one Index: cupy_maxsim.Index.load)" if (folder / "manifest.json").is_file() else ""
+        elsewhere = " (it holds one Index: cupy_maxsim.Index.load)" if (folder / _files.INDEX_MANIFEST).is_file() else ""
         raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved sharded index{elsewhere}") from None
     if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
         raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")

@@ -108,7 +108,7 @@ class ExactIndex(Base):
         if not all(isinstance(name, (str, int)) and not isinstance(name, bool) for name in names):
             raise ValueError("only string or integer PyLate ids can be saved (JSON)")
         folder = self.index.save(path)
-        _files.write_manifest(folder / NAMES, {"name": self.name, "ids": live, "names": names})
+        _files.write_json(folder / NAMES, {"name": self.name, "ids": live, "names": names})
         return folder
 
     @classmethod
