@@ -38,18 +38,25 @@ def check_offsets(offsets: np.ndarray, tokens: int) -> None:
         raise ValueError("offsets must start at 0, not decrease, and end at the number of tokens")
 
 
-def packed(docs, mask, dim: int):
-    """(the tokens' operand, host int64 offsets) of documents of width ``dim``."""
+def packed(docs, mask, dim: int, first: int = 0):
+    """(the tokens' operand, host int64 offsets) of documents of width ``dim``; ``first``: the
+    position of ``docs[0]`` among the documents given to add (errors name theirs)."""
     if isinstance(docs, tuple) and len(docs) == 2:
         tokens, offsets = docs
     else:
-        tokens, offsets = quantize.pack(docs, mask=mask)
+        tokens, offsets = quantize._pack(docs, mask, first)
     offsets = np.asarray(_arrays.to_host(_arrays.as_operand(offsets, "offsets")), dtype=np.int64)
     operand = _arrays.as_operand(tokens, "docs")
     if operand.ndim != 2 or operand.shape[1] != dim:
         raise ValueError(f"docs must have tokens of width {dim} (the index's dim), got shape {operand.shape}")
     check_offsets(offsets, operand.shape[0])
     return operand, offsets
+
+
+def check_copy(copy) -> None:
+    """add()'s ``copy``: True (always copy), None (keep where possible) or False (keep, or say why not)."""
+    if copy not in (True, False, None):
+        raise ValueError(f"copy must be True, False or None, got {copy!r}")
 
 
 def why_copied(docs, dtype: str, gpu: int | None, device: str) -> str | None:

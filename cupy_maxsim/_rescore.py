@@ -74,6 +74,10 @@ def exact_scores(index, q, q_mask, tokens, offsets, columns, single, return_argm
     """Every query's exact scores of its shortlist, ``columns`` (queries, depth) into the
     union's documents (``tokens``, ``offsets``, host): (scores, winners or None), arrays of
     ``xp``, (queries, depth) and (queries, depth, Lq)."""
+    if offsets.shape[0] == 1:  # no shortlist holds a document (a filter allowing none stored): all absent
+        query_length = _arrays.as_operand(q, "q").shape[-2]
+        return (xp.full(columns.shape, -np.inf, np.float32),
+                xp.full(columns.shape + (query_length,), -1, np.int32) if return_argmax else None)
     if in_one_call(xp):  # every query against the union in one call, then each query's columns
         operand = _arrays.as_operand(q, "q")
         q_exact = operand.host if xp is np else operand.cupy()

@@ -131,10 +131,14 @@ class Index:
         (float16 or float32, not int8), C-contiguous and on its device, and it rescores nothing
         (a corpus as large as the memory it lives in is then held once; it must not be changed
         afterwards), else copies them. False: as None, but a ValueError where it would copy."""
-        if copy not in (True, False, None):
-            raise ValueError(f"copy must be True, False or None, got {copy!r}")
-        count = _documents.count(docs)
-        new_ids = self._new_ids(ids, count)
+        _documents.check_copy(copy)
+        return self._store(docs, self._new_ids(ids, _documents.count(docs)), mask, progress, batch_docs, copy)
+
+    def _store(self, docs, new_ids: np.ndarray, mask=None, progress: bool = False, batch_docs: int = 8192,
+               copy: bool | None = True, first: int = 0) -> np.ndarray:
+        """add() of ids checked already (a sharded add checks them once for every shard);
+        ``first``: where ``docs[0]`` is in what the caller was given (errors name documents so)."""
+        count = new_ids.shape[0]
         if isinstance(docs, tuple) and len(docs) == 2:  # the offsets on the host once, for every batch
             docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
             _documents.check_offsets(docs[1], _arrays.as_operand(docs[0], "docs").shape[0])  # (whole: batches see slices)
@@ -158,7 +162,8 @@ class Index:
         offsets, at = [], top
         for start in _files.progress(range(0, count, batch_docs), -(-count // batch_docs), "adding", progress):
             tokens, batch_offsets = _documents.packed(_documents.sliced(docs, start, start + batch_docs),
-                                                      None if mask is None else mask[start:start + batch_docs], self.dim)
+                                                      None if mask is None else mask[start:start + batch_docs], self.dim,
+                                                      first + start)
             if at + int(batch_offsets[-1]) > total:
                 raise ValueError("docs hold more tokens than they did when add() began counting them")
             with self._on_device():
@@ -177,6 +182,20 @@ class Index:
         self._scales = None if self._scales is None else next(stores)
         self._exact = None if self._exact is None else next(stores)
         return self._added(new_ids)
+
+    def _size(self) -> tuple[int, int, int]:
+        """(documents stored, live or removed; tokens stored; the next free id): what
+        :meth:`_cut_to` returns the store to."""
+        return self._ids.shape[0], int(self._host_offsets()[0][-1]), self._next_id
+
+    def _cut_to(self, size: tuple[int, int, int]) -> None:
+        """Undo the adds made since :meth:`_size` gave ``size`` (no remove between): a sharded
+        add that failed or was interrupted in one shard leaves every shard as it was. An add
+        only appends, so the store's first rows are the old store (views of them here)."""
+        documents, tokens, self._next_id = size
+        self._tokens, self._scales, self._exact = (None if x is None else x[:tokens] for x in
+                                                   (self._tokens, self._scales, self._exact))
+        self._offsets, self._ids, self._alive = self._offsets[:documents + 1], self._ids[:documents], self._alive[:documents]
 
     def _added(self, new_ids: np.ndarray) -> np.ndarray:
         """The ids of documents just stored, recorded; returned."""

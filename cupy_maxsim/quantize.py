@@ -59,19 +59,25 @@ def pack(docs, mask=None):
     offsets : int64 array, shape (Nd + 1,)
         In the framework and on the device of the documents.
     """
+    return _pack(docs, mask)
+
+
+def _pack(docs, mask=None, first: int = 0):
+    """:func:`pack`; a sequence's documents named from ``docs[first]`` in errors (an Index's
+    add packs its documents a batch at a time)."""
     if isinstance(docs, (list, tuple)):
         if mask is not None:
             raise ValueError("mask applies to a padded (Nd, Ld, D) array, got a sequence of documents")
         if len(docs) == 0:
             raise ValueError("docs must hold at least one document, got an empty sequence")
-        operands = [float_operand(doc, f"docs[{i}]") for i, doc in enumerate(docs)]
+        operands = [float_operand(doc, f"docs[{i}]") for i, doc in enumerate(docs, first)]
         first = operands[0]
         for op in operands:
             check_ndim(op, (2,), "(Ld_i, D)")
             if op.dtype != first.dtype:
-                raise TypeError(f"{op.name} must have the dtype of docs[0] ({first.dtype}), got {op.dtype}")
+                raise TypeError(f"{op.name} must have the dtype of {first.name} ({first.dtype}), got {op.dtype}")
             if op.shape[-1] != first.shape[-1]:
-                raise ValueError(f"{op.name} must have the embedding dim of docs[0] ({first.shape[-1]}), "
+                raise ValueError(f"{op.name} must have the embedding dim of {first.name} ({first.shape[-1]}), "
                                  f"got {op.shape[-1]}")
             check_device(first, op)
         xp = module_of(first)

@@ -46,10 +46,17 @@ class _Shard:
         self.index = Index.load(folder, device=self.home, mmap=mmap, gpu_budget_bytes=self.budget)
         return self.index.ids
 
-    def add(self, docs, ids, mask):
-        if ids.size:  # (host arrays from the driver: the Index takes them to the actor's GPU)
-            self.index.add(docs, ids=ids, mask=mask)
+    def add(self, docs, ids, mask, number, first):
+        self.before_add = (number, self.index._size())
+        if ids.size:  # (host arrays from the driver, which checked the ids: the Index takes them to the actor's GPU)
+            self.index._store(docs, ids, mask, first=first)
         return len(self.index)
+
+    def undo_add(self, number):
+        """The driver's add ``number`` undone (another actor's part failed), if this actor
+        began it (an actor runs its calls in order: after that add)."""
+        if getattr(self, "before_add", (None,))[0] == number:
+            self.index._cut_to(self.before_add[1])
 
     def remove(self, ids):
         return self.index.remove(ids) if ids.size else 0
@@ -85,6 +92,7 @@ class RayIndex:
         self.dim, self.dtype, self.timeout, self.rescore = int(dim), dtype, timeout, rescore
         self.actors = [remote.remote(dim, dtype, num_gpus > 0, rescore, store, gpu_budget_bytes) for _ in range(actors)]
         self._next_id = 0
+        self._adds = 0  # (adds sent: an actor undoes only the one that failed elsewhere)
         self._held = [np.zeros(0, np.int64) for _ in range(actors)]  # each actor's ids (driver's copy)
 
     def __len__(self) -> int:
@@ -104,8 +112,22 @@ class RayIndex:
     def add(self, docs, *, ids=None, mask=None) -> np.ndarray:
         new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, self.ids)
         parts = list(split_documents(docs, mask, new_ids, len(self.actors)))
-        self._gather([actor.add.remote(_host_docs(part), part_ids, None if part_mask is None else np.asarray(part_mask))
-                      for actor, (part, part_mask, part_ids) in zip(self.actors, parts)])
+        self._adds += 1
+        firsts = np.cumsum([0] + [part_ids.size for _, _, part_ids in parts])  # (errors name docs' positions)
+        added = [actor.add.remote(_host_docs(part), part_ids, None if part_mask is None else np.asarray(part_mask),
+                                  self._adds, int(first)) for actor, (part, part_mask, part_ids), first
+                 in zip(self.actors, parts, firsts)]
+        try:
+            self._gather(added)
+        except BaseException:  # (every live actor back to where it was)
+            undone = [actor.undo_add.remote(self._adds) for actor in self.actors]
+            ray.wait(undone, num_returns=len(undone), timeout=self.timeout)
+            for future in added:  # (the other actors' errors read, not logged as unhandled)
+                try:
+                    ray.get(future, timeout=0)
+                except Exception:
+                    pass
+            raise
         self._held = [np.concatenate([held, part_ids]) for held, (_, _, part_ids) in zip(self._held, parts)]
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids

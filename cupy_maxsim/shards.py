@@ -82,6 +82,7 @@ class ShardedIndex:
         """As :meth:`Index.add`; the documents go to the shards in contiguous runs (with
         ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
         pair as they are: the corpus held once)."""
+        _documents.check_copy(copy)
         new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s._ids for s in self.shards]))
         parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
         if copy is False:  # (every shard asked before any adds: none or all keep their run)
@@ -89,9 +90,17 @@ class ShardedIndex:
                 refused = shard._copy_needed(part, part_mask) if part_ids.size else None
                 if refused is not None:
                     raise ValueError(f"add(copy=False) would have to copy shard {n}'s documents: {refused}")
-        for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
-            if part_ids.size:  # (each shard's add takes them from wherever they are, a batch at a time)
-                shard.add(part, ids=part_ids, mask=part_mask, copy=copy)
+        sizes = [shard._size() for shard in self.shards]
+        try:
+            first = 0  # (the position of a run's first document in docs)
+            for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
+                if part_ids.size:  # (each shard takes them from wherever they are, a batch at a time; ids checked above)
+                    shard._store(part, part_ids, part_mask, copy=copy, first=first)
+                first += part_ids.size
+        except BaseException:  # (bad documents in a later run, memory, Ctrl-C: every shard as it was)
+            for shard, size in zip(self.shards, sizes):
+                shard._cut_to(size)
+            raise
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
 

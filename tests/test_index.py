@@ -175,6 +175,9 @@ def test_rescoring_ranks_as_the_exact_copy(store, one_call, tmp_path, monkeypatc
         assert winners.shape == (3, 10, 5)
     allowed = index.search(q, 5, shortlist=40, filter=[0, 1, 2])[1]
     assert set(allowed.ravel()) <= {0, 1, 2, -1}
+    for allow in ([4, 999], []):  # none of them stored (4 removed): no shortlist holds a document
+        scores, ids, winners = index.search(q, 5, filter=allow, return_argmax=True)
+        assert (ids == -1).all() and (scores == -np.inf).all() and (winners == -1).all()
     with pytest.raises(ValueError, match="shortlist"):
         index.search(q, 10, shortlist=5)
 
@@ -264,6 +267,8 @@ def test_validation():
     index = cm.Index(DIM, dtype="float32")
     with pytest.raises(ValueError, match="width"):
         index.add([np.zeros((3, DIM + 1), np.float32)])
+    with pytest.raises(ValueError, match=r"docs\[6\] must have the embedding dim of docs\[4\]"):  # (batch 2's)
+        index.add(docs + docs[:1] + [np.zeros((3, DIM + 1), np.float32)], batch_docs=4)
     index.add(docs, ids=[1, 2, 3, 4, 5])
     with pytest.raises(ValueError, match="already"):
         index.add(docs[:1], ids=[3])
@@ -522,3 +527,5 @@ def test_rescoring_on_the_gpu_ranks_as_the_exact_index(framework):
         np.testing.assert_array_equal(got[2], want[2])
     few = rescored.search(device(q), 10, shortlist=12, filter=[5, 7, 9])  # shortlists shorter than k
     assert (to_numpy(few[1])[:, 3:] == -1).all() and set(to_numpy(few[1])[:, :3].ravel()) == {5, 7, 9}
+    none = rescored.search(device(q), 10, filter=[3, 999], return_argmax=True)  # no document allowed
+    assert (to_numpy(none[1]) == -1).all() and (to_numpy(none[0]) == -np.inf).all() and (to_numpy(none[2]) == -1).all()

@@ -194,6 +194,34 @@ def test_search_threads_are_kept():
     assert sharded._threads(3) is not first and sharded._threads(3)._max_workers == 3
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype, rescore", [("float32", None), ("int8", "float16")])
+def test_a_failed_sharded_add_changes_no_shard(monkeypatch, dtype, rescore, device):
+    """An add that fails in a later shard's run (a document of another width there; an
+    interrupt) leaves every shard as it was: the same answers, and the next add's ids those it
+    would have had (a partial add used to keep the first runs and reassign their ids)."""
+    rng = np.random.default_rng(8)
+    sharded = cm.ShardedIndex(DIM, dtype=dtype, rescore=rescore, devices=[device], shards=3)
+    single = cm.Index(DIM, dtype=dtype, rescore=rescore, device=device)
+    docs = _corpus(rng, 20)
+    for index in (sharded, single):
+        index.add(docs)
+        index.remove([3])
+    before = [shard.nbytes for shard in sharded.shards]
+    bad = _corpus(rng, 9) + [np.zeros((2, DIM + 1), np.float32)]
+    with pytest.raises(ValueError, match=r"docs\[9\] must have the embedding dim of docs\[7\] \(16\)"):
+        sharded.add(bad)  # (named where they are in bad, not in the last shard's run)
+    monkeypatch.setattr(sharded.shards[2], "_store", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        sharded.add(_corpus(rng, 9))
+    monkeypatch.undo()
+    assert [shard.nbytes for shard in sharded.shards] == before and len(sharded) == 19
+    _compare(sharded, single, rng)
+    more = _corpus(rng, 6)
+    np.testing.assert_array_equal(sharded.add(more), single.add(more))
+    _compare(sharded, single, rng)
+
+
 def test_sharded_index_validation():
     with pytest.raises(ValueError, match="store must be"):
         cm.ShardedIndex(DIM, devices=["cpu"], store="disk")
@@ -230,6 +258,14 @@ def test_ray_index_is_one_index(ray_cluster):
     _compare(remote, single, rng)
     with pytest.raises(ValueError, match="width"):  # a shard's own error comes back as itself
         remote.add([np.zeros((3, DIM + 1), np.float32)] * 2)
+    # a failure in the last actor's run undoes the others' (their ids are assigned again next)
+    size = remote.nbytes
+    with pytest.raises(ValueError, match=r"docs\[5\] must have the embedding dim of docs\[3\]"):
+        remote.add(_corpus(rng, 5) + [np.zeros((3, DIM + 1), np.float32)])
+    assert len(remote) == 39 and remote.nbytes == size
+    more = _corpus(rng, 4)
+    np.testing.assert_array_equal(remote.add(more), single.add(more))
+    _compare(remote, single, rng)
 
 
 def test_ray_index_stored_on_the_host(ray_cluster, tmp_path):
