@@ -25,6 +25,24 @@ from . import _arrays
 CHUNK_BYTES = 256 * 2**20
 #: The manifest of a saved Index, and of a saved sharded index (its shards' folders hold the first).
 INDEX_MANIFEST, SHARDED_MANIFEST = "manifest.json", "sharded.json"
+#: What a folder with each manifest holds (said where a folder of the other kind is loaded).
+_HOLDS = {INDEX_MANIFEST: ("a saved cupy_maxsim.Index", "one Index: cupy_maxsim.Index.load"),
+          SHARDED_MANIFEST: ("a saved sharded index", "a sharded index: cupy_maxsim.ShardedIndex.load")}
+
+
+def read_manifest(folder: Path, name: str, format_name: str, version: int) -> dict:
+    """The manifest ``name`` of ``folder``, of ``format_name`` at ``version``; a
+    FileNotFoundError (naming the other load where the folder holds the other kind of index)
+    or a ValueError naming what is wrong."""
+    try:
+        manifest = json.loads((folder / name).read_text())
+    except (FileNotFoundError, NotADirectoryError):  # (a file's path: NotADirectoryError)
+        other = SHARDED_MANIFEST if name == INDEX_MANIFEST else INDEX_MANIFEST
+        elsewhere = f" (it holds {_HOLDS[other][1]})" if (folder / other).is_file() else ""
+        raise FileNotFoundError(f"{folder} holds no {name}: not {_HOLDS[name][0]}{elsewhere}") from None
+    if manifest.get("format") != format_name or manifest.get("version") != version:
+        raise ValueError(f"{folder / name} is not a version-{version} {format_name} manifest")
+    return manifest
 
 
 def progress(iterable, total: int, what: str, enabled: bool):

@@ -17,7 +17,6 @@ filtered-out document. ``save`` writes a directory of plain ``.npy`` files and a
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -407,14 +406,7 @@ class Index:
         are memory-mapped (read-only, nothing copied in Python); on a GPU they are copied to it
         once."""
         folder = Path(path)
-        try:
-            manifest = json.loads((folder / MANIFEST).read_text())
-        except (FileNotFoundError, NotADirectoryError):  # (a file's path: NotADirectoryError)
-            elsewhere = " (it holds a sharded index: cupy_maxsim.ShardedIndex.load)" if (
-                folder / _files.SHARDED_MANIFEST).is_file() else ""
-            raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved cupy_maxsim.Index{elsewhere}") from None
-        if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
-            raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
+        manifest = _files.read_manifest(folder, MANIFEST, FORMAT_NAME, VERSION)
         index = cls(manifest["dim"], dtype=manifest["dtype"], device=device, rescore=manifest.get("rescore"),
                     gpu_budget_bytes=gpu_budget_bytes)
         # Every file memory-mapped, then (on a GPU, or without mmap) copied a chunk at a time.

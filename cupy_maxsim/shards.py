@@ -14,7 +14,6 @@ searched by all of them at once.
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -214,14 +213,7 @@ def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, doc
 
 def read_manifest(folder: Path) -> dict:
     """A saved sharded index's manifest; FileNotFoundError or ValueError naming what is wrong."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except (FileNotFoundError, NotADirectoryError):
-        elsewhere = " (it holds one Index: cupy_maxsim.Index.load)" if (folder / _files.INDEX_MANIFEST).is_file() else ""
-        raise FileNotFoundError(f"{folder} holds no {MANIFEST}: not a saved sharded index{elsewhere}") from None
-    if manifest.get("format") != FORMAT_NAME or manifest.get("version") != VERSION:
-        raise ValueError(f"{folder / MANIFEST} is not a version-{VERSION} {FORMAT_NAME} manifest")
-    return manifest
+    return _files.read_manifest(folder, MANIFEST, FORMAT_NAME, VERSION)
 
 
 def check_loaded(folder: Path, manifest: dict, documents: int) -> None:
