@@ -1,6 +1,6 @@
 """An Index's exact rescoring: each query's shortlist (storage rows from the Index's own
 search) scored again from its host copy in a higher precision, its k best kept (ties to the
-document added first). Queries on a GPU: the shortlists' union gathered from the copy once,
+lower storage row; Index.search makes them the lower id's where ids are out of storage order). Queries on a GPU: the shortlists' union gathered from the copy once,
 copied once, and scored for every query in one packed call; on the host: the NumPy backend, a
 query against its own shortlist at a time."""
 
@@ -25,9 +25,19 @@ def _cupy():
     return cupy
 
 
+def shortlist_depth(k: int, shortlist, stored: int) -> int:
+    """The rows a rescoring search takes from its store: ``shortlist`` (at least k), by default
+    max(4k, k + 16), no deeper than the documents ``stored`` nor than k (a k past the corpus
+    asks no more)."""
+    depth = max(k, min(max(4 * k, k + 16), stored)) if shortlist is None else _search._check_k(shortlist)
+    if depth < k:
+        raise ValueError(f"shortlist must be at least k ({k}), got {depth}")
+    return depth
+
+
 def rescored(index, q, q_mask, rows, k, return_argmax, like):
     """Each query's shortlist (storage rows, -1: none) scored exactly from the host copy,
-    its k best kept (ties to the document added first); results on the device of ``like``.
+    its k best kept (ties to the lower storage row); results on the device of ``like``.
     GPU queries: the shortlists' union gathered from the copy once, one copy to the GPU
     and one packed call for every query (a host scoring loop took milliseconds a query);
     host queries: the NumPy backend, a query at a time."""

@@ -65,3 +65,37 @@ def stable_argsort(xp, keys):
     """Along the last axis, equal keys in their order (CuPy's argsort is always stable and
     takes no ``kind``): search's sorts, the rescoring's and the shards' merge."""
     return xp.argsort(keys, axis=-1, kind="stable") if xp is np else xp.argsort(keys, axis=-1)
+
+
+def first_by_score_then_id(xp, scores, ids, k: int):
+    """The positions of each row's k first candidates (2-D scores and ids) by descending score,
+    ties to the lower id, missing (-1) last: a ShardedIndex's merge, and an Index's ties where
+    its ids are out of storage order. float32 scores and ids below 2**32 (nearly always): one
+    sort of a 64-bit key a candidate (the score's order in the high half, the id in the low),
+    stable: a merge of the shards' runs, each in this order already (256 queries x 8 shards of
+    100: 2.9 ms against the three sorts' 23, and a quicksort's 5.7); else three stable sorts
+    (ids, then scores, then missing), each kept by the next."""
+    if scores.dtype == np.float32 and int(ids.max(initial=-1) if xp is np else ids.max()) < 2**32:
+        return stable_argsort(xp, merge_keys(xp, scores, ids))[:, :k]
+    order = stable_argsort(xp, xp.where(ids < 0, np.iinfo(np.int64).max, ids))  # ids ascending
+    order = xp.take_along_axis(order, stable_argsort(xp, -xp.take_along_axis(scores, order, 1)), 1)
+    missing = xp.take_along_axis(ids, order, 1) < 0
+    return xp.take_along_axis(order, stable_argsort(xp, missing.astype(np.int8)), 1)[:, :k]
+
+
+def score_keys(xp, scores):
+    """uint32 keys whose ascending order is float32 ``scores``' descending order as the
+    selection kernel ranks them (kernels_cu/maxsim_topk.cu's topk_key, inverted): -0.0 as 0.0,
+    NaN just after -inf; equal keys are ties."""
+    bits = scores.view(np.uint32)
+    bits = xp.where(bits == np.uint32(0x80000000), np.uint32(0), bits)  # (-0.0: 0.0's bits)
+    # Descending order: negatives as they are, positives with every bit but the sign flipped.
+    descending = bits ^ ((~(bits.view(np.int32) >> 31)).view(np.uint32) & np.uint32(0x7FFFFFFF))
+    return xp.where(xp.isnan(scores), np.uint32(0xFF800001), descending)  # (just after -inf's 0xFF800000)
+
+
+def merge_keys(xp, scores, ids):
+    """uint64 keys whose ascending order is merge_top_k's: the high half :func:`score_keys`, the
+    low half the id (0 <= id < 2**32); a missing candidate (id -1) last."""
+    keys = (score_keys(xp, scores).astype(np.uint64) << np.uint64(32)) | ids.astype(np.uint64)
+    return xp.where(ids < 0, np.uint64(np.iinfo(np.uint64).max), keys)

@@ -256,22 +256,27 @@ class Index:
                workspace_bytes=_search.WORKSPACE_BYTES):
         """The k best live documents for each query: ``(scores, ids)`` (and the winners with
         ``return_argmax``), as :func:`cupy_maxsim.search` orders them, ids the index's own (-1
-        past what there is; ties to the document added first). ``filter``: an allow-list of
+        past what there is; ties to the lower id). ``filter``: an allow-list of
         ids, or a boolean array over :attr:`ids` (True: may be returned). Results in the
         framework of ``q``; ``q`` lives on the index's device. An int8 index quantises float
         queries (once a call); int8 queries come with their ``q_scale``. An index that
         rescores takes the ``shortlist`` best (default max(4k, k + 16), at most the documents
         stored, at least k) from its store and ranks them by exact scores from its host copy."""
         k = _search._check_k(k)
+        if self._sorted_ids()[0] is not None:  # (ids out of storage order: the rows' ties are not the ids')
+            given = None if shortlist is None else _rescore.shortlist_depth(k, shortlist, self._ids.shape[0])
+            return _ids.lower_ids_first(lambda depth: self._ranked(
+                q, depth, q_mask, q_scale, filter, return_argmax, given and max(given, depth), workspace_bytes),
+                k, self._ids.shape[0], _arrays.as_operand(q, "q"))
+        return self._ranked(q, k, q_mask, q_scale, filter, return_argmax, shortlist, workspace_bytes)
+
+    def _ranked(self, q, k, q_mask, q_scale, filter, return_argmax, shortlist, workspace_bytes):
+        """search() with ties to the lower storage row."""
         if self._exact is None:
             return self._search(q, k, q_mask, q_scale, filter, return_argmax, workspace_bytes)
         if q_scale is not None or _arrays.as_operand(q, "q").dtype == "int8":
             raise ValueError("an index that rescores takes float queries (it rescores them exactly), not int8 ones")
-        # (the default no deeper than the store, nor than k: a k past the corpus asks no more)
-        depth = (max(k, min(max(4 * k, k + 16), self._ids.shape[0])) if shortlist is None
-                 else _search._check_k(shortlist))
-        if depth < k:
-            raise ValueError(f"shortlist must be at least k ({k}), got {depth}")
+        depth = _rescore.shortlist_depth(k, shortlist, self._ids.shape[0])
         like, _, rows = self._search(q, depth, q_mask, None, filter, False, workspace_bytes, rows=True)
         return _rescore.rescored(self, q, q_mask, rows, k, return_argmax, like)
 

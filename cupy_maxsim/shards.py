@@ -23,7 +23,7 @@ from . import _arrays, _documents, _files, _ids, streaming
 from ._ids import id_array
 from .index import Index, _parse_device
 from ._gpu.device import on_device, on_stream
-from ._topk import stable_argsort
+from ._topk import first_by_score_then_id
 from .search import _check_k
 
 
@@ -245,7 +245,7 @@ def merge_top_k(results, k: int, xp=np):
     if len(results[0]) >= 3:
         joined.append(np.concatenate([r[2][None] if single else r[2] for r in results], axis=1))
     joined = [xp.asarray(x) for x in joined]
-    order = _merge_order(xp, joined[0], joined[1], k)
+    order = first_by_score_then_id(xp, joined[0], joined[1], k)
     out = [xp.take_along_axis(joined[0], order, 1), xp.take_along_axis(joined[1], order, 1)]
     if len(joined) == 3:
         out.append(xp.take_along_axis(joined[2], order[..., None], 1))
@@ -256,34 +256,6 @@ def merge_top_k(results, k: int, xp=np):
 #: 256 queries x 8 shards of 100 took 7.5 ms on a host's CPU (merge-top-k-2026-12-05-0ff8281),
 #: a sort of a few microseconds on a GPU after one upload; one query's 0.04 ms stays on the host.
 GPU_MERGE_CANDIDATES = 2**16
-
-
-def _merge_order(xp, scores, ids, k: int):
-    """The positions of each row's k first candidates in merge_top_k's order. float32 scores and
-    ids below 2**32 (nearly always): one sort of a 64-bit key a candidate (the score's order in
-    the high half as the selection kernel keys it, the id in the low), stable: a merge of the
-    shards' runs, each in this order already (256 queries x 8 shards of 100: 2.9 ms against
-    the three sorts' 23, and a quicksort's 5.7); else three stable sorts (ids, then scores,
-    then missing), each kept by the next."""
-    if scores.dtype == np.float32 and int(ids.max(initial=-1) if xp is np else ids.max()) < 2**32:
-        return stable_argsort(xp, merge_keys(xp, scores, ids))[:, :k]
-    order = stable_argsort(xp, xp.where(ids < 0, np.iinfo(np.int64).max, ids))  # ids ascending
-    order = xp.take_along_axis(order, stable_argsort(xp, -xp.take_along_axis(scores, order, 1)), 1)
-    missing = xp.take_along_axis(ids, order, 1) < 0
-    return xp.take_along_axis(order, stable_argsort(xp, missing.astype(np.int8)), 1)[:, :k]
-
-
-def merge_keys(xp, scores, ids):
-    """uint64 keys whose ascending order is merge_top_k's: the high half a float32 score's
-    descending order (kernels_cu/maxsim_topk.cu's topk_key, inverted: -0.0 as 0.0, NaN just
-    after -inf), the low half the id (0 <= id < 2**32); a missing candidate (id -1) last."""
-    bits = scores.view(np.uint32)
-    bits = xp.where(bits == np.uint32(0x80000000), np.uint32(0), bits)  # (-0.0: 0.0's bits)
-    # Descending order: negatives as they are, positives with every bit but the sign flipped.
-    descending = bits ^ ((~(bits.view(np.int32) >> 31)).view(np.uint32) & np.uint32(0x7FFFFFFF))
-    descending = xp.where(xp.isnan(scores), np.uint32(0xFF800001), descending)  # (just after -inf's 0xFF800000)
-    keys = (descending.astype(np.uint64) << np.uint64(32)) | ids.astype(np.uint64)
-    return xp.where(ids < 0, np.uint64(np.iinfo(np.uint64).max), keys)
 
 
 def _host(x) -> np.ndarray:

@@ -255,6 +255,54 @@ def test_torch_queries_answer_in_torch():
     np.testing.assert_array_equal(ids.numpy(), _expected(q, docs, range(10), 3)[1])
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype, rescore", [("float32", None), ("float16", None), ("int8", None), ("int8", "float32")])
+def test_ties_go_to_the_lower_id_whatever_the_order_of_adds(dtype, rescore, device):
+    """Documents added with ids out of order (and an id removed and added again, an update)
+    rank as the same documents added in id order: ties to the lower id, never to the row (the
+    selection's order), through duplicates deeper than k, empty documents (-inf), NaN scores,
+    filters, winners, k past the corpus; sharded as one index, whatever the shard count."""
+    rng = np.random.default_rng(21)
+    docs = _documents(rng, 24, longest=6)
+    docs[1] = unit_rows(rng, (3, DIM), np.float32)
+    for twin in (3, 5, 8, 13, 17, 20, 22):  # 8 copies of one document (query 2's best), 3 of another
+        docs[twin] = docs[1]
+    docs[9] = docs[14] = docs[2]
+    docs[10] = docs[11] = np.zeros((0, DIM), np.float32)
+    docs[12] = docs[15] = np.full((2, DIM), np.nan, np.float32)
+    ids = rng.permutation(100)[:24]
+    order = rng.permutation(24)
+    shuffled = cm.Index(DIM, dtype=dtype, rescore=rescore, device=device)
+    shuffled.add([docs[n] for n in order[:20]], ids=ids[order[:20]])
+    shuffled.remove([ids[order[0]]])
+    shuffled.compact()  # (a removed id is taken until then)
+    shuffled.add([docs[n] for n in order[20:]] + [docs[order[0]]], ids=np.append(ids[order[20:]], ids[order[0]]))
+    sorted_ids = np.sort(ids)
+    by_id = {int(i): docs[n] for n, i in enumerate(ids)}
+    in_order = cm.Index(DIM, dtype=dtype, rescore=rescore, device=device)
+    in_order.add([by_id[int(i)] for i in sorted_ids], ids=sorted_ids)
+    sharded = [cm.ShardedIndex(DIM, dtype=dtype, rescore=rescore, devices=[device], shards=n) for n in (1, 3)]
+    for index in sharded:
+        index.add([docs[n] for n in order], ids=ids[order])
+    q = unit_rows(rng, (3, 4, DIM), np.float32)
+    q = q if device == "cpu" else __import__("cupy").asarray(q)
+    q[1] = q[0]
+    q[2] = docs[1][0] if device == "cpu" else __import__("cupy").asarray(docs[1][0])  # (ties deeper than k)
+    allow = [int(i) for i in ids[::2]]
+    for k in (1, 2, 3, 7, 9, 24, 30):
+        for kwargs in ({}, {"filter": allow}, {"return_argmax": True}):
+            want = [to_numpy(x) for x in in_order.search(q, k, **kwargs)]
+            for index in [shuffled] + sharded:
+                got = [to_numpy(x) for x in index.search(q, k, **kwargs)]
+                for a, b in zip(got, want):
+                    np.testing.assert_array_equal(a, b)
+            tied = (want[0][:, 1:] == want[0][:, :-1]) | (np.isnan(want[0][:, 1:]) & np.isnan(want[0][:, :-1]))
+            assert (k < 24 or tied.any()) and (want[1][:, 1:][tied & (want[1][:, 1:] >= 0)] > want[1][:, :-1][
+                tied & (want[1][:, 1:] >= 0)]).all()  # (each run of ties by increasing id)
+    single = [to_numpy(x) for x in shuffled.search(q[0], 2)]
+    np.testing.assert_array_equal(single[1], to_numpy(in_order.search(q[0], 2)[1]))
+
+
 def test_validation():
     rng = np.random.default_rng(7)
     docs = _documents(rng, 5)
