@@ -222,7 +222,7 @@ class Index:
     def remove(self, ids) -> int:
         """Remove the documents of ``ids`` (each must be in the index); returns how many. The
         store is compacted once removed tokens outnumber live ones."""
-        wanted = id_array(ids, "ids")
+        wanted = _ids.sorted_unique(id_array(ids, "ids"))  # (an id given twice is removed once)
         rows = self._rows_of(wanted, "ids")
         self._alive = self._alive.copy()  # (a new version: _allowed_on_device caches by identity)
         self._alive[rows] = False
@@ -449,8 +449,8 @@ class Index:
         return cupy.cuda.Device(self._gpu)
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
-        # (a removed id stays taken until compact() drops it)
-        return new_ids(ids, count, self._next_id, self._ids, " (or removed, before compact())")
+        # (a removed id may come again before compact(): find() takes an id's last row, the live one)
+        return new_ids(ids, count, self._next_id, self.ids)
 
     def _rows_of(self, ids: np.ndarray, name: str) -> np.ndarray:
         """Storage rows of live ``ids``; ValueError naming any that is not in the index."""

@@ -82,7 +82,7 @@ class ShardedIndex:
         ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
         pair as they are: the corpus held once)."""
         _documents.check_copy(copy)
-        new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s._ids for s in self.shards]))
+        new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s.ids for s in self.shards]))
         parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
         if copy is False:  # (every shard asked before any adds: none or all keep their run)
             for n, (shard, (part, part_mask, part_ids)) in enumerate(zip(self.shards, parts)):

@@ -274,8 +274,7 @@ def test_ties_go_to_the_lower_id_whatever_the_order_of_adds(dtype, rescore, devi
     order = rng.permutation(24)
     shuffled = cm.Index(DIM, dtype=dtype, rescore=rescore, device=device)
     shuffled.add([docs[n] for n in order[:20]], ids=ids[order[:20]])
-    shuffled.remove([ids[order[0]]])
-    shuffled.compact()  # (a removed id is taken until then)
+    shuffled.remove([ids[order[0]]])  # (and added again below, before any compaction: an update)
     shuffled.add([docs[n] for n in order[20:]] + [docs[order[0]]], ids=np.append(ids[order[20:]], ids[order[0]]))
     sorted_ids = np.sort(ids)
     by_id = {int(i): docs[n] for n, i in enumerate(ids)}
@@ -301,6 +300,40 @@ def test_ties_go_to_the_lower_id_whatever_the_order_of_adds(dtype, rescore, devi
                 tied & (want[1][:, 1:] >= 0)]).all()  # (each run of ties by increasing id)
     single = [to_numpy(x) for x in shuffled.search(q[0], 2)]
     np.testing.assert_array_equal(single[1], to_numpy(in_order.search(q[0], 2)[1]))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_removed_id_may_come_again(tmp_path, device):
+    """An update: remove an id and add it again with a new document, no compaction between
+    (the old row stays as a tombstone). Searches, filters, removes and saves see the new one,
+    as an index built with the new document does; sharded alike (over Ray: tests/test_shards.py)."""
+    rng = np.random.default_rng(23)
+    docs = _documents(rng, 12)
+    new = unit_rows(rng, (4, DIM), np.float32)
+    updated = [cm.Index(DIM, dtype="float32", device=device),
+               cm.ShardedIndex(DIM, dtype="float32", devices=[device], shards=2)]
+    fresh = cm.Index(DIM, dtype="float32", device=device)
+    fresh.add(docs[:5] + docs[6:] + [new], ids=list(range(5)) + list(range(6, 12)) + [5])
+    q = unit_rows(rng, (3, 4, DIM), np.float32)
+    q[0] = new  # (the new document is query 0's best)
+    q = q if device == "cpu" else __import__("cupy").asarray(q)
+    for index in updated:
+        index.add(docs)
+        index.remove([5, 5])  # (an id given twice is removed once)
+        assert index.add([new], ids=[5]).tolist() == [5] and len(index) == 12
+        with pytest.raises(ValueError, match="already in the index"):
+            index.add([new], ids=[5])
+        assert sorted(index.ids.tolist()) == list(range(12))
+        for k, kwargs in ((3, {}), (12, {}), (2, {"filter": [5, 7]}), (4, {"return_argmax": True})):
+            for a, b in zip(index.search(q, k, **kwargs), fresh.search(q, k, **kwargs)):
+                np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+        assert to_numpy(index.search(q, 1)[1])[0, 0] == 5
+    single = updated[0]
+    assert single.remove([5]) == 1 and 5 not in single.ids.tolist()
+    single.add([new], ids=[5])
+    loaded = cm.Index.load(single.save(tmp_path / "updated"), device=device)
+    for a, b in zip(loaded.search(q, 12), fresh.search(q, 12)):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
 def test_validation():

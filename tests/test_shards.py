@@ -266,6 +266,10 @@ def test_ray_index_is_one_index(ray_cluster):
     more = _corpus(rng, 4)
     np.testing.assert_array_equal(remote.add(more), single.add(more))
     _compare(remote, single, rng)
+    for index in (single, remote):  # an update: an id removed and added again, no compaction between
+        index.remove([7])
+        index.add([docs[0]], ids=[7])
+    _compare(remote, single, rng)
 
 
 def test_ray_index_stored_on_the_host(ray_cluster, tmp_path):
