@@ -332,7 +332,11 @@ class Output:
 
 def widened_bfloat16(bits):
     """bfloat16 values held as their bits (uint16, NumPy or CuPy; any other 16-bit view is
-    reinterpreted) as float32, exactly."""
+    reinterpreted) as float32, exactly. Values widened already (a host bfloat16 operand holds
+    float32: _host_operand) come back as they are: widened again, their bytes were read as
+    bits, twice the dim (host bfloat16 documents could not be added to an Index)."""
+    if bits.dtype.itemsize != 2:
+        return bits
     bits = bits if bits.dtype == np.uint16 else bits.view(np.uint16)
     return (bits.astype(np.uint32) << 16).view(np.float32)
 

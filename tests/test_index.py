@@ -336,6 +336,24 @@ def test_a_removed_id_may_come_again(tmp_path, device):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
 
 
+def test_host_bfloat16_documents_and_queries_go_into_any_index():
+    """NumPy (ml_dtypes) bfloat16 documents and queries: as their float32 values, in every
+    stored format, sharded and rescored (host bfloat16 operands hold float32 values, which were
+    widened again: read as bits, twice the dim)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(31)
+    docs = [x.astype(ml_dtypes.bfloat16) for x in _documents(rng, 30, longest=9)]
+    q = unit_rows(rng, (3, 5, DIM), np.float32).astype(ml_dtypes.bfloat16)
+    for make in (lambda: cm.Index(DIM, dtype="float32"), lambda: cm.Index(DIM, dtype="int8"),
+                 lambda: cm.Index(DIM, dtype="int8", rescore="float32"),
+                 lambda: cm.ShardedIndex(DIM, dtype="float16", devices=["cpu"], shards=2)):
+        widened, given = make(), make()
+        widened.add([x.astype(np.float32) for x in docs])
+        given.add(docs)
+        for a, b in zip(given.search(q, 9), widened.search(q.astype(np.float32), 9)):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_validation():
     rng = np.random.default_rng(7)
     docs = _documents(rng, 5)
