@@ -443,3 +443,14 @@ def cast(x, dtype: str):
 
         return x.to(getattr(torch, dtype))
     return x.astype(dtype)
+
+
+def parse_device(device) -> int | None:
+    """A store's device name ("cpu", "cuda", "cuda:N") as its GPU number, or None for the CPU."""
+    if device in ("cpu", None):
+        return None
+    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+        number = device.partition(":")[2] or "0"
+        if number.isdigit():
+            return int(number)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")

@@ -70,7 +70,7 @@ class Index:
         self.dim, self.dtype = int(dim), dtype
         self._streamed, self.last_search = device == "host", None
         self.gpu_budget_bytes = streaming.checked_budget(gpu_budget_bytes)
-        self._gpu = None if self._streamed else _parse_device(device)
+        self._gpu = None if self._streamed else _arrays.parse_device(device)
         if self._gpu is not None:  # (a host store's searches find CuPy when they stream)
             _arrays.require_cupy(f"Index(device={device!r})")
         xp = self._xp
@@ -388,20 +388,21 @@ class Index:
         rescores), manifest.json last (a folder without it is no index). Each array goes to a
         file of its own, renamed over the old one (_files.py): a save stopped midway leaves the
         old index or none, and an index loaded from ``path`` may be saved back into it."""
+        return self._written(path, progress).commit()
+
+    def _written(self, path, progress: bool) -> _files.Pending:
+        """save() up to its commit: the arrays in their partial files (a sharded save writes
+        every shard's before it commits any)."""
         self.compact()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         arrays = {"tokens": self._tokens, "offsets": self._offsets, "ids": self._ids}
-        if self._scales is not None:
-            arrays["scales"] = self._scales
-        if self._exact is not None:
-            arrays["exact"] = self._exact
+        arrays.update({name: x for name, x in (("scales", self._scales), ("exact", self._exact)) if x is not None})
         partial = _files.write_arrays(folder, arrays, progress)
         manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype, "rescore": self.rescore,
                     "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
                     "files": sorted(f"{name}.npy" for name in arrays)}
-        _files.commit(folder, MANIFEST, partial, ARRAYS, manifest)
-        return folder
+        return _files.Pending(folder, MANIFEST, partial, ARRAYS, manifest)
 
     @classmethod
     def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False,
@@ -484,14 +485,3 @@ class Index:
         allowed = np.zeros(self._ids.shape[0], bool)
         allowed[rows[found]] = True
         return allowed
-
-
-def _parse_device(device) -> int | None:
-    if device in ("cpu", None):
-        return None
-    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
-        number = device.partition(":")[2] or "0"
-        if number.isdigit():
-            return int(number)
-    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _arrays, _documents, _files, _ids, streaming
 from ._ids import id_array
-from .index import Index, _parse_device
+from .index import Index
 from ._gpu.device import on_device, on_stream
 from ._topk import first_by_score_then_id
 from .search import _check_k
@@ -164,9 +164,19 @@ class ShardedIndex:
         """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
         ``sharded.json`` (last: a folder without it is no sharded index). RayIndex.save writes
         the same folder: either class loads what the other saved."""
-        folder = retracted(path)
-        for n, shard in enumerate(self.shards):
-            shard.save(folder / shard_folder(n), progress=progress)
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        pending = []
+        try:  # (every shard's arrays written before any replaces the old: a stop here keeps the old index)
+            for n, shard in enumerate(self.shards):
+                pending.append(shard._written(folder / shard_folder(n), progress))
+        except BaseException:
+            for written in pending:
+                written.discard()
+            raise
+        folder = retracted(folder)
+        for written in pending:
+            written.commit()
         return write_manifest(folder, self.dim, self.dtype, self.shards[0].rescore, len(self.shards), len(self),
                               self._next_id)
 
@@ -194,9 +204,9 @@ def shard_folder(n: int) -> str:
 
 
 def retracted(path) -> Path:
-    """The folder ``path`` of a sharded index about to be saved: created, its manifest (if any)
-    removed first, so that a save stopped midway leaves no index rather than an old manifest
-    over shards of two saves."""
+    """The folder ``path`` of a sharded index whose shards' saves are about to be committed:
+    created, its manifest (if any) removed first, so that a save stopped among the commits
+    leaves no index rather than an old manifest over shards of two saves."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)
@@ -280,7 +290,7 @@ def array_on(x, device: str, name: str):
     """``x`` itself where it is on ``device`` already, else a copy there through the host
     (bfloat16 widened to float32 exactly: every stored format takes it)."""
     operand = _arrays.as_operand(x, name)
-    gpu = _parse_device(device)
+    gpu = _arrays.parse_device(device)
     if operand.on_gpu == (gpu is not None) and (gpu is None or operand.device == gpu):
         return x
     values = operand.host if not operand.on_gpu else operand.cupy().get()
@@ -298,7 +308,7 @@ def _device_name(device) -> str:
     if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
         return f"cuda:{int(device)}"
     try:
-        number = _parse_device(device)
+        number = _arrays.parse_device(device)
     except ValueError:
         raise ValueError(f"devices must be 'cpu', 'cuda:N' or GPU numbers, got {device!r}") from None
     return "cpu" if number is None else f"cuda:{number}"
