@@ -17,6 +17,7 @@ filtered-out document. ``save`` writes a directory of plain ``.npy`` files and a
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -228,7 +229,12 @@ class Index:
         self._alive[rows] = False
         lengths = np.diff(self._host_offsets()[0])
         if lengths[~self._alive].sum() > lengths[self._alive].sum():
-            self.compact()
+            try:
+                self.compact()
+            except MemoryError:  # (CuPy's OutOfMemoryError too: the documents are removed all the same)
+                warnings.warn("Index.remove: no memory to compact the store now (it holds a copy of the live "
+                              "documents); the removed ones stay as tombstones until compact()", RuntimeWarning,
+                              stacklevel=2)
         return int(rows.shape[0])
 
     def compact(self) -> None:
@@ -239,15 +245,13 @@ class Index:
         keep = np.flatnonzero(self._alive)
         lengths = np.diff(offsets)[keep]
         token_rows = _documents.token_rows(offsets, keep)
-        with self._on_device():
+        with self._on_device():  # (every new array made before any is kept: memory running out midway changes nothing)
             xp = self._xp
             rows = xp.asarray(token_rows)
-            self._tokens = self._tokens[rows]
-            if self._scales is not None:
-                self._scales = self._scales[rows]
-            self._offsets = xp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        if self._exact is not None:
-            self._exact = self._exact[token_rows]
+            tokens, scales = self._tokens[rows], None if self._scales is None else self._scales[rows]
+            offsets = xp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        exact = None if self._exact is None else self._exact[token_rows]
+        self._tokens, self._scales, self._offsets, self._exact = tokens, scales, offsets, exact
         self._ids, self._alive = self._ids[keep], np.ones(keep.shape[0], bool)
 
     # ---- searching ------------------------------------------------------------------------
