@@ -77,10 +77,12 @@ class ShardedIndex:
         return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}{store}, "
                 f"documents={len(self):,}, {self.nbytes / 1e6:,.1f} MB)")
 
-    def add(self, docs, *, ids=None, mask=None, copy: bool | None = True) -> np.ndarray:
-        """As :meth:`Index.add`; the documents go to the shards in contiguous runs (with
-        ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
-        pair as they are: the corpus held once)."""
+    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192,
+            copy: bool | None = True) -> np.ndarray:
+        """As :meth:`Index.add`; the documents go to the shards in contiguous runs, ``batch_docs``
+        at a time (a progress bar a shard with ``progress``; with ``copy=None``, empty
+        host-stored shards keep their runs of a host ``(tokens, offsets)`` pair as they are: the
+        corpus held once)."""
         _documents.check_copy(copy)
         new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s.ids for s in self.shards]))
         parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
@@ -94,7 +96,7 @@ class ShardedIndex:
             first = 0  # (the position of a run's first document in docs)
             for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
                 if part_ids.size:  # (each shard takes them from wherever they are, a batch at a time; ids checked above)
-                    shard._store(part, part_ids, part_mask, copy=copy, first=first)
+                    shard._store(part, part_ids, part_mask, progress, batch_docs, copy, first)
                 first += part_ids.size
         except BaseException:  # (bad documents in a later run, memory, Ctrl-C: every shard as it was)
             for shard, size in zip(self.shards, sizes):
