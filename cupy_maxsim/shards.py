@@ -14,6 +14,7 @@ searched by all of them at once.
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -216,10 +217,14 @@ def retracted(path) -> Path:
 
 
 def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, documents: int, next_id: int) -> Path:
-    """A saved sharded index's manifest, written after its shards (never half a file): ``folder``."""
+    """A saved sharded index's manifest, written after its shards (never half a file), then the
+    folders of shards past ``shards`` (an earlier save of more) removed: ``folder``."""
     _files.write_json(folder / MANIFEST, {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype,
                                               "rescore": rescore, "shards": shards, "documents": documents,
                                               "next_id": next_id})
+    while (folder / shard_folder(shards)).is_dir():
+        shutil.rmtree(folder / shard_folder(shards))
+        shards += 1
     return folder
 
 

@@ -158,6 +158,12 @@ def test_a_sharded_save_stopped_while_writing_keeps_the_old_index(tmp_path, monk
     sharded.save(folder)
     for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), _answers(sharded, q)):
         np.testing.assert_array_equal(answer, expected)
+    fewer = cm.ShardedIndex(DIM, dtype="float16", devices=["cpu"], shards=2)  # (an earlier save's third shard goes)
+    fewer.add([unit_rows(rng, (3, DIM), np.float32) for _ in range(5)])
+    fewer.save(folder)
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["shard-0000", "shard-0001"]
+    for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), _answers(fewer, q)):
+        np.testing.assert_array_equal(answer, expected)
 
 
 def test_loading_the_other_kind_of_index_says_which_it_is(tmp_path):
