@@ -269,7 +269,7 @@ class Index:
         k = _search._check_k(k)
         if self._sorted_ids()[0] is not None:  # (ids out of storage order: the rows' ties are not the ids')
             given = None if shortlist is None else _rescore.shortlist_depth(k, shortlist, self._ids.shape[0])
-            return _ids.lower_ids_first(lambda depth: self._ranked(
+            return _search.ties_to_lower_ids(lambda depth: self._ranked(
                 q, depth, q_mask, q_scale, filter, return_argmax, given and max(given, depth), workspace_bytes),
                 k, self._ids.shape[0], _arrays.as_operand(q, "q"))
         return self._ranked(q, k, q_mask, q_scale, filter, return_argmax, shortlist, workspace_bytes)
