@@ -2,15 +2,16 @@
 
 A saved index is a folder of ``.npy`` arrays and a JSON manifest that names them; a folder
 without its manifest is no index. Saving writes each array to ``NAME.npy.partial`` a chunk at a
-time (a progress bar of chunks), then takes the old manifest away, renames the new arrays over
-the old ones and writes the new manifest (through a file of its own, renamed): whatever stops a save midway leaves the old
-index or no index, never old arrays under a new manifest or the reverse. Renaming, not
+time (a GPU store: at most ``CHUNK_BYTES`` of it on the host at once; a progress bar of
+chunks), then takes the old manifest away, renames the new arrays over the old ones and writes
+the new manifest (through a file of its own, renamed): whatever stops a save midway leaves the
+old index or no index, never old arrays under a new manifest or the reverse. Renaming, not
 rewriting in place, is also what lets an index memory-mapped from a folder be saved back into
 it: its maps keep reading the old files (rewritten in place, they were truncated under it:
-``Index.load(p).save(p)`` lost the index). Loading without ``mmap`` reads a chunk at a time
-from the maps. (A GPU store is still copied to or from the host whole.) A sharded save writes
-every shard's partial files before it commits any (:class:`Pending`): stopped while writing,
-the old sharded index stays whole.
+``Index.load(p).save(p)`` lost the index). Loading onto a GPU, or without ``mmap``, copies a
+chunk at a time from the maps (``cupy.asarray`` of a whole array staged all of it in pinned host
+memory). A sharded save writes every shard's partial files before it commits any
+(:class:`Pending`): stopped while writing, the old sharded index stays whole.
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ def write_arrays(folder: Path, arrays: dict, show_progress: bool) -> dict:
     """Each of ``arrays`` (host or GPU, C-contiguous rows) written to ``folder/NAME.npy.partial``
     a chunk at a time; returns {name: the partial file}, for :func:`commit`. Partial files of a
     write that fails are removed."""
-    arrays = {name: _arrays.to_host(array) for name, array in arrays.items()}  # (a GPU store: whole, at once)
     partial = {name: folder / f"{name}.npy.partial" for name in arrays}
     files, jobs = {}, _chunks(arrays)
     try:
@@ -84,7 +84,7 @@ def write_arrays(folder: Path, arrays: dict, show_progress: bool) -> dict:
                           "shape": tuple(int(n) for n in array.shape)}
                 np.lib.format.write_array_header_1_0(files[name], header)
             if stop > start:
-                np.ascontiguousarray(array[start:stop]).tofile(files[name])
+                np.ascontiguousarray(_arrays.to_host(array[start:stop])).tofile(files[name])
         for file in files.values():  # (on disk before the renames make them the index)
             file.flush()
             os.fsync(file.fileno())
@@ -137,12 +137,10 @@ def write_json(path: Path, value) -> None:
 
 
 def copied(xp, arrays: dict, show_progress: bool) -> dict:
-    """Host (memory-mapped) ``arrays`` copied into new arrays of ``xp`` (NumPy a chunk at a
-    time; CuPy: on the current device, whole)."""
-    if xp is not np:
-        return {name: xp.asarray(array)
-                for name, array in progress(arrays.items(), len(arrays), "loading", show_progress)}
-    out, jobs = {name: np.empty(array.shape, dtype=array.dtype) for name, array in arrays.items()}, _chunks(arrays)
+    """Host (memory-mapped) ``arrays`` copied into new arrays of ``xp`` (CuPy: on the current
+    device) a chunk at a time."""
+    out, jobs = {name: xp.empty(array.shape, dtype=array.dtype) for name, array in arrays.items()}, _chunks(arrays)
     for name, start, stop in progress(jobs, len(jobs), "loading", show_progress):
-        out[name][start:stop] = arrays[name][start:stop]
+        if stop > start:  # (CuPy: each chunk staged on its own, not the whole array in pinned memory)
+            out[name][start:stop] = xp.asarray(np.ascontiguousarray(arrays[name][start:stop]))
     return out

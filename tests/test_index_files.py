@@ -176,3 +176,27 @@ def test_loading_the_other_kind_of_index_says_which_it_is(tmp_path):
         cm.Index.load(many)
     with pytest.raises(FileNotFoundError, match=r"one Index: cupy_maxsim.Index.load"):
         cm.ShardedIndex.load(one)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_a_gpu_index_is_saved_and_loaded_a_chunk_at_a_time(tmp_path, monkeypatch, dtype):
+    """A GPU store goes to its files and back a chunk at a time (a few rows each here), equal
+    to the index it was; saved back into its folder from the GPU too."""
+    import cupy
+
+    rng = np.random.default_rng(5)
+    index = _index(rng, 80, dtype, device="cuda")
+    q = cupy.asarray(unit_rows(rng, (3, 5, DIM), np.float32))
+    monkeypatch.setattr(_files, "CHUNK_BYTES", 300)
+    folder = index.save(tmp_path / "gpu")
+    for mmap in (True, False):
+        loaded = cm.Index.load(folder, device="cuda", mmap=mmap)
+        assert isinstance(loaded._tokens, cupy.ndarray)
+        for answer, expected in zip(loaded.search(q, 9), index.search(q, 9)):
+            np.testing.assert_array_equal(cupy.asnumpy(answer), cupy.asnumpy(expected))
+    loaded.remove([1, 2])
+    loaded.save(folder)
+    index.remove([1, 2])
+    for answer, expected in zip(cm.Index.load(folder, device="cuda").search(q, 9), index.search(q, 9)):
+        np.testing.assert_array_equal(cupy.asnumpy(answer), cupy.asnumpy(expected))
