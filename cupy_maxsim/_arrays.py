@@ -136,6 +136,12 @@ def as_operand(x, name: str) -> Operand:
     if framework == "cupy":
         return _cupy_operand(x, name, "cupy")
     if framework == "jax":
+        import jax
+
+        if isinstance(x, jax.core.Tracer):  # (under jit, grad or vmap: no buffer to read yet)
+            raise TypeError(f"{name} is a traced JAX value (inside jax.jit, jax.grad or jax.vmap): cupy_maxsim's "
+                            "NumPy-level functions take concrete arrays; use cupy_maxsim.jax.maxsim (maxsim_pairs, "
+                            "maxsim_packed, maxsim_candidates) inside traced code")
         platform = next(iter(x.devices())).platform
         if platform == "cpu":
             return _host_operand(np.asarray(x), name, "jax")

@@ -31,6 +31,10 @@ from ._arrays import device_buffer_operand
 
 __all__ = ["maxsim", "maxsim_pairs", "maxsim_packed", "maxsim_candidates"]
 
+#: Under jax.vmap the callbacks run once per element of the mapped axis, in order (buffer_callback
+#: refuses vmap without a method): correct for any axis, as a Python loop over it would be.
+VMAP = "sequential"
+
 
 def _on_gpu(buffer) -> bool:
     """Whether a callback buffer lives in GPU memory (a CPU buffer raises on the interface)."""
@@ -108,7 +112,7 @@ def _forward(q, d, offsets, q_mask, d_mask, pairs=False):
             _store(out[0], scores)
             _store(out[1], argmax)
 
-    return buffer_callback(callback, result_types)(q, d, offsets, q_mask, d_mask)
+    return buffer_callback(callback, result_types, vmap_method=VMAP)(q, d, offsets, q_mask, d_mask)
 
 
 def _backward(grad, q, d, offsets, argmax, pairs=False):
@@ -122,7 +126,7 @@ def _backward(grad, q, d, offsets, argmax, pairs=False):
             _store(out[0], grad_q)
             _store(out[1], grad_d)
 
-    return buffer_callback(callback, result_types)(grad, q, d, offsets, argmax)
+    return buffer_callback(callback, result_types, vmap_method=VMAP)(grad, q, d, offsets, argmax)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

@@ -251,6 +251,30 @@ def test_jax_grad_under_jit_cpu():
                     order=1, modes=["rev"])
 
 
+def test_jax_under_vmap_and_traced_values_cpu():
+    """cupy_maxsim.jax under jax.vmap (the callbacks run once per element, in order) equals the
+    batched call, forward and per-example gradients, inside jit too; the NumPy-level functions
+    given traced values say to use the adapter (it was a ConcretizationTypeError from inside)."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax.experimental.buffer_callback")
+    import jax.numpy as jnp
+
+    import cupy_maxsim.jax as cmj
+
+    rng = np.random.default_rng(6)
+    q, d = (jnp.asarray(x) for x in _inputs(rng, 3, 5, 4, 7, 8, np.float32))
+    mapped = jax.jit(jax.vmap(lambda one: cmj.maxsim(one, d)))(q)  # one (Lq, D) query at a time
+    np.testing.assert_array_equal(np.asarray(mapped), np.asarray(cmj.maxsim(q, d)))
+    per_example = jax.vmap(jax.grad(lambda one: cmj.maxsim(one, d).sum()))(q)
+    whole = jax.grad(lambda all_q: cmj.maxsim(all_q, d).sum())(q)
+    np.testing.assert_allclose(np.asarray(per_example), np.asarray(whole), rtol=1e-6, atol=1e-6)
+    pairs = jax.vmap(lambda a, b: cmj.maxsim_pairs(a[None], b[None])[0])(q, d[:3])
+    np.testing.assert_array_equal(np.asarray(pairs), np.asarray(cmj.maxsim_pairs(q, d[:3])))
+    for traced in (jax.jit(lambda a: cm.score(a, d)), jax.grad(lambda a: cm.score(a, d).sum())):
+        with pytest.raises(TypeError, match="traced JAX value.*cupy_maxsim.jax.maxsim"):
+            traced(q)
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 
 NOISE = {"float16": 2e-4, "bfloat16": 2e-4, "float32": 1e-6, "float64": 1e-12}
