@@ -15,6 +15,8 @@ import functools
 
 import numpy as np
 
+from ._arrays import widened_bfloat16
+
 BLOCK_ELEMENTS = 8 * 1024 * 1024
 
 
@@ -47,7 +49,10 @@ def _products(a, b, ctype):
 
 
 def _block(x, scale, ctype):
-    """A block of tokens in the compute dtype; int8 tokens dequantised with their scales."""
+    """A block of tokens in the compute dtype; int8 tokens dequantised with their scales;
+    uint16 ones are bfloat16 bits (a bfloat16 Index's store, a query cast to it: bfloat16_view)."""
+    if x.dtype == np.uint16:
+        x = widened_bfloat16(x)
     block = x.astype(ctype, copy=False)
     if scale is None:
         return block
