@@ -465,3 +465,14 @@ def bfloat16_view(bits, name: str) -> Operand:
     store, or a query cast to it). On the host it holds the bits, not widened values as a host
     bfloat16 input does: the NumPy backend widens a block of them at a time (_cpu._block)."""
     return as_operand(bits, name).with_changes(dtype="bfloat16")
+
+
+def parse_device(device) -> int | None:
+    """A store's device name ("cpu", "cuda", "cuda:N") as its GPU number, or None for the CPU."""
+    if device in ("cpu", None):
+        return None
+    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+        number = device.partition(":")[2] or "0"
+        if number.isdigit():
+            return int(number)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")

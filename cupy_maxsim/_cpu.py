@@ -36,7 +36,24 @@ def _compute_dtype(dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def _products(a, b, ctype):
+class _Scratch:
+    """Arrays reused from block to block of one call. A new array of a block's size each time
+    costs its page faults: float32 tokens copied into a reused float64 array took 15 ms, into a
+    new one 35 (262k x 128, this machine, 2026-12-05). A view it hands out lasts until the next
+    request of its name."""
+
+    def __init__(self):
+        self._arrays = {}
+
+    def get(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        size = int(np.prod(shape, dtype=np.int64))
+        array = self._arrays.get(name)
+        if array is None or array.size < size or array.dtype != dtype:
+            array = self._arrays[name] = np.empty(max(size, 1), dtype)
+        return array[:size].reshape(shape)
+
+
+def _products(a, b, ctype, scratch: _Scratch):
     """``a @ b.T`` (blocks from _block, float64) in ``ctype``, each similarity the same whatever
     the shape of the block it is in. BLAS's float32 GEMM rounds a dot product by where it falls
     in its tiles (OpenBLAS 0.3.31's Haswell and Zen kernels, 2026-12-02: hundreds of 1-ulp
@@ -44,19 +61,29 @@ def _products(a, b, ctype):
     its neighbours, and a search's on its blocks. A sum of float32 products in float64 rounds
     back to float32 the same in any order (barring a tie within 1e-16, about 1e-9 a similarity).
     float64 inputs keep float64's own rounding."""
-    products = np.matmul(a, np.swapaxes(b, -1, -2))
-    return products if ctype == np.float64 else products.astype(ctype)
+    shape = a.shape[:-1] + b.shape[-2:-1]
+    products = np.matmul(a, np.swapaxes(b, -1, -2), out=scratch.get("products", shape, np.float64))
+    if ctype == np.float64:
+        return products
+    rounded = scratch.get("rounded", shape, ctype)
+    np.copyto(rounded, products, casting="same_kind")
+    return rounded
 
 
-def _block(x, scale, ctype):
-    """A block of tokens in the compute dtype; int8 tokens dequantised with their scales;
-    uint16 ones are bfloat16 bits (a bfloat16 Index's store, a query cast to it: bfloat16_view)."""
+def _block(x, scale, ctype, scratch: _Scratch, name: str):
+    """A block of tokens in the compute dtype, in ``scratch``'s array ``name`` (tokens of it
+    already: themselves); int8 tokens dequantised with their scales; uint16 ones are bfloat16
+    bits (a bfloat16 Index's store, a query cast to it: bfloat16_view)."""
     if x.dtype == np.uint16:
         x = widened_bfloat16(x)
-    block = x.astype(ctype, copy=False)
+    if scale is None and x.dtype == ctype:
+        return x
+    block = scratch.get(name, x.shape, ctype)
     if scale is None:
-        return block
-    return block * scale[..., None].astype(ctype)  # (0 * inf of a non-finite scale: NaN, as documented)
+        np.copyto(block, x, casting="same_kind")
+    else:  # (0 * inf of a non-finite scale: NaN, as documented)
+        np.multiply(x, scale[..., None].astype(ctype), out=block, casting="same_kind")
+    return block
 
 
 def _token_reduce(sims: np.ndarray, d_real: np.ndarray | None, with_argmax: bool = False):
@@ -101,6 +128,7 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=F
     num_queries, query_length, dim = q.shape
     num_docs, doc_length, _ = d.shape
     ctype = _compute_dtype(q.dtype)
+    scratch = _Scratch()
     out = np.empty((num_queries, num_docs), ctype)
     argmax = np.full((num_queries, num_docs, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
@@ -115,13 +143,13 @@ def score_padded(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=F
     q_step = min(num_queries, pairs_per_block, max(1, BLOCK_ELEMENTS // (query_length * max(1, dim))))
     d_step = min(max(1, pairs_per_block // q_step), max(1, BLOCK_ELEMENTS // (doc_length * max(1, dim))))
     for i0 in range(0, num_queries, q_step):
-        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], np.float64)
+        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], np.float64, scratch, "q")
         nq = qb.shape[0]
         for n0 in range(0, num_docs, d_step):
-            db = _block(d[n0:n0 + d_step], None if d_scale is None else d_scale[n0:n0 + d_step], np.float64)
+            db = _block(d[n0:n0 + d_step], None if d_scale is None else d_scale[n0:n0 + d_step], np.float64, scratch,
+                        "d")
             nb = db.shape[0]
-            sims = _products(qb.reshape(nq * query_length, dim), db.reshape(nb * doc_length, dim), ctype)
-            del db
+            sims = _products(qb.reshape(nq * query_length, dim), db.reshape(nb * doc_length, dim), ctype, scratch)
             sims = sims.reshape(nq, query_length, nb, doc_length)
             real = None if d_mask is None else d_mask[n0:n0 + nb]
             token_max, token_bad, token_arg = _token_reduce(sims, real, with_argmax)
@@ -138,6 +166,7 @@ def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=Fa
     batch, query_length, _ = q.shape
     doc_length = d.shape[1]
     ctype = _compute_dtype(q.dtype)
+    scratch = _Scratch()
     out = np.empty(batch, ctype)
     argmax = np.full((batch, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
@@ -149,10 +178,9 @@ def score_pairs(q, d, q_mask, d_mask, q_scale=None, d_scale=None, with_argmax=Fa
     step = max(1, min(BLOCK_ELEMENTS // (query_length * doc_length),
                       BLOCK_ELEMENTS // (max(query_length, doc_length) * max(1, dim))))
     for b0 in range(0, batch, step):
-        qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], np.float64)
-        db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], np.float64)
-        sims = _products(qb, db, ctype)  # (b, Lq, Ld)
-        del qb, db
+        qb = _block(q[b0:b0 + step], None if q_scale is None else q_scale[b0:b0 + step], np.float64, scratch, "q")
+        db = _block(d[b0:b0 + step], None if d_scale is None else d_scale[b0:b0 + step], np.float64, scratch, "d")
+        sims = _products(qb, db, ctype, scratch)  # (b, Lq, Ld)
         real = None if d_mask is None else d_mask[b0:b0 + step][:, None, :]
         token_max, token_bad, token_arg = _token_reduce(sims, real, with_argmax)  # (b, Lq)
         scores = _query_reduce(token_max[:, :, None], token_bad[:, :, None], q_real[b0:b0 + step],
@@ -173,6 +201,7 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
     num_docs = len(offsets) - 1
     lengths = np.diff(offsets)
     ctype = _compute_dtype(q.dtype)
+    scratch = _Scratch()
     out = np.empty((num_queries, num_docs), ctype)
     argmax = np.full((num_queries, num_docs, query_length), -1, np.int32) if with_argmax else None
     q_real = _real_mask(q_mask, q.shape[:2])
@@ -184,7 +213,7 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
     # Tokens a block: its similarities and its float32 copy of the tokens within a block each.
     token_budget = max(1, min(BLOCK_ELEMENTS // (q_step * query_length), BLOCK_ELEMENTS // max(1, dim)))
     for i0 in range(0, num_queries, q_step):
-        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], np.float64)
+        qb = _block(q[i0:i0 + q_step], None if q_scale is None else q_scale[i0:i0 + q_step], np.float64, scratch, "q")
         nq = qb.shape[0]
         q2 = qb.reshape(nq * query_length, dim)
         n0 = 0
@@ -197,9 +226,9 @@ def score_packed(q, tokens, offsets, q_mask, q_scale=None, d_scale=None, with_ar
             nonempty = np.flatnonzero(block_lengths > 0)
             if len(nonempty):
                 begin, end = offsets[n0], offsets[n1]
-                block = _block(tokens[begin:end], None if d_scale is None else d_scale[begin:end], np.float64)
-                sims = _products(q2, block, ctype)  # (nq*Lq, tokens)
-                del block
+                block = _block(tokens[begin:end], None if d_scale is None else d_scale[begin:end], np.float64,
+                               scratch, "d")
+                sims = _products(q2, block, ctype, scratch)  # (nq*Lq, tokens)
                 starts = offsets[n0:n1][nonempty] - begin
                 token_max = np.maximum.reduceat(sims, starts, axis=1)
                 token_bad = np.logical_or.reduceat(~np.isfinite(sims), starts, axis=1)

@@ -8,7 +8,9 @@ index or no index, never old arrays under a new manifest or the reverse. Renamin
 rewriting in place, is also what lets an index memory-mapped from a folder be saved back into
 it: its maps keep reading the old files (rewritten in place, they were truncated under it:
 ``Index.load(p).save(p)`` lost the index). Loading without ``mmap`` reads a chunk at a time
-from the maps. (A GPU store is still copied to or from the host whole.)
+from the maps. (A GPU store is still copied to or from the host whole.) A sharded save writes
+every shard's partial files before it commits any (:class:`Pending`): stopped while writing,
+the old sharded index stays whole.
 """
 
 from __future__ import annotations
@@ -96,17 +98,31 @@ def write_arrays(folder: Path, arrays: dict, show_progress: bool) -> dict:
     return partial
 
 
-def commit(folder: Path, manifest_name: str, partial: dict, stale: tuple, manifest: dict) -> None:
-    """The arrays :func:`write_arrays` wrote put in place of the old ones and ``manifest``
-    written: the old manifest removed first, arrays of ``stale`` names the new index does not
-    have removed, the new manifest written last through a file of its own."""
-    (folder / manifest_name).unlink(missing_ok=True)  # (from here until the end: no index)
-    for name, path in partial.items():
-        os.replace(path, folder / f"{name}.npy")
-    for name in stale:
-        if name not in partial:
-            (folder / f"{name}.npy").unlink(missing_ok=True)
-    write_json(folder / manifest_name, manifest)
+class Pending:
+    """A save whose arrays :func:`write_arrays` wrote to their partial files: :meth:`commit`
+    puts them in place of the old ones and writes ``manifest`` (the old manifest removed
+    first, arrays of ``stale`` names the new index does not have removed, the new manifest
+    written last through a file of its own); :meth:`discard` removes them (a sharded save
+    stopped before its commits)."""
+
+    def __init__(self, folder: Path, manifest_name: str, partial: dict, stale: tuple, manifest: dict):
+        self.folder, self.manifest_name, self.partial, self.stale, self.manifest = (
+            folder, manifest_name, partial, stale, manifest)
+
+    def commit(self) -> Path:
+        folder = self.folder
+        (folder / self.manifest_name).unlink(missing_ok=True)  # (from here until the end: no index)
+        for name, path in self.partial.items():
+            os.replace(path, folder / f"{name}.npy")
+        for name in self.stale:
+            if name not in self.partial:
+                (folder / f"{name}.npy").unlink(missing_ok=True)
+        write_json(folder / self.manifest_name, self.manifest)
+        return folder
+
+    def discard(self) -> None:
+        for path in self.partial.values():
+            path.unlink(missing_ok=True)
 
 
 def write_json(path: Path, value) -> None:

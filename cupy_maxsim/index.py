@@ -17,6 +17,7 @@ filtered-out document. ``save`` writes a directory of plain ``.npy`` files and a
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,7 @@ class Index:
         self.dim, self.dtype = int(dim), dtype
         self._streamed, self.last_search = device == "host", None
         self.gpu_budget_bytes = streaming.checked_budget(gpu_budget_bytes)
-        self._gpu = None if self._streamed else _parse_device(device)
+        self._gpu = None if self._streamed else _arrays.parse_device(device)
         if self._gpu is not None:  # (a host store's searches find CuPy when they stream)
             _arrays.require_cupy(f"Index(device={device!r})")
         xp = self._xp
@@ -228,7 +229,12 @@ class Index:
         self._alive[rows] = False
         lengths = np.diff(self._host_offsets()[0])
         if lengths[~self._alive].sum() > lengths[self._alive].sum():
-            self.compact()
+            try:
+                self.compact()
+            except MemoryError:  # (CuPy's OutOfMemoryError too: the documents are removed all the same)
+                warnings.warn("Index.remove: no memory to compact the store now (it holds a copy of the live "
+                              "documents); the removed ones stay as tombstones until compact()", RuntimeWarning,
+                              stacklevel=2)
         return int(rows.shape[0])
 
     def compact(self) -> None:
@@ -239,15 +245,13 @@ class Index:
         keep = np.flatnonzero(self._alive)
         lengths = np.diff(offsets)[keep]
         token_rows = _documents.token_rows(offsets, keep)
-        with self._on_device():
+        with self._on_device():  # (every new array made before any is kept: memory running out midway changes nothing)
             xp = self._xp
             rows = xp.asarray(token_rows)
-            self._tokens = self._tokens[rows]
-            if self._scales is not None:
-                self._scales = self._scales[rows]
-            self._offsets = xp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        if self._exact is not None:
-            self._exact = self._exact[token_rows]
+            tokens, scales = self._tokens[rows], None if self._scales is None else self._scales[rows]
+            offsets = xp.asarray(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        exact = None if self._exact is None else self._exact[token_rows]
+        self._tokens, self._scales, self._offsets, self._exact = tokens, scales, offsets, exact
         self._ids, self._alive = self._ids[keep], np.ones(keep.shape[0], bool)
 
     # ---- searching ------------------------------------------------------------------------
@@ -389,20 +393,21 @@ class Index:
         rescores), manifest.json last (a folder without it is no index). Each array goes to a
         file of its own, renamed over the old one (_files.py): a save stopped midway leaves the
         old index or none, and an index loaded from ``path`` may be saved back into it."""
+        return self._written(path, progress).commit()
+
+    def _written(self, path, progress: bool) -> _files.Pending:
+        """save() up to its commit: the arrays in their partial files (a sharded save writes
+        every shard's before it commits any)."""
         self.compact()
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
         arrays = {"tokens": self._tokens, "offsets": self._offsets, "ids": self._ids}
-        if self._scales is not None:
-            arrays["scales"] = self._scales
-        if self._exact is not None:
-            arrays["exact"] = self._exact
+        arrays.update({name: x for name, x in (("scales", self._scales), ("exact", self._exact)) if x is not None})
         partial = _files.write_arrays(folder, arrays, progress)
         manifest = {"format": FORMAT_NAME, "version": VERSION, "dim": self.dim, "dtype": self.dtype, "rescore": self.rescore,
                     "documents": len(self), "tokens": int(self._offsets[-1]), "next_id": self._next_id,
                     "files": sorted(f"{name}.npy" for name in arrays)}
-        _files.commit(folder, MANIFEST, partial, ARRAYS, manifest)
-        return folder
+        return _files.Pending(folder, MANIFEST, partial, ARRAYS, manifest)
 
     @classmethod
     def load(cls, path, *, device: str = "cpu", mmap: bool = True, progress: bool = False,
@@ -485,14 +490,3 @@ class Index:
         allowed = np.zeros(self._ids.shape[0], bool)
         allowed[rows[found]] = True
         return allowed
-
-
-def _parse_device(device) -> int | None:
-    if device in ("cpu", None):
-        return None
-    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
-        number = device.partition(":")[2] or "0"
-        if number.isdigit():
-            return int(number)
-    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-

@@ -38,9 +38,16 @@ class _Shard:
         self.budget = gpu_budget_bytes
         self.index = Index(dim, dtype=dtype, device=self.home, rescore=rescore, gpu_budget_bytes=gpu_budget_bytes)
 
-    def save(self, folder):
-        self.index.save(folder)
+    def write(self, folder):
+        """A save's first half: the shard's arrays in their partial files (_files.Pending)."""
+        self.pending = self.index._written(folder, False)
         return len(self.index)
+
+    def commit(self, keep: bool):
+        """The written save put in place (``keep``), or its partial files removed."""
+        pending, self.pending = getattr(self, "pending", None), None
+        if pending is not None:
+            pending.commit() if keep else pending.discard()
 
     def load(self, folder, mmap):
         self.index = Index.load(folder, device=self.home, mmap=mmap, gpu_budget_bytes=self.budget)
@@ -156,8 +163,16 @@ class RayIndex:
     def save(self, path) -> Path:
         """Write each actor's shard (on a file system every actor and the driver share) as
         ShardedIndex.save lays a sharded index out: either class loads it."""
-        folder = retracted(path)
-        self._gather([actor.save.remote(str(folder / shard_folder(n))) for n, actor in enumerate(self.actors)])
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:  # (every shard's arrays written before any replaces the old: a stop here keeps the old index)
+            self._gather([actor.write.remote(str(folder / shard_folder(n))) for n, actor in enumerate(self.actors)])
+        except BaseException:
+            ray.wait([actor.commit.remote(False) for actor in self.actors], num_returns=len(self.actors),
+                     timeout=self.timeout)
+            raise
+        folder = retracted(folder)
+        self._gather([actor.commit.remote(True) for actor in self.actors])
         return write_manifest(folder, self.dim, self.dtype, self.rescore, len(self.actors), len(self), self._next_id)
 
     @classmethod

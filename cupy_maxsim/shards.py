@@ -14,6 +14,7 @@ searched by all of them at once.
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from . import _arrays, _documents, _files, _ids, streaming
 from ._ids import id_array
-from .index import Index, _parse_device
+from .index import Index
 from ._gpu.device import on_device, on_stream
 from ._topk import first_by_score_then_id
 from .search import _check_k
@@ -77,10 +78,12 @@ class ShardedIndex:
         return (f"ShardedIndex(dim={self.dim}, dtype={self.dtype}, shards={len(self.shards)} on {places}{store}, "
                 f"documents={len(self):,}, {self.nbytes / 1e6:,.1f} MB)")
 
-    def add(self, docs, *, ids=None, mask=None, copy: bool | None = True) -> np.ndarray:
-        """As :meth:`Index.add`; the documents go to the shards in contiguous runs (with
-        ``copy=None``, empty host-stored shards keep their runs of a host ``(tokens, offsets)``
-        pair as they are: the corpus held once)."""
+    def add(self, docs, *, ids=None, mask=None, progress: bool = False, batch_docs: int = 8192,
+            copy: bool | None = True) -> np.ndarray:
+        """As :meth:`Index.add`; the documents go to the shards in contiguous runs, ``batch_docs``
+        at a time (a progress bar a shard with ``progress``; with ``copy=None``, empty
+        host-stored shards keep their runs of a host ``(tokens, offsets)`` pair as they are: the
+        corpus held once)."""
         _documents.check_copy(copy)
         new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s.ids for s in self.shards]))
         parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
@@ -94,7 +97,7 @@ class ShardedIndex:
             first = 0  # (the position of a run's first document in docs)
             for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
                 if part_ids.size:  # (each shard takes them from wherever they are, a batch at a time; ids checked above)
-                    shard._store(part, part_ids, part_mask, copy=copy, first=first)
+                    shard._store(part, part_ids, part_mask, progress, batch_docs, copy, first)
                 first += part_ids.size
         except BaseException:  # (bad documents in a later run, memory, Ctrl-C: every shard as it was)
             for shard, size in zip(self.shards, sizes):
@@ -164,9 +167,19 @@ class ShardedIndex:
         """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
         ``sharded.json`` (last: a folder without it is no sharded index). RayIndex.save writes
         the same folder: either class loads what the other saved."""
-        folder = retracted(path)
-        for n, shard in enumerate(self.shards):
-            shard.save(folder / shard_folder(n), progress=progress)
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        pending = []
+        try:  # (every shard's arrays written before any replaces the old: a stop here keeps the old index)
+            for n, shard in enumerate(self.shards):
+                pending.append(shard._written(folder / shard_folder(n), progress))
+        except BaseException:
+            for written in pending:
+                written.discard()
+            raise
+        folder = retracted(folder)
+        for written in pending:
+            written.commit()
         return write_manifest(folder, self.dim, self.dtype, self.shards[0].rescore, len(self.shards), len(self),
                               self._next_id)
 
@@ -194,9 +207,9 @@ def shard_folder(n: int) -> str:
 
 
 def retracted(path) -> Path:
-    """The folder ``path`` of a sharded index about to be saved: created, its manifest (if any)
-    removed first, so that a save stopped midway leaves no index rather than an old manifest
-    over shards of two saves."""
+    """The folder ``path`` of a sharded index whose shards' saves are about to be committed:
+    created, its manifest (if any) removed first, so that a save stopped among the commits
+    leaves no index rather than an old manifest over shards of two saves."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)
@@ -204,10 +217,14 @@ def retracted(path) -> Path:
 
 
 def write_manifest(folder: Path, dim: int, dtype: str, rescore, shards: int, documents: int, next_id: int) -> Path:
-    """A saved sharded index's manifest, written after its shards (never half a file): ``folder``."""
+    """A saved sharded index's manifest, written after its shards (never half a file), then the
+    folders of shards past ``shards`` (an earlier save of more) removed: ``folder``."""
     _files.write_json(folder / MANIFEST, {"format": FORMAT_NAME, "version": VERSION, "dim": dim, "dtype": dtype,
                                               "rescore": rescore, "shards": shards, "documents": documents,
                                               "next_id": next_id})
+    while (folder / shard_folder(shards)).is_dir():
+        shutil.rmtree(folder / shard_folder(shards))
+        shards += 1
     return folder
 
 
@@ -280,7 +297,7 @@ def array_on(x, device: str, name: str):
     """``x`` itself where it is on ``device`` already, else a copy there through the host
     (bfloat16 widened to float32 exactly: every stored format takes it)."""
     operand = _arrays.as_operand(x, name)
-    gpu = _parse_device(device)
+    gpu = _arrays.parse_device(device)
     if operand.on_gpu == (gpu is not None) and (gpu is None or operand.device == gpu):
         return x
     values = operand.host if not operand.on_gpu else operand.cupy().get()
@@ -298,7 +315,7 @@ def _device_name(device) -> str:
     if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
         return f"cuda:{int(device)}"
     try:
-        number = _parse_device(device)
+        number = _arrays.parse_device(device)
     except ValueError:
         raise ValueError(f"devices must be 'cpu', 'cuda:N' or GPU numbers, got {device!r}") from None
     return "cpu" if number is None else f"cuda:{number}"

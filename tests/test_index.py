@@ -404,6 +404,39 @@ def _float32_index(docs):
     return index
 
 
+def test_a_compaction_without_memory_leaves_a_remove_done():
+    """remove() compacts once removed tokens outnumber live ones; where that copy finds no
+    memory, the documents are removed all the same (a warning, tombstones until compact()),
+    and a compaction that fails midway changes nothing."""
+    rng = np.random.default_rng(24)
+    docs = _documents(rng, 20)
+    index, fresh = cm.Index(DIM, dtype="int8", rescore="float32"), cm.Index(DIM, dtype="int8", rescore="float32")
+    index.add(docs)
+    fresh.add(docs[15:], ids=range(15, 20))
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    exact, tokens = index._exact, index._tokens
+    index._exact = exact.view(_Starved)  # (its gather, the last of the compaction's, runs out of memory)
+    with pytest.warns(RuntimeWarning, match="no memory to compact"):
+        assert index.remove(range(15)) == 15
+    assert len(index) == 5 and index._ids.shape[0] == 20 and index._tokens is tokens  # (tombstones)
+    index._exact = exact
+    for a, b in zip(index.search(q, 7), fresh.search(q, 7)):
+        np.testing.assert_array_equal(a, b)
+    index.compact()
+    assert index._ids.shape[0] == 5
+    for a, b in zip(index.search(q, 7), fresh.search(q, 7)):
+        np.testing.assert_array_equal(a, b)
+
+
+class _Starved(np.ndarray):
+    """An array whose gathers (an index array) run out of memory."""
+
+    def __getitem__(self, key):
+        if isinstance(key, np.ndarray):
+            raise MemoryError("test: no memory")
+        return super().__getitem__(key)
+
+
 def test_validation():
     rng = np.random.default_rng(7)
     docs = _documents(rng, 5)

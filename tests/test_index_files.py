@@ -128,6 +128,44 @@ def test_a_loaded_sharded_index_saves_back_into_its_folder(tmp_path):
         np.testing.assert_array_equal(answer, expected)
 
 
+def test_a_sharded_save_stopped_while_writing_keeps_the_old_index(tmp_path, monkeypatch):
+    """Every shard's arrays are written before any shard's replace the old ones: a save
+    stopped at shard 2's arrays leaves the old sharded index whole (and no partial files),
+    where it used to leave shards of two saves behind no manifest."""
+    rng = np.random.default_rng(7)
+    sharded = cm.ShardedIndex(DIM, dtype="float16", devices=["cpu"], shards=3)
+    sharded.add([unit_rows(rng, (int(n), DIM), np.float32) for n in rng.integers(1, 12, 30)])
+    q = unit_rows(rng, (2, 4, DIM), np.float32)
+    folder = sharded.save(tmp_path / "sharded")
+    before = _answers(sharded, q)
+    sharded.remove([1, 2, 3])
+    sharded.add([unit_rows(rng, (4, DIM), np.float32)])
+    write, calls = _files.write_arrays, []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(_files, "write_arrays", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        sharded.save(folder)
+    monkeypatch.undo()
+    assert not list(folder.rglob("*.partial"))
+    for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), before):
+        np.testing.assert_array_equal(answer, expected)
+    sharded.save(folder)
+    for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), _answers(sharded, q)):
+        np.testing.assert_array_equal(answer, expected)
+    fewer = cm.ShardedIndex(DIM, dtype="float16", devices=["cpu"], shards=2)  # (an earlier save's third shard goes)
+    fewer.add([unit_rows(rng, (3, DIM), np.float32) for _ in range(5)])
+    fewer.save(folder)
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["shard-0000", "shard-0001"]
+    for answer, expected in zip(_answers(cm.ShardedIndex.load(folder), q), _answers(fewer, q)):
+        np.testing.assert_array_equal(answer, expected)
+
+
 def test_loading_the_other_kind_of_index_says_which_it_is(tmp_path):
     rng = np.random.default_rng(6)
     one = _index(rng, 5).save(tmp_path / "one")

@@ -286,6 +286,15 @@ def test_exact_index_behind_pylate_retrieve(tmp_path):
         ExactIndex(dim=16).add_documents([("a", 1)], documents[:1]).save(tmp_path / "tuple-ids")
     with pytest.raises(ValueError, match="new and unique"):
         index.add_documents(["doc-40"], [documents[0]])
+    # A batch that fails (a document of another width in the second) adds none of them: the
+    # names and the store stay together, and the same names go in once the documents are right.
+    before = as_pairs(retriever.retrieve(queries, k=8))
+    with pytest.raises(ValueError, match="width 16"):
+        index.add_documents(["x-1", "x-2", "x-3"], documents[:2] + [np.zeros((2, 17), np.float32)], batch_size=2)
+    assert as_pairs(retriever.retrieve(queries, k=8)) == before
+    index.add_documents(["x-1", "x-2", "x-3"], documents[:3], batch_size=2)
+    (embedding,), = index.get_documents_embeddings([["x-3"]])
+    np.testing.assert_array_equal(embedding, documents[2].astype(np.float16))
 
 
 def test_packed_rerank_matches_pylates_rerank():

@@ -62,7 +62,7 @@ def test_sharded_index_is_one_index(layout):
     _compare(sharded, single, rng)
     for index in (single, sharded):
         index.remove([2, 5, 33])
-        index.add(docs[:4])
+        index.add(docs[:4], progress=True, batch_docs=3)  # (batches of 3, a bar a shard where tqdm is)
     _compare(sharded, single, rng)
     assert "shards=3" in repr(sharded)
     with pytest.raises(ValueError, match="not in the index"):

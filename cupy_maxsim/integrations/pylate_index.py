@@ -53,10 +53,14 @@ class ExactIndex(Base):
         taken = [doc for doc in documents_ids if doc in self._key]
         if taken or len(set(documents_ids)) != len(documents_ids):
             raise ValueError(f"documents_ids must be new and unique, got {taken[:5] or 'repeats'}")
-        first = len(self._name)
-        for start in range(0, len(documents_ids), batch_size):
-            batch = [self._device_rows(x) for x in documents_embeddings[start:start + batch_size]]
-            self.index.add(batch, ids=np.arange(first + start, first + start + len(batch), dtype=np.int64))
+        first, size = len(self._name), self.index._size()
+        try:  # (a batch that fails undoes the batches before it: names and store stay together)
+            for start in range(0, len(documents_ids), batch_size):
+                batch = [self._device_rows(x) for x in documents_embeddings[start:start + batch_size]]
+                self.index.add(batch, ids=np.arange(first + start, first + start + len(batch), dtype=np.int64))
+        except BaseException:
+            self.index._cut_to(size)
+            raise
         self._name.extend(documents_ids)
         self._key.update({doc: first + n for n, doc in enumerate(documents_ids)})
         return self
