@@ -76,31 +76,3 @@ def find(view: tuple[np.ndarray | None, np.ndarray], wanted: np.ndarray) -> tupl
         return np.zeros(wanted.shape, np.int64), np.zeros(wanted.shape, bool)
     position = np.maximum(np.searchsorted(ordered, wanted, side="right") - 1, 0)
     return (position if order is None else order[position]), ordered[position] == wanted
-
-
-def lower_ids_first(ranked, k: int, stored: int, like) -> tuple:
-    """An Index's search with ties to the lower id where its ids are out of storage order (given
-    ids, an id added again after its remove): the selection ties to the lower storage row, so
-    ``ranked(depth)`` (the search ``depth`` deep, results in the framework of ``like``) is taken
-    deep enough that every document tied with a k-th hit is in (one more than k; deeper while
-    the last still ties with the k-th), then each query's hits ordered by score and id and cut
-    to k. ``stored``: the documents stored (nothing lies deeper)."""
-    from ._topk import first_by_score_then_id, score_keys
-
-    depth = k + 1 if k < stored else k
-    while True:
-        results = ranked(depth)
-        host = [_arrays.to_host(_arrays.as_operand(x, "result")) for x in results]
-        single = host[0].ndim == 1
-        scores, ids = (x[None] if single else x for x in host[:2])
-        if not k < depth < stored:  # (every stored document is in: none deeper)
-            break
-        level = score_keys(np, scores)
-        if not ((ids[:, -1] >= 0) & (level[:, -1] == level[:, k - 1])).any():
-            break
-        depth = min(2 * depth, stored)
-    order = first_by_score_then_id(np, scores, ids, k)
-    out = [np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)]
-    if len(host) == 3:  # the winners
-        out.append(np.take_along_axis(host[2][None] if single else host[2], order[..., None], 1))
-    return _arrays.answer([x[0] if single else x for x in out], like)

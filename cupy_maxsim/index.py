@@ -269,7 +269,7 @@ class Index:
         k = _search._check_k(k)
         if self._sorted_ids()[0] is not None:  # (ids out of storage order: the rows' ties are not the ids')
             given = None if shortlist is None else _rescore.shortlist_depth(k, shortlist, self._ids.shape[0])
-            return _ids.lower_ids_first(lambda depth: self._ranked(
+            return _search.ties_to_lower_ids(lambda depth: self._ranked(
                 q, depth, q_mask, q_scale, filter, return_argmax, given and max(given, depth), workspace_bytes),
                 k, self._ids.shape[0], _arrays.as_operand(q, "q"))
         return self._ranked(q, k, q_mask, q_scale, filter, return_argmax, shortlist, workspace_bytes)
@@ -295,7 +295,11 @@ class Index:
         # (read, never written: _alive is replaced by remove(), not changed in place)
         allowed = self._alive if filter is None else self._alive & self._filter_rows(filter)
         scales = {} if q_scale is None else {"q_scale": q_scale}
-        q_dtype = _arrays.as_operand(q, "q").dtype
+        q_operand = _arrays.as_operand(q, "q")
+        if q_operand.ndim not in (2, 3) or q_operand.shape[-1] != self.dim:
+            raise ValueError(f"q must have shape (Lq, {self.dim}) or (Nq, Lq, {self.dim}) (the index's dim), "
+                             f"got shape {q_operand.shape}")
+        q_dtype = q_operand.dtype
         if q_dtype not in _FLOAT_QUERIES + (("int8",) if self._scales is not None else ()):
             raise TypeError(f"q must have dtype {', '.join(_FLOAT_QUERIES)}{' or int8' * (self._scales is not None)} "
                             f"(the index stores {self.dtype}), got {q_dtype}")

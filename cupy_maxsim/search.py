@@ -266,3 +266,33 @@ def _padded(xp, best, k, num_queries, query_length, problem, winners):
             argmax[:, :found] = xp.where(real[..., None], best[2], -1)
     return scores, ids, argmax
 
+
+def ties_to_lower_ids(ranked, k: int, stored: int, like) -> tuple:
+    """An Index's search with ties to the lower id where its ids are out of storage order (given
+    ids, an id added again after its remove): the selection ties to the lower storage row, so
+    ``ranked(depth)`` (the search ``depth`` deep, results in the framework of ``like``) is taken
+    deep enough that every document tied with a k-th hit is in (one more than k; deeper while
+    the last still ties with the k-th), then each query's hits ordered by score and id and cut
+    to k, on the results' device. ``stored``: the documents stored (nothing lies deeper)."""
+    depth = k + 1 if k < stored else k
+    while True:
+        results = ranked(depth)
+        operands = [_arrays.as_operand(x, "result") for x in results]
+        with _gpu_stream(like):
+            xp = _arrays.module_of(operands[0])
+            arrays = [x.host if not x.on_gpu else x.cupy() for x in operands]
+            single = arrays[0].ndim == 1
+            scores, ids = (x[None] if single else x for x in arrays[:2])
+            if not k < depth < stored:  # (every stored document is in: none deeper)
+                break
+            level = _topk.score_keys(xp, scores)
+            if not bool(((ids[:, -1] >= 0) & (level[:, -1] == level[:, k - 1])).any()):  # (a GPU's one wait)
+                break
+        depth = min(2 * depth, stored)
+    with _gpu_stream(like):
+        order = _topk.first_by_score_then_id(xp, scores, ids, k)
+        out = [xp.take_along_axis(scores, order, 1), xp.take_along_axis(ids, order, 1)]
+        if len(arrays) == 3:  # the winners
+            out.append(xp.take_along_axis(arrays[2][None] if single else arrays[2], order[..., None], 1))
+        output = _arrays.Output(like)
+        return tuple(output.wrap(xp.ascontiguousarray(x[0] if single else x)) for x in out)
