@@ -255,7 +255,13 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
     q_scale = scales.get("q_scale")
     if moved:
         with _device_of(copies):
-            q, q_mask, q_scale = (None if x is None else xp.asarray(_arrays.host_values(x)) for x in (q, q_mask, q_scale))
+            q_mask, q_scale = (None if x is None else xp.asarray(_arrays.host_values(x)) for x in (q_mask, q_scale))
+            if index.dtype == "bfloat16":  # (bfloat16 queries: their bits go, viewed again as bfloat16)
+                values = _arrays.to_host(_arrays.as_operand(q, "q"))  # (bits, or a host input's widened values)
+                bits = values if values.dtype == np.uint16 else _arrays.bfloat16_bits(values)
+                q = _arrays.bfloat16_view(xp.asarray(bits), "q")
+            else:
+                q = xp.asarray(_arrays.host_values(q))
     shape = _arrays.as_operand(q, "q").shape
     num_queries = int(np.prod(shape[:-2], dtype=np.int64)) or 1
     bytes_per_token = tokens.shape[1] * tokens.itemsize + (0 if d_scale is None else 4)
