@@ -3,7 +3,8 @@
 time) and a float64 NumPy GEMM of the same blocks, on shapes of a CPU reranker and a small
 corpus. Best of ``--rounds`` calls each, in one process. Runs on any machine.
 
-    python bench/cpu_backend.py [--rounds 3] > bench/results/cpu-backend-<date>-<commit>.txt
+    python bench/cpu_backend.py [--rounds 3] [--small] > bench/results/cpu-backend-<date>-<commit>.txt
+    python -m cupy_maxsim bench --cpu [--rounds 3] [--small]
 """
 
 import argparse
@@ -22,6 +23,7 @@ SHAPES = (  # (queries, query tokens, documents, document tokens, dim, dtype)
     (1, 32, 2_000, 300, 128, "float32"),
     (32, 32, 1_000, 128, 128, "float32"),
 )
+SMALL = ((1, 32, 200, 64, 128, "float32"), (4, 32, 100, 64, 128, "float16"))  # (--small: seconds)
 
 
 def best_of(rounds: int, call) -> float:
@@ -34,10 +36,11 @@ def best_of(rounds: int, call) -> float:
     return best * 1e3
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="cpu_backend")
     parser.add_argument("--rounds", type=int, default=3)
-    options = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="two small shapes (a check that it runs)")
+    options = parser.parse_args(argv)
     try:
         import torch
     except ImportError:
@@ -47,7 +50,7 @@ def main():
           f"cupy_maxsim {cm.__version__}, commit {os.environ.get('CUPY_MAXSIM_COMMIT', '?')}")
     print("| shape | cm.score ms | cm.search k=10 ms | naive torch fp32 ms | score / torch |\n|---|---|---|---|---|")
     rng = np.random.default_rng(0)
-    for nq, lq, nd, ld, dim, dtype in SHAPES:
+    for nq, lq, nd, ld, dim, dtype in SMALL if options.small else SHAPES:
         q = rng.standard_normal((nq, lq, dim)).astype(dtype)
         d = rng.standard_normal((nd, ld, dim)).astype(dtype)
         ours = best_of(options.rounds, lambda: cm.score(q, d))
@@ -63,7 +66,8 @@ def main():
             naive = best_of(options.rounds, torch_maxsim)
         print(f"| {nq}x{lq} vs {nd:,}x{ld}x{dim} {dtype} | {ours:.1f} | {searched:.1f} | {naive:.1f} | "
               f"{ours / naive:.2f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

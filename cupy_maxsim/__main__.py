@@ -184,12 +184,17 @@ def bench(args) -> int:
     if not (root / "bench" / "bench_forward.py").is_file():
         print("python -m cupy_maxsim bench runs from a source checkout (bench/ is not in the wheel)")
         return 1
+    sys.path.insert(0, str(root))
+    if "--cpu" in args.rest:  # the NumPy backend beside naive torch on the CPU (bench/cpu_backend.py), any machine
+        from bench import cpu_backend
+
+        return cpu_backend.main([a for a in args.rest if a != "--cpu"])
     missing = [name for name in ("cupy", "torch") if not _importable(name)]
     if missing or not _gpu_available():
         print("python -m cupy_maxsim bench measures on a CUDA GPU, beside the peers (torch packages): it needs "
-              + (f"{' and '.join(missing)} installed" if missing else "a CUDA GPU that CuPy can see"))
+              + (f"{' and '.join(missing)} installed" if missing else "a CUDA GPU that CuPy can see")
+              + "; bench --cpu measures the CPU backend on any machine")
         return 1
-    sys.path.insert(0, str(root))
     if "--cliffs" in args.rest:  # the dtype x dim sweep (bench/cliffs.py)
         from bench import cliffs
 
@@ -229,7 +234,8 @@ def main(argv=None) -> int:
     demo_parser.add_argument("--cpu", action="store_true", help="use the NumPy backend")
     demo_parser.set_defaults(run=demo)
     bench_parser = commands.add_parser(
-        "bench", help="benchmark against the peers (source checkout); --cliffs: the dtype x dim sweep")
+        "bench", help="benchmark against the peers (source checkout); --cliffs: the dtype x dim sweep; "
+                      "--cpu: the CPU backend beside naive torch")
     bench_parser.add_argument("rest", nargs=argparse.REMAINDER)
     bench_parser.set_defaults(run=bench)
     # bench hands everything after it to bench/bench_forward.py (argparse's REMAINDER would not

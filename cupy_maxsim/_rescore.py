@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _arrays, _documents, _topk, scoring, search as _search
 from ._ids import sorted_unique
+from ._problem import argmax_dtype
 
 
 def in_one_call(xp) -> bool:
@@ -67,8 +68,9 @@ def rescored(index, q, q_mask, rows, k, return_argmax, like):
         store_ids = index._ids_on_device() if xp is index._xp else xp.asarray(index._ids if index._ids.size else np.full(1, -1))
         out = [xp.where(real, _topk.along_rows(xp, exact, order), -np.inf).astype(np.float32),
                _search.mapped_ids(xp, found, store_ids)]
-        if return_argmax:
-            out.append(xp.where(real[..., None], xp.take_along_axis(winners, order[..., None], axis=1), -1))
+        if return_argmax:  # (in the dtype the store's own search gives them: int16 below 32768 tokens)
+            out.append(xp.where(real[..., None], xp.take_along_axis(winners, order[..., None], axis=1), -1).astype(
+                argmax_dtype(index._host_offsets()[1])))
         width = out[0].shape[1]
         if width < k:  # a shortlist shorter than k: the rest is none
             fill = [(-np.inf, np.float32), (-1, np.int64), (-1, np.int32)]

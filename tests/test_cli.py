@@ -32,6 +32,13 @@ def test_bench_takes_its_documented_options():
         assert "needs" in result.stdout, result.stdout
 
 
+def test_bench_on_the_cpu():
+    """`bench --cpu` measures the NumPy backend on any machine (a table row a shape)."""
+    result = run("bench", "--cpu", "--small", "--rounds", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| 1x32 vs 200x64x128 float32 |" in result.stdout and "| 4x32 vs 100x64x128 float16 |" in result.stdout
+
+
 def test_unknown_options_are_refused_outside_bench():
     result = run("info", "--bogus")
     assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr

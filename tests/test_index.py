@@ -172,7 +172,7 @@ def test_rescoring_ranks_as_the_exact_copy(store, one_call, tmp_path, monkeypatc
         scores, ids, winners = searched.search(q, 10, shortlist=40, return_argmax=True)
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_allclose(scores, want_scores, rtol=1e-6)
-        assert winners.shape == (3, 10, 5)
+        assert winners.shape == (3, 10, 5) and winners.dtype == np.int16  # (as an index without rescoring)
     allowed = index.search(q, 5, shortlist=40, filter=[0, 1, 2])[1]
     assert set(allowed.ravel()) <= {0, 1, 2, -1}
     for allow in ([4, 999], []):  # none of them stored (4 removed): no shortlist holds a document
