@@ -24,7 +24,7 @@ from . import _arrays, _documents, _ids, streaming
 from ._ids import id_array
 from .index import Index
 from .search import _check_k
-from .shards import (_host_filter, array_on, check_loaded, merge_top_k, read_manifest, retracted, shard_folder,
+from .shards import (_host_filter, array_on, check_loaded, merge_top_k, read_manifest, saved_whole, shard_folder,
                      split_documents, write_manifest)
 
 
@@ -120,10 +120,8 @@ class RayIndex:
         new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, self.ids)
         parts = list(split_documents(docs, mask, new_ids, len(self.actors)))
         self._adds += 1
-        firsts = np.cumsum([0] + [part_ids.size for _, _, part_ids in parts])  # (errors name docs' positions)
         added = [actor.add.remote(_host_docs(part), part_ids, None if part_mask is None else np.asarray(part_mask),
-                                  self._adds, int(first)) for actor, (part, part_mask, part_ids), first
-                 in zip(self.actors, parts, firsts)]
+                                  self._adds, first) for actor, (part, part_mask, part_ids, first) in zip(self.actors, parts)]
         try:
             self._gather(added)
         except BaseException:  # (every live actor back to where it was)
@@ -135,7 +133,7 @@ class RayIndex:
                 except Exception:
                     pass
             raise
-        self._held = [np.concatenate([held, part_ids]) for held, (_, _, part_ids) in zip(self._held, parts)]
+        self._held = [np.concatenate([held, part_ids]) for held, (_, _, part_ids, _) in zip(self._held, parts)]
         self._next_id = max(self._next_id, int(new_ids.max()) + 1 if new_ids.size else 0)
         return new_ids
 
@@ -163,16 +161,12 @@ class RayIndex:
     def save(self, path) -> Path:
         """Write each actor's shard (on a file system every actor and the driver share) as
         ShardedIndex.save lays a sharded index out: either class loads it."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        try:  # (every shard's arrays written before any replaces the old: a stop here keeps the old index)
-            self._gather([actor.write.remote(str(folder / shard_folder(n))) for n, actor in enumerate(self.actors)])
-        except BaseException:
-            ray.wait([actor.commit.remote(False) for actor in self.actors], num_returns=len(self.actors),
-                     timeout=self.timeout)
-            raise
-        folder = retracted(folder)
-        self._gather([actor.commit.remote(True) for actor in self.actors])
+        folder = saved_whole(
+            path, lambda folder: self._gather([actor.write.remote(str(folder / shard_folder(n)))
+                                               for n, actor in enumerate(self.actors)]),
+            lambda: self._gather([actor.commit.remote(True) for actor in self.actors]),
+            lambda: ray.wait([actor.commit.remote(False) for actor in self.actors], num_returns=len(self.actors),
+                             timeout=self.timeout))
         return write_manifest(folder, self.dim, self.dtype, self.rescore, len(self.actors), len(self), self._next_id)
 
     @classmethod

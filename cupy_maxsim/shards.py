@@ -88,17 +88,15 @@ class ShardedIndex:
         new_ids = _ids.new_ids(ids, _documents.count(docs), self._next_id, np.concatenate([s.ids for s in self.shards]))
         parts = list(split_documents(docs, mask, new_ids, len(self.shards)))
         if copy is False:  # (every shard asked before any adds: none or all keep their run)
-            for n, (shard, (part, part_mask, part_ids)) in enumerate(zip(self.shards, parts)):
+            for n, (shard, (part, part_mask, part_ids, _)) in enumerate(zip(self.shards, parts)):
                 refused = shard._copy_needed(part, part_mask) if part_ids.size else None
                 if refused is not None:
                     raise ValueError(f"add(copy=False) would have to copy shard {n}'s documents: {refused}")
         sizes = [shard._size() for shard in self.shards]
         try:
-            first = 0  # (the position of a run's first document in docs)
-            for shard, (part, part_mask, part_ids) in zip(self.shards, parts):
+            for shard, (part, part_mask, part_ids, first) in zip(self.shards, parts):
                 if part_ids.size:  # (each shard takes them from wherever they are, a batch at a time; ids checked above)
                     shard._store(part, part_ids, part_mask, progress, batch_docs, copy, first)
-                first += part_ids.size
         except BaseException:  # (bad documents in a later run, memory, Ctrl-C: every shard as it was)
             for shard, size in zip(self.shards, sizes):
                 shard._cut_to(size)
@@ -167,19 +165,18 @@ class ShardedIndex:
         """Write every shard as :meth:`Index.save` does (``shard-0000``, ... in ``path``), then
         ``sharded.json`` (last: a folder without it is no sharded index). RayIndex.save writes
         the same folder: either class loads what the other saved."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
         pending = []
-        try:  # (every shard's arrays written before any replaces the old: a stop here keeps the old index)
-            for n, shard in enumerate(self.shards):
-                pending.append(shard._written(folder / shard_folder(n), progress))
-        except BaseException:
+
+        def discard():
             for written in pending:
                 written.discard()
-            raise
-        folder = retracted(folder)
-        for written in pending:
-            written.commit()
+
+        def commit():
+            for written in pending:
+                written.commit()
+
+        folder = saved_whole(path, lambda folder: pending.extend(
+            shard._written(folder / shard_folder(n), progress) for n, shard in enumerate(self.shards)), commit, discard)
         return write_manifest(folder, self.dim, self.dtype, self.shards[0].rescore, len(self.shards), len(self),
                               self._next_id)
 
@@ -206,13 +203,21 @@ def shard_folder(n: int) -> str:
     return f"shard-{n:04d}"
 
 
-def retracted(path) -> Path:
-    """The folder ``path`` of a sharded index whose shards' saves are about to be committed:
-    created, its manifest (if any) removed first, so that a save stopped among the commits
-    leaves no index rather than an old manifest over shards of two saves."""
+def saved_whole(path, write, commit, discard) -> Path:
+    """A sharded save's two halves (ShardedIndex's shards, RayIndex's actors) into folder
+    ``path`` (created): ``write(folder)`` every shard's arrays to partial files, then the
+    manifest removed and ``commit()`` puts them in place; a write that fails or stops is
+    ``discard()``-ed and the old index stays whole (a stop among the commits: no index, never
+    an old manifest over shards of two saves). The caller writes the new manifest."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        write(folder)
+    except BaseException:
+        discard()
+        raise
     (folder / MANIFEST).unlink(missing_ok=True)
+    commit()
     return folder
 
 
@@ -240,7 +245,8 @@ def check_loaded(folder: Path, manifest: dict, documents: int) -> None:
 
 
 def split_documents(docs, mask, ids: np.ndarray, parts: int):
-    """``parts`` contiguous runs of the documents: (docs, mask, ids) each, in add()'s forms."""
+    """``parts`` contiguous runs of the documents: (docs, mask, ids, the position of the run's
+    first document in ``docs``) each, in add()'s forms."""
     count = ids.shape[0]
     if isinstance(docs, tuple) and len(docs) == 2:
         docs = (docs[0], _arrays.to_host(_arrays.as_operand(docs[1], "offsets")).astype(np.int64))
@@ -248,7 +254,7 @@ def split_documents(docs, mask, ids: np.ndarray, parts: int):
     bounds = np.linspace(0, count, parts + 1).round().astype(int)
     for start, stop in zip(bounds[:-1], bounds[1:]):
         yield (_documents.sliced(docs, int(start), int(stop)), None if mask is None else mask[start:stop],
-               ids[start:stop])
+               ids[start:stop], int(start))
 
 
 def merge_top_k(results, k: int, xp=np):
