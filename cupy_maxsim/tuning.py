@@ -32,6 +32,10 @@ class Tunables:
     #: Many queries on Hopper put the documents on the MMA's M (unless 32-bit winners are
     #: saved); False keeps queries on M.
     wgmma_docs_on_m: bool = True
+    #: Documents on M with k resident: the warpgroups issue each tile's MMAs in turns, so that
+    #: one folds while the others multiply (WgmmaConfig.turns). Off until measured against
+    #: issuing together (bench/ab_tunables.py).
+    wgmma_turns: bool = False
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a

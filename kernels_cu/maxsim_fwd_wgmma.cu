@@ -109,6 +109,9 @@
 #ifndef MAXSIM_STREAM_QUERY
 #define MAXSIM_STREAM_QUERY 0
 #endif
+#ifndef MAXSIM_TURNS
+#define MAXSIM_TURNS 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -155,6 +158,13 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // tile's MMAs before it would overlap the two, but ptxas then serializes every wgmma of the
 // kernel (a wgmma in flight across the close's divergent code: C7518), which measured slower.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
+// TURNS (documents on M, k resident): the warpgroups hand a tile's MMAs to the tensor cores in
+// turns, warpgroup 0, 1, 2, 0, ... (a named barrier each: a warpgroup waits for its turn, issues,
+// and passes the turn on), so that the first one's MMAs finish first and it folds while the
+// others' multiply, where all three, woken by the same full slot, issued together, finished
+// together and folded together with the tensor cores idle (FlashAttention-3's ping-pong
+// schedule). Streaming k holds a turn across a tile's slots: the ring could not hold them.
+constexpr bool TURNS = MAXSIM_TURNS != 0;
 // STREAM_K (one query of at most 32 tokens, dims past 8 k-steps: fat embeddings): a ring slot
 // holds one swizzle atom of a tile (128 bytes of each row's k) instead of the whole tile, and a
 // tile's atoms follow each other through the ring into one accumulator set; the query stays in
@@ -270,6 +280,7 @@ static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaCo
 #endif
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
 static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
+static_assert(!TURNS || (DOCS_ON_M && !STREAM_K), "turns: documents on M, k resident");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
 // ... and back: the group row a warpgroup row holds, or -1 (a padding row).
@@ -561,6 +572,15 @@ __device__ __forceinline__ void warpgroup_sync() {
 // Named barrier for the consumer warpgroups (ids 1..4 belong to warpgroup_sync).
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(15), "n"(wg::CONSUMER_THREADS) : "memory");
+}
+
+// TURNS: consumer warpgroup w's turn is named barrier 8 + w, completed by its own 128 threads
+// (waiting) and the previous warpgroup's 128 (passing the turn on).
+__device__ __forceinline__ void wait_turn(int warpgroup) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(8 + warpgroup) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int warpgroup) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(8 + (warpgroup + 1) % wg::WARPGROUPS) : "memory");
 }
 
 namespace wg {
@@ -1178,7 +1198,9 @@ struct Consumer : Block {
             tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N;
             const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
             tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
+            if constexpr (TURNS) wait_turn(warpgroup);
             issue_slot(0);
+            if constexpr (TURNS) pass_turn(warpgroup);
             if constexpr (STREAM_K) {
 #pragma unroll 1
                 for (int k_atom = 1; k_atom < tile_slots; ++k_atom) {
@@ -1218,6 +1240,9 @@ struct Consumer : Block {
             else
                 fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, false, FIRST);
         };
+        // TURNS: warpgroup 0 has the first turn (the last one passes it), and takes one more at
+        // the end, so that every turn passed is taken (the barriers end complete).
+        if (TURNS && warpgroup == WARPGROUPS - 1) pass_turn(warpgroup);
         TileFold tile = issue();  // every block has at least one tile
 #pragma unroll 1
         for (;;) {  // a document: its first tile, the others, then its maxima published
@@ -1232,6 +1257,7 @@ struct Consumer : Block {
             if (cursor.position >= doc_count) break;
             tile = issue();
         }
+        if (TURNS && warpgroup == 0) wait_turn(warpgroup);
     }
 
     // Fold a finished tile's accumulators into the running row maxima. Columns that are not

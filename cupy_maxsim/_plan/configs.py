@@ -109,6 +109,9 @@ class WgmmaConfig:
     #: Splitting documents (one query at fat dims, streaming k): the group's query atom streams
     #: through each slot instead of the whole query staying resident (SPLIT_STREAM_QUERY).
     stream_query: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    #: Documents on M, k resident: the warpgroups issue each tile's MMAs in turns, so that one
+    #: folds while the others multiply (maxsim_fwd_wgmma.cu, TURNS).
+    turns: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
