@@ -181,7 +181,8 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
     kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
     128 query rows wanted; int8 in at most int8_docs_on_m_warpgroups); ``tf32`` 2: fp32 under
-    precision "high" (documents on M only: both operands as TF32)."""
+    precision "high" (documents on M only: both operands as TF32). Documents on M issue in
+    turns under ``tunables.wgmma_turns``."""
     assert tf32 in (0, 2) and (not tf32 or docs_on_m), "TF32 builds with queries on M stream k (wgmma_stream_config)"
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not tunables.wgmma_split_docs):
         return None
@@ -189,7 +190,8 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     if docs_on_m:
         assert tile_n == 64 and warpgroups_wanted >= 2
         most = int8_docs_on_m_warpgroups(argmax, ksteps) if int8 else 3
-        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, most))
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, most),
+                     turns=int(tunables.wgmma_turns))
     elif warpgroups_wanted < 2:
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:

@@ -160,8 +160,6 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
                                                    stream_queries=load_bytes == 16 and tunables.use_tma, tf32=tf32)
             if config is not None:
                 config = within_q_boxes(config, num_queries, query_length)
-        if config is not None and config.docs_on_m and not config.stream_k and tunables.wgmma_turns:
-            config = dataclasses.replace(config, turns=1)
         if config is not None and config.shared_bytes <= smem_limit:
             if load_bytes != 16:
                 config = dataclasses.replace(config, load_bytes=load_bytes)
