@@ -60,12 +60,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--ab", default="wgmma_turns=False,True", help="FIELD=A,B: a tunable's two values")
+    parser.add_argument("--only", default="", help="comma-separated substrings: the cells whose names hold one")
     options = parser.parse_args()
+    wanted = [w for w in options.only.split(",") if w]
     field, values = options.ab.split("=")
     values = [ast.literal_eval(v) for v in values.split(",")]
     rng = cupy.random.default_rng(1)
     rows = []
     for name, call, work in cells(rng):
+        if wanted and not any(w in name for w in wanted):
+            continue
         answers, times = {}, {v: [] for v in values}
         for value in values:
             with tuning.override(**{field: value}):
