@@ -15,17 +15,8 @@ import cupy
 import numpy as np
 
 import cupy_maxsim as cm
+from ab_search import timed  # (bench/ is the script's directory)
 from cupy_maxsim import tuning
-
-
-def timed(fn, calls=3):
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(calls):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / calls
 
 
 def cells(rng):
@@ -79,7 +70,7 @@ def main():
         for _ in range(options.rounds):
             for value in values:
                 with tuning.override(**{field: value}):
-                    times[value].append(timed(call))
+                    times[value].append(timed(call, calls=3))
         a, b = (float(np.median(times[v])) for v in values)
         tflops = 2 * 32 * 32 * work / 1e12
         rows.append(f"| {name} | {a:.3f} | {b:.3f} | {a / b:.3f}x | {tflops / a * 1e3:.0f} | "
