@@ -113,11 +113,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                         if tile_n == 128 and long_tiles_spill(config.split_docs, ksteps, argmax, config.half_rows):
                             continue  # (the planner takes 64-row tiles there)
                         add("maxsim_fwd_wgmma", config)
-        for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups; fp32 under "high")
-            for argmax in (False, True):
-                for int8 in (False, True):
-                    add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8))
-                add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, tf32=2))
+        for config in _docs_on_m_configs(ksteps, DEFAULT):
+            add("maxsim_fwd_wgmma", config)
     for capacity in WGMMA_STREAM_CAPACITIES:  # one query at fat dims on the Hopper kernel (streaming k)
         for argmax in (False, True):
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
@@ -141,11 +138,15 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
-            configs = [wgmma_config(ksteps, False, warpgroups, docs_on_m=True, int8=int8)
-                        for warpgroups in (2, 3) for int8 in (False, True)]
-            for config in configs:
-                add("maxsim_fwd_wgmma", replace(config, load_bytes=load_bytes))
+            for config in _off_16_bytes_docs_on_m_configs(ksteps, load_bytes, DEFAULT):
+                add("maxsim_fwd_wgmma", config)
     return variants
+
+
+def _off_16_bytes_docs_on_m_configs(ksteps: int, load_bytes: int, tunables) -> list:
+    """Documents on M for rows on ``load_bytes`` (4 or 8: cp.async pieces), k resident."""
+    return [replace(wgmma_config(ksteps, False, warpgroups, docs_on_m=True, int8=int8, tunables=tunables),
+                    load_bytes=load_bytes) for warpgroups in (2, 3) for int8 in (False, True)]
 
 
 def planned_forwards(properties: tuple, grid, tunables=DEFAULT) -> typing.Iterator[tuple[tuple, object]]:
@@ -159,6 +160,33 @@ def planned_forwards(properties: tuple, grid, tunables=DEFAULT) -> typing.Iterat
         choice = choose_kernel(ForwardShape(*fields), properties, tunables)
         if choice is not None:
             yield fields, choice
+
+
+def _docs_on_m_configs(ksteps: int, tunables) -> list:
+    """Documents on M with k resident at ``ksteps``: two and three warpgroups (int8: see
+    int8_docs_on_m_warpgroups), with and without winners, 16-bit, int8 and fp32 under "high"."""
+    configs = []
+    for warpgroups in (2, 3):
+        for argmax in (False, True):
+            for int8 in (False, True):
+                configs.append(wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8, tunables=tunables))
+            configs.append(wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, tf32=2, tunables=tunables))
+    return configs
+
+
+def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
+    """The builds opt-in tunables ask for beyond :func:`compile_variants` (documents on M in
+    turns: Tunables.wgmma_turns), as the compile checks take them: compiled in CI, not
+    prebuilt while the tunable is off."""
+    turned = replace(DEFAULT, wgmma_turns=True)
+    listed = set(compile_variants())
+    found = {}
+    configs = [c for ksteps in (2, 4, 6, 8) for c in _docs_on_m_configs(ksteps, turned)]
+    configs += [c for load_bytes in (4, 8) for ksteps in (4, 8)
+                for c in _off_16_bytes_docs_on_m_configs(ksteps, load_bytes, turned)]
+    for config in configs:
+        found.setdefault(("maxsim_fwd_wgmma", _checked(config)), None)
+    return [variant for variant in found if variant not in listed]
 
 
 def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
