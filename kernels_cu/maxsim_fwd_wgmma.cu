@@ -112,6 +112,9 @@
 #ifndef MAXSIM_TURNS
 #define MAXSIM_TURNS 0
 #endif
+#ifndef MAXSIM_FP32_SPLIT
+#define MAXSIM_FP32_SPLIT 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -216,6 +219,18 @@ constexpr bool SPLIT_STREAM_QUERY = STREAM_QUERY && SPLIT_DOCS;
 // element), the query still split: one wgmma a k-step, no split of the atom.
 constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
+// FP32_SPLIT (fp32 at fp32 accuracy, many queries; a module of its own: the fp32_split entry
+// alone): documents on M streaming k and the query atoms, in fp16. Every element is scaled by
+// a power of two per token and taken as fp16 big + small (codecs.cuh, fp32_split_t), and
+// three products are kept, big.big + big.small + small.big: a k atom of the dim (64 elements)
+// becomes three, the documents' [big, small, big] against the queries' [big, big, small], so
+// the consumers run the 16-bit build's loop over three times the atoms. The producer's lanes
+// convert the documents' float32 rows into a slot's halves themselves (convert_split_atom),
+// and the queries come split from q (_gpu/launch.split_queries, the same helpers). Scaled as
+// int8 is: a document row's 2^-k in the fold, a query token's after its maximum. fp16 runs at
+// the bf16 rate, so three products are 1.5 times the MMA work of a bf16 cell of the same bytes,
+// where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
+constexpr bool FP32_SPLIT = MAXSIM_FP32_SPLIT != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -241,6 +256,10 @@ constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
 constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
+// FP32_SPLIT: the tile rows a producer lane converts (rows my_row + 4p, p < SPLIT_PASSES), and
+// the exponents that mark a row written as zeros (not real) or as non-finite (its scale NaN).
+constexpr int SPLIT_PASSES = TILE_N / COPY_WARPS / 4;
+constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
 constexpr int GROUP_ROWS = DOCS_ON_M ? QUERY_COLS : 64;   // query rows a consumer warpgroup holds
 constexpr int BLOCK_ROWS = GROUP_ROWS * WARPGROUPS;       // query rows of the block's accumulators
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
@@ -296,6 +315,8 @@ static_assert(!TF32 || (STREAM_K && SPLIT_DOCS) || (DOCS_ON_M && !SPLIT_DOCUMENT
 static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
               "streaming queries: streaming k, documents on M or one query's half rows");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
+static_assert(!FP32_SPLIT || (DOCS_ON_M && STREAM_K && STREAM_QUERY && !TF32),
+              "fp32 split: documents on M streaming k and the query atoms");
 static_assert(!STREAM_QUERY || TILE_BYTES % 1024 == 0, "a slot's query atom lands on a 1024-byte swizzle boundary");
 }  // namespace wg
 
@@ -382,6 +403,7 @@ template <typename T> struct WgmmaTile;
         }                                                                                            \
     };
 MAXSIM_WGMMA_RS(fp16_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0")
+MAXSIM_WGMMA_RS(fp32_split_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0")  // (its fp16 halves)
 MAXSIM_WGMMA_RS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0")
 MAXSIM_WGMMA_RS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
 MAXSIM_WGMMA_RS(i8, int, "+r", "k32.s32.s8.s8", "")
@@ -405,6 +427,7 @@ template <typename T> struct WgmmaDocsOnM;
         }                                                                                                       \
     };
 MAXSIM_WGMMA_SS(fp16_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0, 0")
+MAXSIM_WGMMA_SS(fp32_split_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0, 0")  // (its fp16 halves)
 MAXSIM_WGMMA_SS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0, 0")
 MAXSIM_WGMMA_SS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
 MAXSIM_WGMMA_SS(i8, int, "+r", "k32.s32.s8.s8", "")
@@ -619,6 +642,7 @@ struct DocCursor {
 __device__ __forceinline__ int doc_tiles(i64 length) { return max(1, (int)((length + TILE_N - 1) / TILE_N)); }
 // Ring slots a tile takes: one, or streaming k one per atom (128 bytes) of the dim.
 template <typename T> __device__ __forceinline__ int slots_per_tile(int dim) {
+    if constexpr (FP32_SPLIT) return 3 * ((dim + 63) / 64);  // three atoms of halves per 64 fp32 elements
     return STREAM_K ? (dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
 }
 
@@ -667,7 +691,9 @@ struct Block {
         // a corrupted ring.
         u32 dynamic_bytes;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES || (STREAM_QUERY && !tile_map.use_query_tma)) __trap();
+        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES || (STREAM_QUERY && !tile_map.use_query_tma) ||
+            (FP32_SPLIT && tile_map.use_tma))  // (the split build's producer converts the documents itself)
+            __trap();
         tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
         scales_by_tma = scaled && tile_map.use_tma && tile_map.use_scale_tma;
         scales_by_lanes = scaled && tile_map.use_tma && !tile_map.use_scale_tma;
@@ -868,6 +894,81 @@ struct Block {
         return BOXES_WITHIN_Q || SPLIT_STREAM_QUERY ? box_shortfall
                                                     : WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
     }
+    // ---- FP32_SPLIT: the producer's conversion (see FP32_SPLIT) ----------------------------
+    // Lanes 8k..8k+7 of a copy warp take rows my_row + 4p of a tile (p < SPLIT_PASSES), each
+    // lane the 8 elements at 8 my_chunk of every 64 (the 16-byte chunk of halves it writes).
+    // Elements e..e+7 of a float32 row, zeros past the dim: two 16-byte loads where the rows
+    // start on 16 bytes, else element by element.
+    __device__ __forceinline__ static void load_split_elements(const float* row, int e, int dim, float (&x)[8]) {
+        if (LOAD_BYTES >= 16 && e + 8 <= dim) {
+            const float4 a = *(const float4*)(row + e), b = *(const float4*)(row + e + 4);
+            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = e + j < dim ? row[e + j] : 0.f;
+    }
+    // At a tile's first atom, each of this lane's rows' exponent k (codecs.cuh split_exponent of
+    // the row's largest magnitude, its 8 lanes reduced together): SPLIT_ZERO for a row that is not
+    // real (past the document, masked: written as zeros, and its columns are not real anyway),
+    // SPLIT_BAD for one holding NaN or inf (zeros too, and a NaN scale: every similarity of the
+    // row NaN, as a non-finite int8 scale makes it).
+    __device__ __forceinline__ void split_exponents(const ForwardArgs& args, const DocCursor& load, int first_row,
+                                                    int rows_left, int my_row, int my_chunk,
+                                                    int (&exponents)[SPLIT_PASSES]) const {
+        const float* d = (const float*)args.d;
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int r = my_row + 4 * p;
+            bool real = r < rows_left;
+            if (real && args.d_mask != nullptr)
+                real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+            u32 magnitude = 0u;
+            if (real) {
+                const float* row = d + load.base + (first_row + r) * args.d_row_stride;
+#pragma unroll 1
+                for (int e = 8 * my_chunk; e < args.dim; e += 64) {
+                    float x[8];
+                    load_split_elements(row, e, args.dim, x);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) magnitude = max(magnitude, __float_as_uint(x[j]) & 0x7fffffffu);
+                }
+            }
+#pragma unroll
+            for (int offset = 1; offset < 8; offset <<= 1)  // the row's 8 lanes (lane bits 0-2)
+                magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+            exponents[p] = !real ? SPLIT_ZERO : magnitude >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD : split_exponent(magnitude);
+        }
+    }
+    // k atom `k_atom` of the tile (part k_atom % 3 of the dim's 64 elements k_atom / 3: big,
+    // small, big) into the slot at `tile`, in the 128-byte swizzle as TMA would write it; the
+    // tile's last atom also carries each row's 2^-k into the slot's scales (the fold's, as int8's).
+    __device__ __forceinline__ void convert_split_atom(const ForwardArgs& args, const DocCursor& load, int first_row,
+                                                       int k_atom, bool tile_end, unsigned char* tile, int stage,
+                                                       int my_row, int my_chunk,
+                                                       const int (&exponents)[SPLIT_PASSES]) const {
+        const float* d = (const float*)args.d;
+        const int e = (k_atom / 3) * 64 + 8 * my_chunk;
+        const bool small = split_atom_is_small_document(k_atom);
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int r = my_row + 4 * p, k = exponents[p];
+            uint4 halves = make_uint4(0u, 0u, 0u, 0u);
+            if (k != SPLIT_ZERO && k != SPLIT_BAD) {
+                float x[8];
+                load_split_elements(d + load.base + (first_row + r) * args.d_row_stride, e, args.dim, x);
+                const float scale = power_of_two(k);
+                u32 big[4], low[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) split_halves(x[2 * j] * scale, x[2 * j + 1] * scale, big[j], low[j]);
+                halves = small ? make_uint4(low[0], low[1], low[2], low[3]) : make_uint4(big[0], big[1], big[2], big[3]);
+            }
+            *(uint4*)(tile + r * 128 + ((my_chunk ^ (r & 7)) << 4)) = halves;
+            if (tile_end && my_chunk == 0)
+                sScale()[stage * TILE_N + r] = k == SPLIT_BAD ? __int_as_float(0x7fc00000) : k == SPLIT_ZERO ? 1.f
+                                                                                         : power_of_two(-k);
+        }
+    }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -910,6 +1011,7 @@ struct Block {
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         const int tile_slots = slots_per_tile<T>(args.dim);
+        int exponents[SPLIT_PASSES];  // FP32_SPLIT: this lane's rows' scales (split_exponents)
         auto produce = [&](const bool tma) {
         int t = 0;  // slots filled
         for (; load.position < doc_count;) {
@@ -959,6 +1061,15 @@ struct Block {
                             mbarrier_arrive_expect_tx(full() + stage, SLOT_QUERY_BYTES - query_box_shortfall());
                             load_query_atoms<T>(tile_map, tile, k_atom, stage);
                         }
+                    }
+                    if constexpr (FP32_SPLIT) {
+                        if (k_atom == 0) split_exponents(args, load, first_row, rows_left, my_row, my_chunk, exponents);
+                        convert_split_atom(args, load, first_row, k_atom, tile_end, tile, stage, my_row, my_chunk,
+                                           exponents);
+                        fence_proxy_async();  // (the consumers' wgmma reads the halves: the async proxy)
+                        mbarrier_arrive(full() + stage);
+                        if (++stage == ring_end) stage = ring_first, phase ^= 1;
+                        continue;
                     }
                     const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
 #pragma unroll 4
@@ -1640,7 +1751,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         maxsim_fwd_wgmma<T>(args, tile_map);                                                                  \
     }
 
-#if MAXSIM_TF32
+#if MAXSIM_FP32_SPLIT
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp32_split, fp32_split_t)
+#elif MAXSIM_TF32
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp32, float)
 #else
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)

@@ -131,6 +131,7 @@ SMALL_KERNEL_PARAMETERS = {
     "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
     "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
+    "maxsim_quantize_fp32_split": "QqiQQQ",  # x, rows, dim, mask, halves, scales
 }
 
 
@@ -316,12 +317,32 @@ def quantize_int8(rows, suffix: str, mask):
     (T,) or None."""
     import cupy
 
+    values = allocated(rows.shape, cupy.int8)
+    return values, _token_warps(f"maxsim_quantize_{suffix}", "maxsim_quantize", rows, mask, values)
+
+
+def split_queries(rows, mask):
+    """One launch of maxsim_quantize_fp32_split on the current device and stream: (fp16 halves
+    as uint16 (T, 192 * ceil(D / 64)): per 64 elements the atoms big, big, small; float32 scales
+    (T,): 2^-k, NaN for a token holding NaN or inf) of C-contiguous float32 CuPy tokens ``rows``
+    (T, D), what the Hopper kernel's fp32 split build reads as q (maxsim_quantize.cu split_rows);
+    ``mask``: C-contiguous bool (T,) or None."""
+    import cupy
+
+    halves = allocated((rows.shape[0], 192 * -(-rows.shape[1] // 64)), cupy.uint16)
+    return halves, _token_warps("maxsim_quantize_fp32_split", "maxsim_quantize_fp32_split", rows, mask, halves)
+
+
+def _token_warps(name: str, parameters: str, rows, mask, out):
+    """A maxsim_quantize kernel ``name`` (a warp a token of ``rows``, its scalar parameters
+    SMALL_KERNEL_PARAMETERS[parameters]) writing ``out``; returns the tokens' float32 scales."""
+    import cupy
+
     count, dim = rows.shape
-    values, scales = allocated((count, dim), cupy.int8), allocated((count,), cupy.float32)
+    scales = allocated((count,), cupy.float32)
     if count:
         sms = device_properties(rows.device.id)[0]
         blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
-        launch(get_kernel(rows.device.id, "maxsim_quantize", f"maxsim_quantize_{suffix}"), (blocks,),
-               (QUANTIZE_THREADS,), scalars("maxsim_quantize", rows.data.ptr, count, dim, _pointer(mask), values.data.ptr,
-                                            scales.data.ptr), 0, None)
-    return values, scales
+        launch(get_kernel(rows.device.id, "maxsim_quantize", name), (blocks,), (QUANTIZE_THREADS,),
+               scalars(parameters, rows.data.ptr, count, dim, _pointer(mask), out.data.ptr, scales.data.ptr), 0, None)
+    return scales

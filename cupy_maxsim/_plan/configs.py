@@ -112,6 +112,9 @@ class WgmmaConfig:
     #: Documents on M, k resident: the warpgroups issue each tile's MMAs in turns, so that one
     #: folds while the others multiply (maxsim_fwd_wgmma.cu, TURNS).
     turns: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    #: fp32 at fp32 accuracy as three fp16 products (maxsim_fwd_wgmma.cu, FP32_SPLIT): documents
+    #: on M streaming k and the query atoms, the producer splitting the documents' rows itself.
+    fp32_split: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -296,6 +299,16 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages >= 4:
             return config
     return None
+
+
+def wgmma_fp32_split_config(argmax: bool = False) -> WgmmaConfig | None:
+    """The Hopper kernel's fp32 split build (fp32 at fp32 accuracy for several queries, any
+    dim: three fp16 atoms per 64 elements of it, counted at run time): the 16-bit build that
+    streams the query atoms too, in two warpgroups; ksteps is the stream-query capacity's (the
+    build reads no query block, so it bounds nothing)."""
+    config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
+                                 argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1, fp32_split=1))
+    return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 
 def within_q_boxes(config: WgmmaConfig, num_queries: int, query_length: int) -> WgmmaConfig:

@@ -13,8 +13,8 @@ import typing
 from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
 from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, STREAM_KSTEPS, choose_stages, mma_config,
-                      simt_shared_bytes, wgmma_config, wgmma_docs_on_m_stream_config, wgmma_stream_config,
-                      wgmma_tile_rows, within_q_boxes)
+                      simt_shared_bytes, wgmma_config, wgmma_docs_on_m_stream_config, wgmma_fp32_split_config,
+                      wgmma_stream_config, wgmma_tile_rows, within_q_boxes)
 
 #: Bytes per element by kernel suffix (registry.FORMATS).
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
@@ -124,6 +124,9 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     # mma.sync's 3xTF32.
     tf32 = (2 if tunables.float32_precision == "high" else 1) if suffix == "fp32" and tunables.wgmma_tf32 else 0
     docs_tf32 = tf32 == 2 and load_bytes == 16
+    split = fp32_split_choice(shape, capability, smem_limit, tunables)
+    if split is not None:
+        return split
     if (tunables.use_wgmma and hopper and capability == 90 and (suffix in HOPPER_SUFFIXES or tf32) and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
@@ -177,6 +180,26 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     if config is None:
         return None
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)
+
+
+def fp32_split_choice(shape: ForwardShape, capability: int, smem_limit: int, tunables: Tunables) -> KernelChoice | None:
+    """fp32 at fp32 accuracy for several queries on Hopper as three fp16 products
+    (Tunables.wgmma_fp32_split; configs.wgmma_fp32_split_config), where documents on M would
+    take the queries (more than one warpgroup's 128 rows), or None. Any dim; rows on 4 bytes or
+    more (the producer's plain loads: 16-byte vectors where the rows allow); the queries come
+    split into a tensor of their own, whose TMA map the build reads (tunables.use_tma)."""
+    if not (shape.suffix == "fp32" and tunables.wgmma_fp32_split and tunables.float32_precision == "highest"
+            and tunables.use_wgmma and tunables.use_tma and tunables.wgmma_docs_on_m and capability == 90
+            and not shape.pairs and shape.query_length <= 64 and shape.load_bytes >= 4
+            and shape.num_queries > 128 // shape.query_length and shape.argmax_bits != 32):
+        return None
+    config = wgmma_fp32_split_config(bool(shape.argmax_bits))
+    if config is None:
+        return None
+    config = within_q_boxes(config, shape.num_queries, shape.query_length)
+    if shape.load_bytes != 16:
+        config = dataclasses.replace(config, load_bytes=shape.load_bytes)
+    return KernelChoice("maxsim_fwd_wgmma", "maxsim_fwd_wgmma_fp32_split", config) if config.shared_bytes <= smem_limit else None
 
 
 def persistent_chunks(num_docs: int, groups: int, resident: int) -> int:

@@ -17,7 +17,7 @@ from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
                       int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_docs_on_m_stream_config,
-                      wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES,
+                      wgmma_fp32_split_config, wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES,
                       WGMMA_STREAM_QUERY_CAPACITY, within_q_boxes)
 
 
@@ -32,9 +32,11 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
             int(value.get("MAXSIM_STREAM_K", 0))):
         names = tuple(name for name in names if not name.endswith("_fp32"))
     if family == "maxsim_fwd_wgmma":
-        # Its TF32 builds (fp32, MAXSIM_TF32) define the fp32 entry alone; the others every entry but it.
+        # Its TF32 builds (fp32, MAXSIM_TF32) define the fp32 entry alone, its split builds
+        # (MAXSIM_FP32_SPLIT) the fp32_split entry alone; the others every entry but those two.
         tf32 = value.get("MAXSIM_TF32", "0") != "0"
-        names = tuple(name for name in names if name.endswith("_fp32") == tf32)
+        split = value.get("MAXSIM_FP32_SPLIT", "0") != "0"
+        names = tuple(name for name in names if name.endswith("_fp32") == tf32 and name.endswith("_fp32_split") == split)
         if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
                 value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
                 value.get("MAXSIM_DOCS_ON_M") == "1" and int(value["MAXSIM_WARPGROUPS"]) > int8_docs_on_m_warpgroups(
@@ -135,6 +137,11 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tf32=tf32)
             add("maxsim_fwd_wgmma", whole_groups)
             add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))  # (one query: a box short)
+    for argmax in (False, True):  # fp32 at fp32 accuracy, several queries: three fp16 products (Tunables.wgmma_fp32_split)
+        split = wgmma_fp32_split_config(argmax)
+        for load_bytes in (16, 8, 4):  # (the producer's loads: 16-byte vectors where the rows allow)
+            add("maxsim_fwd_wgmma", replace(split, load_bytes=load_bytes))
+            add("maxsim_fwd_wgmma", replace(within_q_boxes(split, 1, 32), load_bytes=load_bytes))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
