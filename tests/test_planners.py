@@ -658,9 +658,9 @@ def test_tma_l2_promotion_is_one_the_driver_names():
 
 
 def test_fp32_split_on_the_planner():
-    """Tunables.wgmma_fp32_split: fp32 at "highest" with more queries than one warpgroup's 128
-    rows takes the Hopper kernel's split build (any dim, rows on 4 bytes and more, a group's last
-    box kept within q where the count asks), not under "high", not for one query, pairs or 32-bit
+    """Tunables.wgmma_fp32_split: fp32 at "highest" with more query rows than one query's 32
+    takes the Hopper kernel's split build (any dim, rows on 4 bytes and more, a group's last box
+    kept within q where the count asks), not under "high", not for one query, pairs or 32-bit
     winners, not before Hopper; without the tunable, mma.sync's 3xTF32 as before."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
@@ -678,6 +678,7 @@ def test_fp32_split_on_the_planner():
         assert name(9, dim)[0] == "maxsim_fwd_wgmma_fp32_split"
     assert name(9, 100, load_bytes=4) == ("maxsim_fwd_wgmma_fp32_split", 2, 4)
     assert name(9, argmax=16)[0] == "maxsim_fwd_wgmma_fp32_split"
-    for other in (name(4), name(1), name(9, argmax=32), name(9, pairs=True), name(9, arch="sm_80"),
+    assert name(2) == ("maxsim_fwd_wgmma_fp32_split", 2, 16) and name(1, lq=64)[0] == "maxsim_fwd_wgmma_fp32_split"
+    for other in (name(1), name(2, lq=16), name(9, argmax=32), name(9, pairs=True), name(9, arch="sm_80"),
                   name(9, float32_precision="high"), name(9, wgmma_fp32_split=False), name(9, use_tma=False)):
         assert other is None or other[0] != "maxsim_fwd_wgmma_fp32_split", other

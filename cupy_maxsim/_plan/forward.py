@@ -184,14 +184,15 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
 
 def fp32_split_choice(shape: ForwardShape, capability: int, smem_limit: int, tunables: Tunables) -> KernelChoice | None:
     """fp32 at fp32 accuracy for several queries on Hopper as three fp16 products
-    (Tunables.wgmma_fp32_split; configs.wgmma_fp32_split_config), where documents on M would
-    take the queries (more than one warpgroup's 128 rows), or None. Any dim; rows on 4 bytes or
-    more (the producer's plain loads: 16-byte vectors where the rows allow); the queries come
-    split into a tensor of their own, whose TMA map the build reads (tunables.use_tma)."""
+    (Tunables.wgmma_fp32_split; configs.wgmma_fp32_split_config) for more query rows than one
+    query's half rows (32; two to four queries of 32 as the 16-bit few-queries rule, whose
+    alternative here is mma.sync's 3xTF32), or None. Any dim; rows on 4 bytes or more (the
+    producer's plain loads: 16-byte vectors where the rows allow); the queries come split into
+    a tensor of their own, whose TMA map the build reads (tunables.use_tma)."""
     if not (shape.suffix == "fp32" and tunables.wgmma_fp32_split and tunables.float32_precision == "highest"
             and tunables.use_wgmma and tunables.use_tma and tunables.wgmma_docs_on_m and capability == 90
             and not shape.pairs and shape.query_length <= 64 and shape.load_bytes >= 4
-            and shape.num_queries > 128 // shape.query_length and shape.argmax_bits != 32):
+            and shape.num_queries * shape.query_length > 32 and shape.argmax_bits != 32):
         return None
     config = wgmma_fp32_split_config(bool(shape.argmax_bits))
     if config is None:
