@@ -225,8 +225,8 @@ constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 // three products are kept, big.big + big.small + small.big: a k atom of the dim (64 elements)
 // becomes three, the documents' [big, small, big] against the queries' [big, big, small], so
 // the consumers run the 16-bit build's loop over three times the atoms. The producer's lanes
-// convert the documents' float32 rows into a slot's halves themselves (convert_split_atom),
-// and the queries come split from q (_gpu/launch.split_queries, the same helpers). Scaled as
+// convert the documents' float32 rows into a slot's halves themselves (convert_split_chunk:
+// each element read once, a chunk's big and small halves written together), and the queries come split from q (_gpu/launch.split_queries, the same helpers). Scaled as
 // int8 is: a document row's 2^-k in the fold, a query token's after its maximum. fp16 runs at
 // the bf16 rate, so three products are 1.5 times the MMA work of a bf16 cell of the same bytes,
 // where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
@@ -940,33 +940,52 @@ struct Block {
             exponents[p] = !real ? SPLIT_ZERO : magnitude >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD : split_exponent(magnitude);
         }
     }
-    // k atom `k_atom` of the tile (part k_atom % 3 of the dim's 64 elements k_atom / 3: big,
-    // small, big) into the slot at `tile`, in the 128-byte swizzle as TMA would write it; the
-    // tile's last atom also carries each row's 2^-k into the slot's scales (the fold's, as int8's).
-    __device__ __forceinline__ void convert_split_atom(const ForwardArgs& args, const DocCursor& load, int first_row,
-                                                       int k_atom, bool tile_end, unsigned char* tile, int stage,
-                                                       int my_row, int my_chunk,
-                                                       const int (&exponents)[SPLIT_PASSES]) const {
+    // Chunk c of the tile (its dim's 64 elements c) as its halves: big into the slot at `big`
+    // (part 0), small into the next slot's (part 1), in the 128-byte swizzle as TMA would write
+    // them; each element read once (the chunk's third part, big again, is copied from the
+    // first's slot: copy_split_big).
+    __device__ __forceinline__ void convert_split_chunk(const ForwardArgs& args, const DocCursor& load, int first_row,
+                                                        int c, unsigned char* big, unsigned char* small, int my_row,
+                                                        int my_chunk, const int (&exponents)[SPLIT_PASSES]) const {
         const float* d = (const float*)args.d;
-        const int e = (k_atom / 3) * 64 + 8 * my_chunk;
-        const bool small = split_atom_is_small_document(k_atom);
 #pragma unroll
         for (int p = 0; p < SPLIT_PASSES; ++p) {
             const int r = my_row + 4 * p, k = exponents[p];
-            uint4 halves = make_uint4(0u, 0u, 0u, 0u);
+            uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
             if (k != SPLIT_ZERO && k != SPLIT_BAD) {
                 float x[8];
-                load_split_elements(d + load.base + (first_row + r) * args.d_row_stride, e, args.dim, x);
+                load_split_elements(d + load.base + (first_row + r) * args.d_row_stride, 64 * c + 8 * my_chunk,
+                                    args.dim, x);
                 const float scale = power_of_two(k);
-                u32 big[4], low[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) split_halves(x[2 * j] * scale, x[2 * j + 1] * scale, big[j], low[j]);
-                halves = small ? make_uint4(low[0], low[1], low[2], low[3]) : make_uint4(big[0], big[1], big[2], big[3]);
+                split_halves(x[0] * scale, x[1] * scale, bigs.x, smalls.x);
+                split_halves(x[2] * scale, x[3] * scale, bigs.y, smalls.y);
+                split_halves(x[4] * scale, x[5] * scale, bigs.z, smalls.z);
+                split_halves(x[6] * scale, x[7] * scale, bigs.w, smalls.w);
             }
-            *(uint4*)(tile + r * 128 + ((my_chunk ^ (r & 7)) << 4)) = halves;
-            if (tile_end && my_chunk == 0)
-                sScale()[stage * TILE_N + r] = k == SPLIT_BAD ? __int_as_float(0x7fc00000) : k == SPLIT_ZERO ? 1.f
-                                                                                         : power_of_two(-k);
+            const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(big + at) = bigs;
+            *(uint4*)(small + at) = smalls;
+        }
+    }
+    // A chunk's third part: this lane's 16-byte chunks of the big halves, from the chunk's first
+    // slot (`from`: this producer wrote it two slots ago, and it alone writes slots, not again
+    // before it wraps the ring) into `to`.
+    __device__ __forceinline__ static void copy_split_big(const unsigned char* from, unsigned char* to, int my_row,
+                                                          int my_chunk) {
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int r = my_row + 4 * p, at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(to + at) = *(const uint4*)(from + at);
+        }
+    }
+    // The tile's last slot carries each of this lane's rows' 2^-k into the slot's scales (the
+    // fold's, as int8's): NaN for a row holding NaN or inf, 1 for one written as zeros.
+    __device__ __forceinline__ void publish_split_scales(int stage, int my_row, const int (&exponents)[SPLIT_PASSES]) const {
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int k = exponents[p];
+            sScale()[stage * TILE_N + my_row + 4 * p] = k == SPLIT_BAD ? __int_as_float(0x7fc00000)
+                                                        : k == SPLIT_ZERO ? 1.f : power_of_two(-k);
         }
     }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
@@ -1063,9 +1082,20 @@ struct Block {
                         }
                     }
                     if constexpr (FP32_SPLIT) {
-                        if (k_atom == 0) split_exponents(args, load, first_row, rows_left, my_row, my_chunk, exponents);
-                        convert_split_atom(args, load, first_row, k_atom, tile_end, tile, stage, my_row, my_chunk,
-                                           exponents);
+                        // A chunk's three slots: part 0 (big) and part 1 (small) written at part 0
+                        // from one read of the chunk's elements (the next slot waited for early),
+                        // part 2 (big again) copied from part 0's slot.
+                        const int part = k_atom % 3, next = stage + 1 == ring_end ? ring_first : stage + 1;
+                        if (part == 0) {
+                            if (k_atom == 0) split_exponents(args, load, first_row, rows_left, my_row, my_chunk, exponents);
+                            if (t + 1 >= RING) mbarrier_wait(empty() + next, next == ring_first ? phase : phase ^ 1);
+                            convert_split_chunk(args, load, first_row, k_atom / 3, tile, sD() + next * TILE_BYTES, my_row,
+                                                my_chunk, exponents);
+                        } else if (part == 2) {
+                            const int first = stage - 2 >= ring_first ? stage - 2 : stage - 2 + RING;
+                            copy_split_big(sD() + first * TILE_BYTES, tile, my_row, my_chunk);
+                        }
+                        if (tile_end && my_chunk == 0) publish_split_scales(stage, my_row, exponents);
                         fence_proxy_async();  // (the consumers' wgmma reads the halves: the async proxy)
                         mbarrier_arrive(full() + stage);
                         if (++stage == ring_end) stage = ring_first, phase ^= 1;
