@@ -137,7 +137,9 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    return SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
+    // The fp32 split build's producer splits the documents itself, every row's elements of a chunk
+    // in registers at once (FP32_SPLIT): 96 (its two consumer warpgroups keep 200).
+    return MAXSIM_FP32_SPLIT ? 96 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -912,32 +914,41 @@ struct Block {
     // the row's largest magnitude, its 8 lanes reduced together): SPLIT_ZERO for a row that is not
     // real (past the document, masked: written as zeros, and its columns are not real anyway),
     // SPLIT_BAD for one holding NaN or inf (zeros too, and a NaN scale: every similarity of the
-    // row NaN, as a non-finite int8 scale makes it).
+    // row NaN, as a non-finite int8 scale makes it). Every row's loads of a 64-element chunk are
+    // issued before any is used: one round trip to memory a chunk, not one a row.
     __device__ __forceinline__ void split_exponents(const ForwardArgs& args, const DocCursor& load, int first_row,
                                                     int rows_left, int my_row, int my_chunk,
                                                     int (&exponents)[SPLIT_PASSES]) const {
-        const float* d = (const float*)args.d;
+        const float* row0 = (const float*)args.d + load.base + (first_row + my_row) * args.d_row_stride;
+        bool real[SPLIT_PASSES];
+        u32 magnitude[SPLIT_PASSES];
 #pragma unroll
         for (int p = 0; p < SPLIT_PASSES; ++p) {
             const int r = my_row + 4 * p;
-            bool real = r < rows_left;
-            if (real && args.d_mask != nullptr)
-                real = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
-            u32 magnitude = 0u;
-            if (real) {
-                const float* row = d + load.base + (first_row + r) * args.d_row_stride;
+            real[p] = r < rows_left;
+            if (real[p] && args.d_mask != nullptr)
+                real[p] = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
+            magnitude[p] = 0u;
+        }
 #pragma unroll 1
-                for (int e = 8 * my_chunk; e < args.dim; e += 64) {
-                    float x[8];
-                    load_split_elements(row, e, args.dim, x);
+        for (int e = 8 * my_chunk; e < args.dim; e += 64) {
+            float x[SPLIT_PASSES][8];
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) magnitude = max(magnitude, __float_as_uint(x[j]) & 0x7fffffffu);
-                }
-            }
+            for (int p = 0; p < SPLIT_PASSES; ++p)
+                if (real[p]) load_split_elements(row0 + 4 * p * args.d_row_stride, e, args.dim, x[p]);
+#pragma unroll
+            for (int p = 0; p < SPLIT_PASSES; ++p)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    if (real[p]) magnitude[p] = max(magnitude[p], __float_as_uint(x[p][j]) & 0x7fffffffu);
+        }
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
 #pragma unroll
             for (int offset = 1; offset < 8; offset <<= 1)  // the row's 8 lanes (lane bits 0-2)
-                magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
-            exponents[p] = !real ? SPLIT_ZERO : magnitude >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD : split_exponent(magnitude);
+                magnitude[p] = max(magnitude[p], __shfl_xor_sync(0xffffffffu, magnitude[p], offset));
+            exponents[p] = !real[p] ? SPLIT_ZERO : magnitude[p] >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD
+                                                                                           : split_exponent(magnitude[p]);
         }
     }
     // Chunk c of the tile (its dim's 64 elements c) as its halves: big into the slot at `big`
@@ -947,20 +958,22 @@ struct Block {
     __device__ __forceinline__ void convert_split_chunk(const ForwardArgs& args, const DocCursor& load, int first_row,
                                                         int c, unsigned char* big, unsigned char* small, int my_row,
                                                         int my_chunk, const int (&exponents)[SPLIT_PASSES]) const {
-        const float* d = (const float*)args.d;
+        const float* row0 = (const float*)args.d + load.base + (first_row + my_row) * args.d_row_stride;
+        float x[SPLIT_PASSES][8];  // every row's loads first (one round trip), as split_exponents
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p)
+            if (exponents[p] != SPLIT_ZERO && exponents[p] != SPLIT_BAD)
+                load_split_elements(row0 + 4 * p * args.d_row_stride, 64 * c + 8 * my_chunk, args.dim, x[p]);
 #pragma unroll
         for (int p = 0; p < SPLIT_PASSES; ++p) {
             const int r = my_row + 4 * p, k = exponents[p];
             uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
             if (k != SPLIT_ZERO && k != SPLIT_BAD) {
-                float x[8];
-                load_split_elements(d + load.base + (first_row + r) * args.d_row_stride, 64 * c + 8 * my_chunk,
-                                    args.dim, x);
                 const float scale = power_of_two(k);
-                split_halves(x[0] * scale, x[1] * scale, bigs.x, smalls.x);
-                split_halves(x[2] * scale, x[3] * scale, bigs.y, smalls.y);
-                split_halves(x[4] * scale, x[5] * scale, bigs.z, smalls.z);
-                split_halves(x[6] * scale, x[7] * scale, bigs.w, smalls.w);
+                split_halves(x[p][0] * scale, x[p][1] * scale, bigs.x, smalls.x);
+                split_halves(x[p][2] * scale, x[p][3] * scale, bigs.y, smalls.y);
+                split_halves(x[p][4] * scale, x[p][5] * scale, bigs.z, smalls.z);
+                split_halves(x[p][6] * scale, x[p][7] * scale, bigs.w, smalls.w);
             }
             const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
             *(uint4*)(big + at) = bigs;
