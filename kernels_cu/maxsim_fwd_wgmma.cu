@@ -228,8 +228,9 @@ constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 // becomes three, the documents' [big, small, big] against the queries' [big, big, small], so
 // the consumers run the 16-bit build's loop over three times the atoms. The producer's lanes
 // convert the documents' float32 rows into a slot's halves themselves (convert_split_chunk:
-// each element read once, a chunk's big and small halves written together), and the queries come split from q (_gpu/launch.split_queries, the same helpers). Scaled as
-// int8 is: a document row's 2^-k in the fold, a query token's after its maximum. fp16 runs at
+// each element read once, a chunk's big and small halves written together), and the queries
+// come split from q (_gpu/launch.split_queries, the same helpers). Scaled as int8 is: a
+// document row's 2^-k in the fold, a query token's after its maximum. fp16 runs at
 // the bf16 rate, so three products are 1.5 times the MMA work of a bf16 cell of the same bytes,
 // where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
 constexpr bool FP32_SPLIT = MAXSIM_FP32_SPLIT != 0;
