@@ -63,6 +63,7 @@ def test_padded_masked_corpora(cupy, both, dtype, dim, length, nq, winners):
     q64, d64 = unit_rows(rng, (nq, lq, dim), np.float64), unit_rows(rng, (nd, length, dim), np.float64)
     d64[5, 3, 1] = np.nan
     d_mask = holey_mask(rng, (nd, length), 0.8)
+    d_mask[5, 3] = True  # the NaN's token is real (a masked one is ignored)
     d_mask[7] = False  # an empty document
     source = "float16" if dtype == "int8" else dtype
     if source == "bfloat16":
