@@ -263,6 +263,7 @@ constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
 // the exponents that mark a row written as zeros (not real) or as non-finite (its scale NaN).
 constexpr int SPLIT_PASSES = TILE_N / COPY_WARPS / 4;
 constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
+constexpr int SPLIT_PREFETCH_DIM = 512;  // (prefetch_split_tile)
 constexpr int GROUP_ROWS = DOCS_ON_M ? QUERY_COLS : 64;   // query rows a consumer warpgroup holds
 constexpr int BLOCK_ROWS = GROUP_ROWS * WARPGROUPS;       // query rows of the block's accumulators
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
@@ -952,6 +953,25 @@ struct Block {
                                                                                            : split_exponent(magnitude[p]);
         }
     }
+    // The next tile's rows asked into L2 while this one is split (prefetch: no registers, no
+    // wait), so that its exponent pass and chunks come from L2, not HBM: a tile's round trips are
+    // the producer's whole cost (dim / 64 for the exponents, as many for the chunks). This lane's
+    // rows' 32 bytes of every 64 elements, real rows only (nothing past the corpus is asked); up
+    // to SPLIT_PREFETCH_DIM (a tile of 128 KB: 132 blocks' next tiles within a third of the L2;
+    // fatter tiles would evict each other before their turn).
+    __device__ __forceinline__ void prefetch_split_tile(const ForwardArgs& args, const DocCursor& next, int my_row,
+                                                        int my_chunk) const {
+        if (next.position >= doc_count || args.dim > SPLIT_PREFETCH_DIM) return;
+        const int first_row = next.tile * TILE_N, rows_left = (int)min(next.length - first_row, (i64)TILE_N);
+        const float* row0 = (const float*)args.d + next.base + (first_row + my_row) * args.d_row_stride;
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            if (my_row + 4 * p >= rows_left) continue;
+#pragma unroll 1
+            for (int e = 8 * my_chunk; e < args.dim; e += 64)
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row0 + 4 * p * args.d_row_stride + e));
+        }
+    }
     // Chunk c of the tile (its dim's 64 elements c) as its halves: big into the slot at `big`
     // (part 0), small into the next slot's (part 1), in the 128-byte swizzle as TMA would write
     // them; each element read once (the chunk's third part, big again, is copied from the
@@ -1101,7 +1121,12 @@ struct Block {
                         // part 2 (big again) copied from part 0's slot.
                         const int part = k_atom % 3, next = stage + 1 == ring_end ? ring_first : stage + 1;
                         if (part == 0) {
-                            if (k_atom == 0) split_exponents(args, load, first_row, rows_left, my_row, my_chunk, exponents);
+                            if (k_atom == 0) {
+                                DocCursor next = load;
+                                next_tile(next);
+                                prefetch_split_tile(args, next, my_row, my_chunk);
+                                split_exponents(args, load, first_row, rows_left, my_row, my_chunk, exponents);
+                            }
                             if (t + 1 >= RING) mbarrier_wait(empty() + next, next == ring_first ? phase : phase ^ 1);
                             convert_split_chunk(args, load, first_row, k_atom / 3, tile, sD() + next * TILE_BYTES, my_row,
                                                 my_chunk, exponents);
