@@ -137,9 +137,10 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    // The fp32 split build's producer splits the documents itself, every row's elements of a chunk
-    // in registers at once (FP32_SPLIT): 96 (its two consumer warpgroups keep 200).
-    return MAXSIM_FP32_SPLIT ? 96 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
+    // The fp32 split build's producer splits the documents itself, two rows' elements of a chunk
+    // in registers at once (FP32_SPLIT, SPLIT_LOAD_GROUP): 88 (its two consumer warpgroups keep
+    // 208, with the flushes' sums).
+    return MAXSIM_FP32_SPLIT ? 88 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -264,6 +265,15 @@ constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
 constexpr int SPLIT_PASSES = TILE_N / COPY_WARPS / 4;
 constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
 constexpr int SPLIT_PREFETCH_DIM = 512;  // (prefetch_split_tile)
+// Rows whose loads the producer issues together (a round trip): two of a lane's four, so that it
+// fits in 88 registers beside its loop's state and its consumers keep 208 (the flush's sums); the
+// next tile's prefetch into L2 makes each round trip short.
+constexpr int SPLIT_LOAD_GROUP = 2;
+// The tensor cores' fp32 accumulation truncates: a long k into one accumulator comes out low (a
+// bias: 1.7e-5 relative over 960 MMAs, the seventeenth session). The split build's consumers
+// start fresh accumulators every SPLIT_FLUSH_ATOMS atoms (96 MMAs, 512 elements of the dim)
+// and add them into sums by rounding FADDs, as the TF32 builds add each atom.
+constexpr int SPLIT_FLUSH_ATOMS = 24;
 constexpr int GROUP_ROWS = DOCS_ON_M ? QUERY_COLS : 64;   // query rows a consumer warpgroup holds
 constexpr int BLOCK_ROWS = GROUP_ROWS * WARPGROUPS;       // query rows of the block's accumulators
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
@@ -916,8 +926,8 @@ struct Block {
     // the row's largest magnitude, its 8 lanes reduced together): SPLIT_ZERO for a row that is not
     // real (past the document, masked: written as zeros, and its columns are not real anyway),
     // SPLIT_BAD for one holding NaN or inf (zeros too, and a NaN scale: every similarity of the
-    // row NaN, as a non-finite int8 scale makes it). Every row's loads of a 64-element chunk are
-    // issued before any is used: one round trip to memory a chunk, not one a row.
+    // row NaN, as a non-finite int8 scale makes it). A group of rows' loads of a 64-element chunk
+    // are issued before any is used (SPLIT_LOAD_GROUP): not one round trip a row.
     __device__ __forceinline__ void split_exponents(const ForwardArgs& args, const DocCursor& load, int first_row,
                                                     int rows_left, int my_row, int my_chunk,
                                                     int (&exponents)[SPLIT_PASSES]) const {
@@ -934,15 +944,18 @@ struct Block {
         }
 #pragma unroll 1
         for (int e = 8 * my_chunk; e < args.dim; e += 64) {
-            float x[SPLIT_PASSES][8];
 #pragma unroll
-            for (int p = 0; p < SPLIT_PASSES; ++p)
-                if (real[p]) load_split_elements(row0 + 4 * p * args.d_row_stride, e, args.dim, x[p]);
+            for (int g = 0; g < SPLIT_PASSES; g += SPLIT_LOAD_GROUP) {
+                float x[SPLIT_LOAD_GROUP][8];
 #pragma unroll
-            for (int p = 0; p < SPLIT_PASSES; ++p)
+                for (int p = 0; p < SPLIT_LOAD_GROUP; ++p)
+                    if (real[g + p]) load_split_elements(row0 + 4 * (g + p) * args.d_row_stride, e, args.dim, x[p]);
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    if (real[p]) magnitude[p] = max(magnitude[p], __float_as_uint(x[p][j]) & 0x7fffffffu);
+                for (int p = 0; p < SPLIT_LOAD_GROUP; ++p)
+#pragma unroll
+                    for (int j = 0; j < 8; ++j)
+                        if (real[g + p]) magnitude[g + p] = max(magnitude[g + p], __float_as_uint(x[p][j]) & 0x7fffffffu);
+            }
         }
 #pragma unroll
         for (int p = 0; p < SPLIT_PASSES; ++p) {
@@ -980,25 +993,28 @@ struct Block {
                                                         int c, unsigned char* big, unsigned char* small, int my_row,
                                                         int my_chunk, const int (&exponents)[SPLIT_PASSES]) const {
         const float* row0 = (const float*)args.d + load.base + (first_row + my_row) * args.d_row_stride;
-        float x[SPLIT_PASSES][8];  // every row's loads first (one round trip), as split_exponents
 #pragma unroll
-        for (int p = 0; p < SPLIT_PASSES; ++p)
-            if (exponents[p] != SPLIT_ZERO && exponents[p] != SPLIT_BAD)
-                load_split_elements(row0 + 4 * p * args.d_row_stride, 64 * c + 8 * my_chunk, args.dim, x[p]);
+        for (int g = 0; g < SPLIT_PASSES; g += SPLIT_LOAD_GROUP) {
+            float x[SPLIT_LOAD_GROUP][8];  // a group of rows' loads first (one round trip), as split_exponents
 #pragma unroll
-        for (int p = 0; p < SPLIT_PASSES; ++p) {
-            const int r = my_row + 4 * p, k = exponents[p];
-            uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
-            if (k != SPLIT_ZERO && k != SPLIT_BAD) {
-                const float scale = power_of_two(k);
-                split_halves(x[p][0] * scale, x[p][1] * scale, bigs.x, smalls.x);
-                split_halves(x[p][2] * scale, x[p][3] * scale, bigs.y, smalls.y);
-                split_halves(x[p][4] * scale, x[p][5] * scale, bigs.z, smalls.z);
-                split_halves(x[p][6] * scale, x[p][7] * scale, bigs.w, smalls.w);
+            for (int q = 0; q < SPLIT_LOAD_GROUP; ++q)
+                if (exponents[g + q] != SPLIT_ZERO && exponents[g + q] != SPLIT_BAD)
+                    load_split_elements(row0 + 4 * (g + q) * args.d_row_stride, 64 * c + 8 * my_chunk, args.dim, x[q]);
+#pragma unroll
+            for (int q = 0; q < SPLIT_LOAD_GROUP; ++q) {
+                const int r = my_row + 4 * (g + q), k = exponents[g + q];
+                uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
+                if (k != SPLIT_ZERO && k != SPLIT_BAD) {
+                    const float scale = power_of_two(k);
+                    split_halves(x[q][0] * scale, x[q][1] * scale, bigs.x, smalls.x);
+                    split_halves(x[q][2] * scale, x[q][3] * scale, bigs.y, smalls.y);
+                    split_halves(x[q][4] * scale, x[q][5] * scale, bigs.z, smalls.z);
+                    split_halves(x[q][6] * scale, x[q][7] * scale, bigs.w, smalls.w);
+                }
+                const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+                *(uint4*)(big + at) = bigs;
+                *(uint4*)(small + at) = smalls;
             }
-            const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
-            *(uint4*)(big + at) = bigs;
-            *(uint4*)(small + at) = smalls;
         }
     }
     // A chunk's third part: this lane's 16-byte chunks of the big halves, from the chunk's first
@@ -1350,7 +1366,8 @@ struct Consumer : Block {
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
         // STREAM_QUERY: the warpgroup's query atom follows the documents' in the slot.
-        auto issue_slot = [&](int k_atom) {
+        // `fresh`: the atom starts the accumulators afresh (FP32_SPLIT's flushes), as a tile's first.
+        auto issue_slot = [&](int k_atom, bool fresh = false) {
             mbarrier_wait(full() + stage, phase);
             if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
             const unsigned char* slot = sD() + stage * TILE_BYTES;
@@ -1362,9 +1379,13 @@ struct Consumer : Block {
                 WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks),
                                      STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
                                                   : query_desc + query_kstep_offset(4 * k_atom + ks),
-                                     k_atom + ks);
+                                     (fresh ? 0 : k_atom) + ks);
             wgmma_commit();
         };
+        // FP32_SPLIT: the tile's sums of flushed accumulators (SPLIT_FLUSH_ATOMS), added back at its take.
+        float sums[FP32_SPLIT ? ACC : 1];
+#pragma unroll
+        for (int i = 0; i < (FP32_SPLIT ? ACC : 1); ++i) sums[i] = 0.f;
         auto next_slot = [&]() {
             if (++stage == STAGES) stage = 0, phase ^= 1;
         };
@@ -1386,7 +1407,17 @@ struct Consumer : Block {
                 for (int k_atom = 1; k_atom < tile_slots; ++k_atom) {
                     const int previous = stage;
                     next_slot();
-                    issue_slot(k_atom);
+                    bool fresh = false;
+                    if constexpr (FP32_SPLIT) {
+                        if (k_atom % SPLIT_FLUSH_ATOMS == 0) {  // (uniform: every warpgroup the same atoms)
+                            wgmma_wait<0>();
+                            pin(acc);
+#pragma unroll
+                            for (int i = 0; i < ACC; ++i) sums[i] += acc[i];
+                            fresh = true;
+                        }
+                    }
+                    issue_slot(k_atom, fresh);
                     wgmma_wait<1>();
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(empty() + previous);
@@ -1405,6 +1436,12 @@ struct Consumer : Block {
         auto take = [&](const TileFold& tile, const bool FIRST) {
             wgmma_wait<0>();
             pin(acc);
+            if constexpr (FP32_SPLIT) {
+                if (tile_slots > SPLIT_FLUSH_ATOMS) {  // (the tile had flushes: its sums join its last stretch)
+#pragma unroll
+                    for (int i = 0; i < ACC; ++i) acc[i] += sums[i], sums[i] = 0.f;
+                }
+            }
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty() + tile.slot);  // the slot is free (scales already read)
             const bool real0 = tile.real0, real1 = tile.real1;
