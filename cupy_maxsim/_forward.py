@@ -205,6 +205,22 @@ def _split_queries(problem: ScoreProblem, stream) -> tuple:
         return split_queries(cupy.ascontiguousarray(rows), None if mask is None else cupy.ascontiguousarray(mask))
 
 
+def _split_exponents(problem: ScoreProblem, stream):
+    """The documents' exponents as the fp32 split build reads them in the int8 scales' place
+    (launch.split_exponents: int32, one a row of d, SPLIT_ZERO where d_mask drops it), on
+    ``stream``, with their (doc, row) strides: (exponents, doc_stride, row_stride)."""
+    from ._gpu.launch import split_exponents
+
+    d, d_mask = problem.d, problem.d_mask
+    packed = problem.offsets is not None
+    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
+    with gpu_device.on_stream(stream):
+        exponents = split_exponents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]),
+                                    d.shape[-1], 0 if d_mask is None else d_mask.ptr,
+                                    (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+    return exponents, 0 if packed else doc_length, 1
+
+
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
     q, d, q_mask = problem.q, problem.d, problem.q_mask
     num_queries, query_length, dim = q.shape
@@ -231,6 +247,9 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             width = halves.shape[-1]
             values.update(q=halves.data.ptr, q_query_stride=query_length * width, q_row_stride=width, q_dim_stride=1,
                           q_scale=split_scales.data.ptr, q_scale_query_stride=query_length, q_scale_row_stride=1)
+            exponents, doc_stride, row_stride = _split_exponents(problem, stream)
+            split += (exponents,)
+            values.update(d_scale=exponents.data.ptr, d_scale_doc_stride=doc_stride, d_scale_row_stride=row_stride)
         q_base, q_query_bytes = values["q"], values["q_query_stride"] * (2 if split is not None else ITEMSIZE[q.dtype])
         scale_base, scale_query_bytes = values["q_scale"], values["q_scale_query_stride"] * 4
         tile_map = map_shape = scales = query_shape = None

@@ -47,6 +47,10 @@ constexpr u32 SPLIT_NON_FINITE_BITS = 0x7f800000u;
 __device__ __forceinline__ int split_exponent(u32 magnitude) {
     return magnitude == 0u ? 0 : min(126, 141 - (int)(magnitude >> 23));
 }
+// The documents' exponents that mark a row written as zeros (masked, or past the document) or
+// as non-finite (its scale NaN): maxsim_quantize.cu's maxsim_split_exponents writes them, the
+// Hopper kernel's split build reads them.
+constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
 __device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((u32)(127 + k) << 23); }
 // The fp16 halves of two scaled elements a, b (a at the lower address), packed as one 32-bit
 // word each: big, and small = fp16(y - big).

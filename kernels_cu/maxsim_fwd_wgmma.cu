@@ -69,7 +69,8 @@
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
 // (splitting documents: each slot's document position and length, the block's counter), and
 // for TF32 builds (fp32) 2 * WARPGROUPS * ATOM_BYTES after the ring (each warpgroup's two
-// buffers of an atom's small halves);
+// buffers of an atom's small halves), for the fp32 split build SPLIT_STAGES * SPLIT_STAGE_BYTES
+// there (its producer's staged float32 chunks);
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
@@ -137,9 +138,8 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    // The fp32 split build's producer splits the documents itself, two rows' elements of a chunk
-    // in registers at once (FP32_SPLIT, SPLIT_LOAD_GROUP): 88 (its two consumer warpgroups keep
-    // 208, with the flushes' sums).
+    // The fp32 split build's producer splits the documents itself (FP32_SPLIT): 88 (its two
+    // consumer warpgroups keep 208, with the flushes' sums).
     return MAXSIM_FP32_SPLIT ? 88 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
@@ -260,15 +260,16 @@ constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
 constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
-// FP32_SPLIT: the tile rows a producer lane converts (rows my_row + 4p, p < SPLIT_PASSES), and
-// the exponents that mark a row written as zeros (not real) or as non-finite (its scale NaN).
+// FP32_SPLIT: the tile rows a producer lane converts (rows my_row + 4p, p < SPLIT_PASSES).
 constexpr int SPLIT_PASSES = TILE_N / COPY_WARPS / 4;
-constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
-constexpr int SPLIT_PREFETCH_DIM = 512;  // (prefetch_split_tile)
-// Rows whose loads the producer issues together (a round trip): two of a lane's four, so that it
-// fits in 88 registers beside its loop's state and its consumers keep 208 (the flush's sums); the
-// next tile's prefetch into L2 makes each round trip short.
-constexpr int SPLIT_LOAD_GROUP = 2;
+// The producer stages the documents' float32 chunks (64 elements of the dim, a tile's 64 rows)
+// in shared memory by cp.async, SPLIT_STAGES chunks ahead of the one it converts: loads into
+// registers left one round trip a few rows (a register's worth) in flight, and the split ran at
+// a quarter of the bf16 speed, its producer waiting (bench/results/cliffs-2026-12-05-7132dad-
+// split-h100.txt). A stage: each producer lane's 16-byte pieces of its rows, [row pass][half]
+// [lane] (conflict-free), then the tile's 64 exponents (staged with its first chunk).
+constexpr int SPLIT_STAGES = 3;
+constexpr int SPLIT_STAGE_BYTES = TILE_N * 64 * 4 + TILE_N * 4;
 // The tensor cores' fp32 accumulation truncates: a long k into one accumulator comes out low (a
 // bias: 1.7e-5 relative over 960 MMAs, the seventeenth session). The split build's consumers
 // start fresh accumulators every SPLIT_FLUSH_ATOMS atoms (96 MMAs, 512 elements of the dim)
@@ -296,7 +297,8 @@ constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * Q
 // group's (its 32 real rows: half rows).
 constexpr int SLOT_QUERY_BYTES = !STREAM_QUERY ? 0 : SPLIT_DOCS ? 32 * 128 : WARPGROUPS * QUERY_ATOM_BYTES;
 constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES + SLOT_QUERY_BYTES;
-constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's two of small halves
+// TF32 (split document): each warpgroup's two of small halves; FP32_SPLIT: the producer's stages.
+constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : FP32_SPLIT ? SPLIT_STAGES * SPLIT_STAGE_BYTES : 0;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
 // STREAM_K keeps only the 32 real rows (HALF_ROWS) of the 64.
@@ -625,7 +627,7 @@ namespace wg {
 // the header comment; SHARED_BYTES adds the alignment slack). Pieces address them from the one
 // base pointer, so that the compiler rematerialises each as base + constant instead of keeping
 // a register pair per region live across the consumer loops.
-constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][2][ATOM_BYTES]
+constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][2][ATOM_BYTES]; FP32_SPLIT: stages
 constexpr int OFF_Q = OFF_SMALL + SMALL_BYTES;                  // [QUERY_BYTES]
 constexpr int OFF_SCALE = OFF_Q + QUERY_BYTES;                  // int8: [STAGES][TILE_N] document scales
 constexpr int OFF_ROW_SCALE = OFF_SCALE + 4 * STAGES * TILE_N;  // int8: per query row, its scale
@@ -911,110 +913,75 @@ struct Block {
     // ---- FP32_SPLIT: the producer's conversion (see FP32_SPLIT) ----------------------------
     // Lanes 8k..8k+7 of a copy warp take rows my_row + 4p of a tile (p < SPLIT_PASSES), each
     // lane the 8 elements at 8 my_chunk of every 64 (the 16-byte chunk of halves it writes).
-    // Elements e..e+7 of a float32 row, zeros past the dim: two 16-byte loads where the rows
-    // start on 16 bytes, else element by element.
-    __device__ __forceinline__ static void load_split_elements(const float* row, int e, int dim, float (&x)[8]) {
-        if (LOAD_BYTES >= 16 && e + 8 <= dim) {
-            const float4 a = *(const float4*)(row + e), b = *(const float4*)(row + e + 4);
-            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-            return;
-        }
+    // A row's exponent k (2^k brings its largest magnitude into [2^14, 2^15): codecs.cuh
+    // split_exponent) comes with the launch, where the tiles' int8 scales come from (args.d_scale
+    // read as int: launch.split_exponents, SPLIT_ZERO for a masked row, SPLIT_BAD for one
+    // holding NaN or inf).
+    __device__ __forceinline__ unsigned char* split_stage(int buf) const { return sSmall() + buf * SPLIT_STAGE_BYTES; }
+    // Where producer lane `ptid` stages half `half` (4 elements) of its row pass p.
+    __device__ __forceinline__ static int split_piece(int p, int half, int ptid) { return ((2 * p + half) * 128 + ptid) * 16; }
+    // Chunk c of the tile at `at` into stage `buf` by cp.async: this lane's pieces of its rows
+    // (zeros past the dim; nothing for rows past the document, which are written as zeros), and
+    // with the tile's first chunk its rows' exponents (by each row's first lane). Then a commit,
+    // also past the block's documents (an empty group): the waits count a group a chunk.
+    __device__ __forceinline__ void stage_split_chunk(const ForwardArgs& args, const DocCursor& at, int c, int buf,
+                                                      int my_row, int my_chunk, int ptid) const {
+        if (at.position < doc_count) {
+            const int first_row = at.tile * TILE_N, rows_left = (int)min(at.length - first_row, (i64)TILE_N);
+            unsigned char* stage = split_stage(buf);
+            const float* row0 = (const float*)args.d + at.base + (first_row + my_row) * args.d_row_stride;
+            const i64 scale_base = args.offsets == nullptr ? at.doc * args.d_scale_doc_stride
+                                                           : at.first_token * args.d_scale_row_stride;
+            const int e = 64 * c + 8 * my_chunk;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) x[j] = e + j < dim ? row[e + j] : 0.f;
-    }
-    // At a tile's first atom, each of this lane's rows' exponent k (codecs.cuh split_exponent of
-    // the row's largest magnitude, its 8 lanes reduced together): SPLIT_ZERO for a row that is not
-    // real (past the document, masked: written as zeros, and its columns are not real anyway),
-    // SPLIT_BAD for one holding NaN or inf (zeros too, and a NaN scale: every similarity of the
-    // row NaN, as a non-finite int8 scale makes it). A group of rows' loads of a 64-element chunk
-    // are issued before any is used (SPLIT_LOAD_GROUP): not one round trip a row.
-    __device__ __forceinline__ void split_exponents(const ForwardArgs& args, const DocCursor& load, int first_row,
-                                                    int rows_left, int my_row, int my_chunk,
-                                                    int (&exponents)[SPLIT_PASSES]) const {
-        const float* row0 = (const float*)args.d + load.base + (first_row + my_row) * args.d_row_stride;
-        bool real[SPLIT_PASSES];
-        u32 magnitude[SPLIT_PASSES];
+            for (int p = 0; p < SPLIT_PASSES; ++p) {
+                const int r = my_row + 4 * p;
+                if (r >= rows_left) continue;
+                const float* row = row0 + 4 * p * args.d_row_stride;
 #pragma unroll
-        for (int p = 0; p < SPLIT_PASSES; ++p) {
-            const int r = my_row + 4 * p;
-            real[p] = r < rows_left;
-            if (real[p] && args.d_mask != nullptr)
-                real[p] = args.d_mask[load.doc * args.d_mask_doc_stride + (first_row + r) * args.d_mask_row_stride] != 0;
-            magnitude[p] = 0u;
-        }
-#pragma unroll 1
-        for (int e = 8 * my_chunk; e < args.dim; e += 64) {
-#pragma unroll
-            for (int g = 0; g < SPLIT_PASSES; g += SPLIT_LOAD_GROUP) {
-                float x[SPLIT_LOAD_GROUP][8];
-#pragma unroll
-                for (int p = 0; p < SPLIT_LOAD_GROUP; ++p)
-                    if (real[g + p]) load_split_elements(row0 + 4 * (g + p) * args.d_row_stride, e, args.dim, x[p]);
-#pragma unroll
-                for (int p = 0; p < SPLIT_LOAD_GROUP; ++p)
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        if (real[g + p]) magnitude[g + p] = max(magnitude[g + p], __float_as_uint(x[p][j]) & 0x7fffffffu);
-            }
-        }
-#pragma unroll
-        for (int p = 0; p < SPLIT_PASSES; ++p) {
-#pragma unroll
-            for (int offset = 1; offset < 8; offset <<= 1)  // the row's 8 lanes (lane bits 0-2)
-                magnitude[p] = max(magnitude[p], __shfl_xor_sync(0xffffffffu, magnitude[p], offset));
-            exponents[p] = !real[p] ? SPLIT_ZERO : magnitude[p] >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD
-                                                                                           : split_exponent(magnitude[p]);
-        }
-    }
-    // The next tile's rows asked into L2 while this one is split (prefetch: no registers, no
-    // wait), so that its exponent pass and chunks come from L2, not HBM: a tile's round trips are
-    // the producer's whole cost (dim / 64 for the exponents, as many for the chunks). This lane's
-    // rows' 32 bytes of every 64 elements, real rows only (nothing past the corpus is asked); up
-    // to SPLIT_PREFETCH_DIM (a tile of 128 KB: 132 blocks' next tiles within a third of the L2;
-    // fatter tiles would evict each other before their turn).
-    __device__ __forceinline__ void prefetch_split_tile(const ForwardArgs& args, const DocCursor& next, int my_row,
-                                                        int my_chunk) const {
-        if (next.position >= doc_count || args.dim > SPLIT_PREFETCH_DIM) return;
-        const int first_row = next.tile * TILE_N, rows_left = (int)min(next.length - first_row, (i64)TILE_N);
-        const float* row0 = (const float*)args.d + next.base + (first_row + my_row) * args.d_row_stride;
-#pragma unroll
-        for (int p = 0; p < SPLIT_PASSES; ++p) {
-            if (my_row + 4 * p >= rows_left) continue;
-#pragma unroll 1
-            for (int e = 8 * my_chunk; e < args.dim; e += 64)
-                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row0 + 4 * p * args.d_row_stride + e));
-        }
-    }
-    // Chunk c of the tile (its dim's 64 elements c) as its halves: big into the slot at `big`
-    // (part 0), small into the next slot's (part 1), in the 128-byte swizzle as TMA would write
-    // them; each element read once (the chunk's third part, big again, is copied from the
-    // first's slot: copy_split_big).
-    __device__ __forceinline__ void convert_split_chunk(const ForwardArgs& args, const DocCursor& load, int first_row,
-                                                        int c, unsigned char* big, unsigned char* small, int my_row,
-                                                        int my_chunk, const int (&exponents)[SPLIT_PASSES]) const {
-        const float* row0 = (const float*)args.d + load.base + (first_row + my_row) * args.d_row_stride;
-#pragma unroll
-        for (int g = 0; g < SPLIT_PASSES; g += SPLIT_LOAD_GROUP) {
-            float x[SPLIT_LOAD_GROUP][8];  // a group of rows' loads first (one round trip), as split_exponents
-#pragma unroll
-            for (int q = 0; q < SPLIT_LOAD_GROUP; ++q)
-                if (exponents[g + q] != SPLIT_ZERO && exponents[g + q] != SPLIT_BAD)
-                    load_split_elements(row0 + 4 * (g + q) * args.d_row_stride, 64 * c + 8 * my_chunk, args.dim, x[q]);
-#pragma unroll
-            for (int q = 0; q < SPLIT_LOAD_GROUP; ++q) {
-                const int r = my_row + 4 * (g + q), k = exponents[g + q];
-                uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
-                if (k != SPLIT_ZERO && k != SPLIT_BAD) {
-                    const float scale = power_of_two(k);
-                    split_halves(x[q][0] * scale, x[q][1] * scale, bigs.x, smalls.x);
-                    split_halves(x[q][2] * scale, x[q][3] * scale, bigs.y, smalls.y);
-                    split_halves(x[q][4] * scale, x[q][5] * scale, bigs.z, smalls.z);
-                    split_halves(x[q][6] * scale, x[q][7] * scale, bigs.w, smalls.w);
+                for (int half = 0; half < 2; ++half) {
+                    const int bytes = min(max(4 * (args.dim - e - 4 * half), 0), 16);
+                    copy_chunk<LOAD_BYTES>(stage + split_piece(p, half, ptid),
+                                           bytes ? (const void*)(row + e + 4 * half) : (const void*)row, bytes);
                 }
-                const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
-                *(uint4*)(big + at) = bigs;
-                *(uint4*)(small + at) = smalls;
+                if (c == 0 && my_chunk == 0)
+                    cp_async_4(stage + TILE_N * 256 + 4 * r,
+                               args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride, 4);
             }
+        }
+        cp_async_commit();
+    }
+    // The exponents of this lane's rows, from the stage of their tile's first chunk (SPLIT_ZERO
+    // past the document).
+    __device__ __forceinline__ void split_exponents(int buf, int rows_left, int my_row,
+                                                    int (&exponents)[SPLIT_PASSES]) const {
+        const int* staged = (const int*)(split_stage(buf) + TILE_N * 256);
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) exponents[p] = my_row + 4 * p < rows_left ? staged[my_row + 4 * p] : SPLIT_ZERO;
+    }
+    // A staged chunk as its halves: big into the slot at `big` (part 0), small into the next
+    // slot's (part 1), in the 128-byte swizzle as TMA would write them (the chunk's third part,
+    // big again, is copied from the first's slot: copy_split_big).
+    __device__ __forceinline__ void convert_split_chunk(int buf, unsigned char* big, unsigned char* small, int my_row,
+                                                        int my_chunk, int ptid,
+                                                        const int (&exponents)[SPLIT_PASSES]) const {
+        const unsigned char* stage = split_stage(buf);
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int r = my_row + 4 * p, k = exponents[p];
+            uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
+            if (k != SPLIT_ZERO && k != SPLIT_BAD) {
+                const float4 a = *(const float4*)(stage + split_piece(p, 0, ptid));
+                const float4 b = *(const float4*)(stage + split_piece(p, 1, ptid));
+                const float scale = power_of_two(k);
+                split_halves(a.x * scale, a.y * scale, bigs.x, smalls.x);
+                split_halves(a.z * scale, a.w * scale, bigs.y, smalls.y);
+                split_halves(b.x * scale, b.y * scale, bigs.z, smalls.z);
+                split_halves(b.z * scale, b.w * scale, bigs.w, smalls.w);
+            }
+            const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(big + at) = bigs;
+            *(uint4*)(small + at) = smalls;
         }
     }
     // A chunk's third part: this lane's 16-byte chunks of the big halves, from the chunk's first
@@ -1080,7 +1047,18 @@ struct Block {
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         const int tile_slots = slots_per_tile<T>(args.dim);
-        int exponents[SPLIT_PASSES];  // FP32_SPLIT: this lane's rows' scales (split_exponents)
+        // FP32_SPLIT: this lane's rows' exponents (split_exponents), the next chunk to stage
+        // (`staged`'s tile, chunk staged_chunk) and the stage of the next to convert.
+        int exponents[SPLIT_PASSES];
+        DocCursor staged = load;
+        int staged_chunk = 0, split_buf = 0;
+        const int split_chunks = (args.dim + 63) / 64, ptid = 32 * producer_warp + lane;
+        auto stage_next = [&](int buf) {
+            stage_split_chunk(args, staged, staged_chunk, buf, my_row, my_chunk, ptid);
+            if (++staged_chunk == split_chunks) staged_chunk = 0, next_tile(staged);
+        };
+        if constexpr (FP32_SPLIT)
+            for (int buf = 0; buf < SPLIT_STAGES; ++buf) stage_next(buf);
         auto produce = [&](const bool tma) {
         int t = 0;  // slots filled
         for (; load.position < doc_count;) {
@@ -1137,15 +1115,14 @@ struct Block {
                         // part 2 (big again) copied from part 0's slot.
                         const int part = k_atom % 3, next = stage + 1 == ring_end ? ring_first : stage + 1;
                         if (part == 0) {
-                            if (k_atom == 0) {
-                                DocCursor next = load;
-                                next_tile(next);
-                                prefetch_split_tile(args, next, my_row, my_chunk);
-                                split_exponents(args, load, first_row, rows_left, my_row, my_chunk, exponents);
-                            }
                             if (t + 1 >= RING) mbarrier_wait(empty() + next, next == ring_first ? phase : phase ^ 1);
-                            convert_split_chunk(args, load, first_row, k_atom / 3, tile, sD() + next * TILE_BYTES, my_row,
-                                                my_chunk, exponents);
+                            cp_async_wait<SPLIT_STAGES - 1>();  // this lane's pieces of the chunk landed,
+                            __syncwarp();  // and (seen once its rows' first lanes have waited) their exponents
+                            if (k_atom == 0) split_exponents(split_buf, rows_left, my_row, exponents);
+                            convert_split_chunk(split_buf, tile, sD() + next * TILE_BYTES, my_row, my_chunk, ptid, exponents);
+                            __syncwarp();  // (every lane has read the exponents before the stage is refilled)
+                            stage_next(split_buf);
+                            if (++split_buf == SPLIT_STAGES) split_buf = 0;
                         } else if (part == 2) {
                             const int first = stage - 2 >= ring_first ? stage - 2 : stage - 2 + RING;
                             copy_split_big(sD() + first * TILE_BYTES, tile, my_row, my_chunk);

@@ -99,3 +99,53 @@ __device__ __forceinline__ void split_rows(const float* x, i64 rows, int dim, co
         split_rows(x, rows, dim, mask, halves, scales);                                                \
     }
 MAXSIM_SPLIT_ENTRY(maxsim_quantize_fp32_split, float)
+
+// The fp32 split build's document exponents (maxsim_fwd_wgmma.cu, FP32_SPLIT), read as the
+// tiles' scales are: for each row of `docs` documents of `doc_length` rows (packed: one
+// document of every token) at doc_stride and row_stride elements, split_exponent of its
+// largest magnitude, SPLIT_BAD if it holds NaN or inf, SPLIT_ZERO if masked; [docs * doc_length].
+// Once a launch, not in each query group's blocks: a row's exponent needs all of it before
+// any chunk is split. A warp takes SPLIT_EXPONENT_ROWS rows at once, their loads issued
+// together (at dim 64 a row is two loads a lane: one row a warp left HBM waiting).
+constexpr int SPLIT_EXPONENT_ROWS = 4;
+__device__ __forceinline__ void split_exponent_rows(const float* x, i64 docs, i64 doc_length, i64 doc_stride,
+                                                    i64 row_stride, int dim, const unsigned char* mask,
+                                                    i64 mask_doc_stride, i64 mask_row_stride, int* exponents) {
+    const int lane = threadIdx.x & 31;
+    const i64 rows = docs * doc_length, warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 first = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SPLIT_EXPONENT_ROWS; first < rows;
+         first += warps * SPLIT_EXPONENT_ROWS) {
+        const float* in[SPLIT_EXPONENT_ROWS];
+        bool real[SPLIT_EXPONENT_ROWS];
+        u32 magnitude[SPLIT_EXPONENT_ROWS];
+#pragma unroll
+        for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r) {
+            const i64 row = first + r, doc = row / doc_length, token = row % doc_length;
+            real[r] = row < rows && (mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride]);
+            in[r] = x + doc * doc_stride + token * row_stride;
+            magnitude[r] = 0u;
+        }
+#pragma unroll 2
+        for (int c = lane; c < dim; c += 32)
+#pragma unroll
+            for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r)
+                if (real[r]) magnitude[r] = max(magnitude[r], __float_as_uint(in[r][c]) & 0x7fffffffu);
+#pragma unroll
+        for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r) {
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1)
+                magnitude[r] = max(magnitude[r], __shfl_xor_sync(0xffffffffu, magnitude[r], offset));
+            if (lane == 0 && first + r < rows)
+                exponents[first + r] = !real[r] ? SPLIT_ZERO : magnitude[r] >= SPLIT_NON_FINITE_BITS
+                                                                   ? SPLIT_BAD : split_exponent(magnitude[r]);
+        }
+    }
+}
+#define MAXSIM_EXPONENTS_ENTRY(NAME, THREADS)                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        NAME(const float* x, i64 docs, i64 doc_length, i64 doc_stride, i64 row_stride, int dim,              \
+             const unsigned char* mask, i64 mask_doc_stride, i64 mask_row_stride, int* exponents) {          \
+        split_exponent_rows(x, docs, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,         \
+                            mask_row_stride, exponents);                                                     \
+    }
+MAXSIM_EXPONENTS_ENTRY(maxsim_split_exponents, QUANTIZE_THREADS)

@@ -25,17 +25,25 @@ def builds(monkeypatch):
         "split" if "-DMAXSIM_FP32_SPLIT=1" in defines else family] if family.startswith("maxsim_fwd") else [])
 
 
+def numpy_exponents(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """codecs.cuh split_exponent in NumPy: per token k (2^k brings its largest |x| into
+    [2^14, 2^15), k <= 126; 0 for a zero token or one holding NaN or inf), and whether it holds
+    NaN or inf."""
+    magnitude = np.abs(rows.astype(np.float64)).max(axis=1) if rows.shape[1] else np.zeros(len(rows))
+    bad = ~np.isfinite(magnitude)
+    _, exponent = np.frexp(np.where(bad, 0.0, magnitude))
+    return np.where((magnitude == 0) | bad, 0, np.minimum(15 - exponent, 126)), bad
+
+
 def numpy_split(rows: np.ndarray, mask) -> tuple[np.ndarray, np.ndarray]:
     """split_rows in NumPy: per token 2^k (its largest |x| in [2^14, 2^15), k <= 126), fp16 big
     and small halves of x 2^k laid out per 64 elements as [big, big, small]; scales 2^-k, NaN
     for a token holding NaN or inf (its halves zeros), 0 for a masked one (zeros)."""
     count, dim = rows.shape
     atoms = -(-dim // 64)
-    magnitude = np.abs(rows.astype(np.float64)).max(axis=1) if dim else np.zeros(count)
-    bad = ~np.isfinite(magnitude)
     real = np.ones(count, bool) if mask is None else mask.astype(bool)
-    _, exponent = np.frexp(np.where(bad | ~real, 0.0, magnitude))
-    k = np.where((magnitude == 0) | bad | ~real, 0, np.minimum(15 - exponent, 126))
+    k, bad = numpy_exponents(rows)
+    k = np.where(real, k, 0)
     y = np.zeros((count, 64 * atoms), np.float32)
     y[:, :dim] = np.where((bad | ~real)[:, None], 0.0, rows.astype(np.float64) * np.ldexp(1.0, k)[:, None])
     big = y.astype(np.float16)
@@ -65,6 +73,41 @@ def test_split_queries_match_numpy(dim):
         want_halves, want_scales = numpy_split(rows, m)
         np.testing.assert_array_equal(halves.get(), want_halves)
         np.testing.assert_array_equal(scales.get(), want_scales)
+
+
+@pytest.mark.parametrize("dim", [1, 64, 100, 300])
+def test_split_exponents_match_numpy(dim):
+    """The documents' exponents (maxsim_quantize.cu maxsim_split_exponents) of padded documents
+    under a strided view and a mask, and of packed ones: k, 1001 (SPLIT_BAD) for a row holding
+    NaN or inf, 1000 (SPLIT_ZERO) for a masked one, whatever it holds."""
+    import cupy
+
+    from cupy_maxsim._gpu.launch import split_exponents
+
+    rng = np.random.default_rng(dim)
+    docs = (rng.standard_normal((7, 11, dim)) * 10.0 ** rng.uniform(-30, 30, (7, 11, 1))).astype(np.float32)
+    docs[0, 3] = 0.0
+    docs[1, 5, dim // 2] = np.nan
+    docs[2, 6, 0] = -np.inf
+    docs[3, 7] = np.float32(1e-40)
+    mask = rng.random((7, 11)) < 0.8
+    mask[1, 5] = mask[2, 6] = True
+    mask[4, 2], docs[4, 2, 0] = False, np.nan  # masked: its NaN does not count
+    k, bad = numpy_exponents(docs.reshape(-1, dim))
+    want = np.where(bad, 1001, k).reshape(7, 11)
+    wide = cupy.zeros((9, 13, dim + 3), cupy.float32)  # a strided view: (doc, row) strides 13 (D + 3), D + 3
+    wide[:7, :11, :dim] = cupy.asarray(docs)
+    view = wide[:7, :11, :dim]
+    masks = cupy.zeros((7, 12), bool)
+    masks[:, :11] = cupy.asarray(mask)
+    strides = (view.strides[0] // 4, view.strides[1] // 4)
+    got = split_exponents(view.data.ptr, 0, 7, 11, strides, dim, masks.data.ptr, masks.strides)
+    np.testing.assert_array_equal(got.get().reshape(7, 11), np.where(mask, want, 1000))
+    got = split_exponents(view.data.ptr, 0, 7, 11, strides, dim)
+    np.testing.assert_array_equal(got.get().reshape(7, 11), want)
+    packed = cupy.asarray(docs.reshape(-1, dim))
+    got = split_exponents(packed.data.ptr, 0, 1, 77, (0, dim), dim)
+    np.testing.assert_array_equal(got.get(), want.reshape(-1))
 
 
 def _check_scores(q, d, q_mask, d_mask, packed=True):

@@ -132,6 +132,8 @@ SMALL_KERNEL_PARAMETERS = {
     "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
     "maxsim_quantize_fp32_split": "QqiQQQ",  # x, rows, dim, mask, halves, scales
+    # x, docs, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride, mask_row_stride, exponents
+    "maxsim_split_exponents": "QqqqqiQqqQ",
 }
 
 
@@ -331,6 +333,30 @@ def split_queries(rows, mask):
 
     halves = allocated((rows.shape[0], 192 * -(-rows.shape[1] // 64)), cupy.uint16)
     return halves, _token_warps("maxsim_quantize_fp32_split", "maxsim_quantize_fp32_split", rows, mask, halves)
+
+
+#: Rows a warp of maxsim_split_exponents takes at once (SPLIT_EXPONENT_ROWS in maxsim_quantize.cu).
+SPLIT_EXPONENT_ROWS = 4
+
+
+def split_exponents(x: int, device: int, docs: int, doc_length: int, strides: tuple[int, int], dim: int,
+                    mask: int = 0, mask_strides: tuple[int, int] = (0, 0)):
+    """One launch of maxsim_split_exponents on the current device and stream: the int32
+    exponents (docs * doc_length,) of float32 document rows at ``x`` (``docs`` documents of
+    ``doc_length`` rows, ``strides`` (doc, row) in elements; packed: one document of every
+    token), what the Hopper kernel's fp32 split build reads as the documents' scales; ``mask``:
+    a bool (docs, doc_length) pointer with its (doc, row) strides, or 0."""
+    import cupy
+
+    rows = docs * doc_length
+    exponents = allocated((rows,), cupy.int32)
+    if rows:
+        sms = device_properties(device)[0]
+        blocks = min(-(-rows // (QUANTIZE_THREADS // 32 * SPLIT_EXPONENT_ROWS)), 32 * sms)
+        launch(get_kernel(device, "maxsim_quantize", "maxsim_split_exponents"), (blocks,), (QUANTIZE_THREADS,),
+               scalars("maxsim_split_exponents", x, docs, doc_length, *strides, dim, mask, *mask_strides,
+                       exponents.data.ptr), 0, None)
+    return exponents
 
 
 def _token_warps(name: str, parameters: str, rows, mask, out):

@@ -63,7 +63,8 @@ FAMILIES = {
     "maxsim_topk": ("maxsim_topk.cu", ("maxsim_topk_select", "maxsim_topk_wide", "maxsim_topk_finish",
                                      "maxsim_topk_merge")),
     "maxsim_quantize": ("maxsim_quantize.cu",
-                        tuple(f"maxsim_quantize_{s}" for s in ("fp16", "bf16", "fp32", "fp64", "fp32_split"))),
+                        tuple(f"maxsim_quantize_{s}" for s in ("fp16", "bf16", "fp32", "fp64", "fp32_split"))
+                        + ("maxsim_split_exponents",)),
 }
 
 

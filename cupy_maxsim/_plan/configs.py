@@ -154,7 +154,9 @@ class WgmmaConfig:
         slot_bytes = slot_atoms * n * 128
         if self.stream_query:  # every warpgroup's query atom in each slot (splitting: the group's), none resident
             slot_bytes, query_bytes = slot_bytes + (32 if self.split_docs else self.warpgroups * 128) * 128, 0
-        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 0  # two buffers a warpgroup
+        # TF32 split documents: two buffers of small halves a warpgroup; fp32 split: the producer's
+        # SPLIT_STAGES stages of a float32 chunk (n rows x 64) and the tile's n exponents.
+        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 3 * (n * 256 + n * 4) if self.fp32_split else 0
         return (1024 + self.stages * slot_bytes + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
