@@ -799,8 +799,9 @@ struct Block {
             // Splitting, with cp.async, the first lane also arrives plainly: that arrival
             // publishes the slot's document position (a release, as the TMA lane's is).
             // STREAM_QUERY with cp.async documents: the lane issuing the query atoms arrives too.
+            // FP32_SPLIT: a producer warp's lanes fence their stores, and its first lane arrives.
             mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0)
-                                                       : 32 * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
+                                                       : (FP32_SPLIT ? 1 : 32) * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc() = 0;
@@ -1129,8 +1130,11 @@ struct Block {
                         const int part = k_atom % 3;
                         copy_split_part(split_buf, part == 1, tile, my_row, my_chunk, ptid);
                         if (tile_end && my_chunk == 0) publish_split_scales(stage, my_row, exponents);
-                        fence_proxy_async();  // (the consumers' wgmma reads the halves: the async proxy)
-                        mbarrier_arrive(full() + stage);
+                        // The consumers' wgmma reads the halves (the async proxy): each lane fences
+                        // its stores, then one arrival a warp, not 128 on one barrier.
+                        fence_proxy_async();
+                        __syncwarp();
+                        if (lane == 0) mbarrier_arrive(full() + stage);
                         if (++stage == ring_end) stage = ring_first, phase ^= 1;
                         if (part == 2) {
                             __syncwarp();  // (every lane has read the stage's exponents)
@@ -1353,7 +1357,8 @@ struct Consumer : Block {
         // `fresh`: the atom starts the accumulators afresh (FP32_SPLIT's flushes), as a tile's first.
         auto issue_slot = [&](int k_atom, bool fresh = false) {
             mbarrier_wait(full() + stage, phase);
-            if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
+            // cp.async tiles: generic -> async proxy (the split build's producer fences its own stores).
+            if (!tile_map.use_tma && !FP32_SPLIT) fence_proxy_async();
             const unsigned char* slot = sD() + stage * TILE_BYTES;
             const unsigned char* slot_query = slot + SLOT_ATOMS * ATOM_BYTES + warpgroup * QUERY_ATOM_BYTES;
             const unsigned long long doc_desc = tile_descriptor(slot);
