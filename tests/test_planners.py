@@ -525,9 +525,9 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precisio
 def test_float32_precision_high_on_the_planner():
     """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
     reads the documents as TF32 (tf32=2, no small halves), many queries the Hopper kernel with
-    documents on M reading both operands as TF32 (where "highest" keeps them on mma.sync's
-    3xTF32), but not with rows off 16 bytes; other dtypes plan as under "highest"; a precision
-    torch does not name for this is a ValueError."""
+    documents on M reading both operands as TF32 (where "highest" splits them into three fp16
+    products), but not with rows off 16 bytes (there the split too); other dtypes plan as under
+    "highest"; a precision torch does not name for this is a ValueError."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
@@ -544,7 +544,8 @@ def test_float32_precision_high_on_the_planner():
     choice = choose_kernel(one, properties, high)
     assert choice.config.tf32 == 2 and (choice.family, choice.config.defines()) in known
     assert choice.config.stages > choose_kernel(one, properties, highest).config.stages  # no small halves
-    assert choose_kernel(many, properties, highest).family == "maxsim_fwd"
+    assert choose_kernel(many, properties, highest).config.fp32_split
+    assert choose_kernel(many, properties, dataclasses.replace(highest, wgmma_fp32_split=False)).family == "maxsim_fwd"
     choice = choose_kernel(many, properties, high)
     assert choice.family == "maxsim_fwd_wgmma" and choice.config.docs_on_m and choice.config.tf32 == 2
     assert (choice.family, choice.config.defines()) in known

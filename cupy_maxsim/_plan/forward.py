@@ -120,8 +120,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
     # fp32 takes the Hopper kernel for one query (its TF32 builds, streaming k: the document as
     # TF32 under precision "high"), and under precision "high" for several queries too (documents
-    # on M, both operands as TF32, rows on 16 bytes); many queries at fp32 accuracy stay on
-    # mma.sync's 3xTF32.
+    # on M, both operands as TF32, rows on 16 bytes); many queries at fp32 accuracy take its split
+    # build (fp32_split_choice), so do rows off 16 bytes under "high".
     tf32 = (2 if tunables.float32_precision == "high" else 1) if suffix == "fp32" and tunables.wgmma_tf32 else 0
     docs_tf32 = tf32 == 2 and load_bytes == 16
     split = fp32_split_choice(shape, capability, smem_limit, tunables)
@@ -188,8 +188,11 @@ def fp32_split_choice(shape: ForwardShape, capability: int, smem_limit: int, tun
     query's half rows (32; two to four queries of 32 as the 16-bit few-queries rule, whose
     alternative here is mma.sync's 3xTF32), or None. Any dim; rows on 4 bytes or more (the
     producer's plain loads: 16-byte vectors where the rows allow); the queries come split into
-    a tensor of their own, whose TMA map the build reads (tunables.use_tma)."""
-    if not (shape.suffix == "fp32" and tunables.wgmma_fp32_split and tunables.float32_precision == "highest"
+    a tensor of their own, whose TMA map the build reads (tunables.use_tma). Under precision
+    "high" too where its TF32 documents on M cannot run (rows off 16 bytes): "high" allows less
+    accuracy, and the alternative is mma.sync's 3xTF32, slower."""
+    if not (shape.suffix == "fp32" and tunables.wgmma_fp32_split
+            and (tunables.float32_precision == "highest" or shape.load_bytes != 16)
             and tunables.use_wgmma and tunables.use_tma and tunables.wgmma_docs_on_m and capability == 90
             and not shape.pairs and shape.query_length <= 64 and shape.load_bytes >= 4
             and shape.num_queries * shape.query_length > 32 and shape.argmax_bits != 32):
