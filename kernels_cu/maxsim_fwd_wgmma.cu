@@ -923,9 +923,8 @@ struct Block {
     __device__ __forceinline__ static int split_piece(int p, int half, int ptid) { return ((2 * p + half) * 128 + ptid) * 16; }
     // Chunk c of the tile at `at` into stage `buf` by cp.async: this lane's pieces of its rows
     // (zeros past the dim; nothing for rows past the document, which are written as zeros), and
-    // with the tile's first chunk its rows' exponents (by each row's first lane; SPLIT_ZERO past
-    // the document). Then a commit, also past the block's documents (an empty group, its stage
-    // converted but never copied out): the waits count a group a chunk.
+    // with the tile's first chunk its rows' exponents (by each row's first lane). Then a commit,
+    // also past the block's documents (an empty group): the waits count a group a chunk.
     __device__ __forceinline__ void stage_split_chunk(const ForwardArgs& args, const DocCursor& at, int c, int buf,
                                                       int my_row, int my_chunk, int ptid) const {
         if (at.position < doc_count) {
@@ -935,14 +934,10 @@ struct Block {
             const i64 scale_base = args.offsets == nullptr ? at.doc * args.d_scale_doc_stride
                                                            : at.first_token * args.d_scale_row_stride;
             const int e = 64 * c + 8 * my_chunk;
-            int* exponents = (int*)(stage + TILE_N * 256);
 #pragma unroll
             for (int p = 0; p < SPLIT_PASSES; ++p) {
                 const int r = my_row + 4 * p;
-                if (r >= rows_left) {
-                    if (c == 0 && my_chunk == 0) exponents[r] = SPLIT_ZERO;
-                    continue;
-                }
+                if (r >= rows_left) continue;
                 const float* row = row0 + 4 * p * args.d_row_stride;
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -951,25 +946,30 @@ struct Block {
                                            bytes ? (const void*)(row + e + 4 * half) : (const void*)row, bytes);
                 }
                 if (c == 0 && my_chunk == 0)
-                    cp_async_4(exponents + r, args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride, 4);
+                    cp_async_4(stage + TILE_N * 256 + 4 * r,
+                               args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride, 4);
             }
         }
         cp_async_commit();
     }
-    // The exponents of this lane's rows, from the stage of their tile's first chunk.
-    __device__ __forceinline__ void split_exponents(int buf, int my_row, int (&exponents)[SPLIT_PASSES]) const {
+    // The exponents of this lane's rows, from the stage of their tile's first chunk (SPLIT_ZERO
+    // past the document).
+    __device__ __forceinline__ void split_exponents(int buf, int rows_left, int my_row,
+                                                    int (&exponents)[SPLIT_PASSES]) const {
         const int* staged = (const int*)(split_stage(buf) + TILE_N * 256);
 #pragma unroll
-        for (int p = 0; p < SPLIT_PASSES; ++p) exponents[p] = staged[my_row + 4 * p];
+        for (int p = 0; p < SPLIT_PASSES; ++p) exponents[p] = my_row + 4 * p < rows_left ? staged[my_row + 4 * p] : SPLIT_ZERO;
     }
-    // A staged chunk as its halves, in place: each lane's 8 elements of a row pass (its two
-    // pieces) become their 8 big halves (piece 0) and 8 small ones (piece 1), which the chunk's
-    // slots then copy (copy_split_part).
-    __device__ __forceinline__ void convert_split_chunk(int buf, int ptid, const int (&exponents)[SPLIT_PASSES]) const {
-        unsigned char* stage = split_stage(buf);
+    // A staged chunk as its halves: big into the slot at `big` (part 0), small into the next
+    // slot's (part 1), in the 128-byte swizzle as TMA would write them (the chunk's third part,
+    // big again, is copied from the first's slot: copy_split_big).
+    __device__ __forceinline__ void convert_split_chunk(int buf, unsigned char* big, unsigned char* small, int my_row,
+                                                        int my_chunk, int ptid,
+                                                        const int (&exponents)[SPLIT_PASSES]) const {
+        const unsigned char* stage = split_stage(buf);
 #pragma unroll
         for (int p = 0; p < SPLIT_PASSES; ++p) {
-            const int k = exponents[p];
+            const int r = my_row + 4 * p, k = exponents[p];
             uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
             if (k != SPLIT_ZERO && k != SPLIT_BAD) {
                 const float4 a = *(const float4*)(stage + split_piece(p, 0, ptid));
@@ -980,20 +980,20 @@ struct Block {
                 split_halves(b.x * scale, b.y * scale, bigs.z, smalls.z);
                 split_halves(b.z * scale, b.w * scale, bigs.w, smalls.w);
             }
-            *(uint4*)(stage + split_piece(p, 0, ptid)) = bigs;
-            *(uint4*)(stage + split_piece(p, 1, ptid)) = smalls;
+            const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(big + at) = bigs;
+            *(uint4*)(small + at) = smalls;
         }
     }
-    // A converted chunk's big (piece 0) or small (piece 1) halves of this lane into a slot's
-    // atom, in the 128-byte swizzle as TMA would write them: a slot is filled as soon as it is
-    // free, the conversion done before (while the producer waited for it).
-    __device__ __forceinline__ void copy_split_part(int buf, int piece, unsigned char* atom, int my_row, int my_chunk,
-                                                    int ptid) const {
-        const unsigned char* stage = split_stage(buf);
+    // A chunk's third part: this lane's 16-byte chunks of the big halves, from the chunk's first
+    // slot (`from`: this producer wrote it two slots ago, and it alone writes slots, not again
+    // before it wraps the ring) into `to`.
+    __device__ __forceinline__ static void copy_split_big(const unsigned char* from, unsigned char* to, int my_row,
+                                                          int my_chunk) {
 #pragma unroll
         for (int p = 0; p < SPLIT_PASSES; ++p) {
-            const int r = my_row + 4 * p;
-            *(uint4*)(atom + r * 128 + ((my_chunk ^ (r & 7)) << 4)) = *(const uint4*)(stage + split_piece(p, piece, ptid));
+            const int r = my_row + 4 * p, at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(to + at) = *(const uint4*)(from + at);
         }
     }
     // The tile's last slot carries each of this lane's rows' 2^-k into the slot's scales (the
@@ -1058,19 +1058,9 @@ struct Block {
             stage_split_chunk(args, staged, staged_chunk, buf, my_row, my_chunk, ptid);
             if (++staged_chunk == split_chunks) staged_chunk = 0, next_tile(staged);
         };
-        // The chunk in stage split_buf, once its pieces (this lane's, and the exponents by its
-        // rows' first lanes) have landed: converted (SPLIT_STAGES - 1 later chunks in flight).
-        auto convert_next = [&](bool first_of_tile) {
-            cp_async_wait<SPLIT_STAGES - 1>();
-            __syncwarp();
-            if (first_of_tile) split_exponents(split_buf, my_row, exponents);
-            convert_split_chunk(split_buf, ptid, exponents);
-        };
-        auto produce = [&](const bool tma) {
-        if (FP32_SPLIT && !tma) {
+        if constexpr (FP32_SPLIT)
             for (int buf = 0; buf < SPLIT_STAGES; ++buf) stage_next(buf);
-            convert_next(true);
-        }
+        auto produce = [&](const bool tma) {
         int t = 0;  // slots filled
         for (; load.position < doc_count;) {
             for (int k_atom = 0; k_atom < tile_slots; ++k_atom, ++t) {
@@ -1121,11 +1111,23 @@ struct Block {
                         }
                     }
                     if constexpr (FP32_SPLIT) {
-                        // A chunk's three slots [big, small, big], each copied from the chunk's
-                        // converted stage; after the third, the stage takes the chunk SPLIT_STAGES
-                        // on, and the next chunk is converted (its tile's first: its exponents read).
-                        const int part = k_atom % 3;
-                        copy_split_part(split_buf, part == 1, tile, my_row, my_chunk, ptid);
+                        // A chunk's three slots: part 0 (big) and part 1 (small) written at part 0
+                        // from one read of the chunk's elements (the next slot waited for early),
+                        // part 2 (big again) copied from part 0's slot.
+                        const int part = k_atom % 3, next = stage + 1 == ring_end ? ring_first : stage + 1;
+                        if (part == 0) {
+                            if (t + 1 >= RING) mbarrier_wait(empty() + next, next == ring_first ? phase : phase ^ 1);
+                            cp_async_wait<SPLIT_STAGES - 1>();  // this lane's pieces of the chunk landed,
+                            __syncwarp();  // and (seen once its rows' first lanes have waited) their exponents
+                            if (k_atom == 0) split_exponents(split_buf, rows_left, my_row, exponents);
+                            convert_split_chunk(split_buf, tile, sD() + next * TILE_BYTES, my_row, my_chunk, ptid, exponents);
+                            __syncwarp();  // (every lane has read the exponents before the stage is refilled)
+                            stage_next(split_buf);
+                            if (++split_buf == SPLIT_STAGES) split_buf = 0;
+                        } else if (part == 2) {
+                            const int first = stage - 2 >= ring_first ? stage - 2 : stage - 2 + RING;
+                            copy_split_big(sD() + first * TILE_BYTES, tile, my_row, my_chunk);
+                        }
                         if (tile_end && my_chunk == 0) publish_split_scales(stage, my_row, exponents);
                         // The consumers' wgmma reads the halves (the async proxy): each lane fences
                         // its stores, then one arrival a warp, not 128 on one barrier.
@@ -1133,12 +1135,6 @@ struct Block {
                         __syncwarp();
                         if (lane == 0) mbarrier_arrive(full() + stage);
                         if (++stage == ring_end) stage = ring_first, phase ^= 1;
-                        if (part == 2) {
-                            __syncwarp();  // (every lane has read the stage's exponents)
-                            stage_next(split_buf);
-                            if (++split_buf == SPLIT_STAGES) split_buf = 0;
-                            convert_next(tile_end);
-                        }
                         continue;
                     }
                     const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
