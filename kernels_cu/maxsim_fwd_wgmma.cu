@@ -228,10 +228,15 @@ constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 // three products are kept, big.big + big.small + small.big: a k atom of the dim (64 elements)
 // becomes three, the documents' [big, small, big] against the queries' [big, big, small], so
 // the consumers run the 16-bit build's loop over three times the atoms. The producer's lanes
-// convert the documents' float32 rows into a slot's halves themselves (convert_split_chunk:
-// each element read once, a chunk's big and small halves written together), and the queries
-// come split from q (_gpu/launch.split_queries, the same helpers). Scaled as int8 is: a
-// document row's 2^-k in the fold, a query token's after its maximum. fp16 runs at
+// convert the documents' float32 rows themselves: each chunk of 64 elements staged by cp.async
+// (stage_split_chunk, SPLIT_STAGES ahead), then at its first slot split into that slot's big
+// halves and the next slot's small ones (convert_split_chunk: each element read once), its
+// third slot a copy of the first (copy_split_big). Converting a chunk ahead into its stage and
+// copying each part into its slot as it freed measured 10% slower (one more copy a part:
+// bench/results/cliffs-2026-12-05-split-staged-h100.txt). The rows' exponents come from one
+// launch before (_gpu/launch.split_exponents), the queries split from q
+// (_gpu/launch.split_queries, the same helpers). Scaled as int8 is: a document row's 2^-k in
+// the fold, a query token's after its maximum. fp16 runs at
 // the bf16 rate, so three products are 1.5 times the MMA work of a bf16 cell of the same bytes,
 // where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
 constexpr bool FP32_SPLIT = MAXSIM_FP32_SPLIT != 0;
