@@ -76,9 +76,10 @@ class Tunables:
     #: fp32 at fp32 accuracy for several queries on Hopper (documents on M, "highest"): three
     #: fp16 products of per-token power-of-two-scaled halves (maxsim_fwd_wgmma.cu, FP32_SPLIT;
     #: 1.5x a bf16 cell's MMA work against 3xTF32's 3, errors 0.8-6.2e-7 of the largest score on
-    #: the CPU: bench/results/split-study-2026-12-05.txt). On: 19-28 ms on the 4 GB 32-query cells
-    #: of an H100, 1.7-2.5x the 48-60 ms of the mma.sync kernel's 3xTF32, which False keeps
-    #: (bench/results/cliffs-2026-12-05-split-staged-h100.txt).
+    #: the CPU: bench/results/split-study-2026-12-05.txt). On: 19.3-22.6 ms on the H200's 4 GB
+    #: 32-query cells (bench/results/cliffs-2026-12-05-759234f-split-peers-h200.txt), where the
+    #: mma.sync kernel's 3xTF32, which False keeps, took 48-61 (1.7-2.5x the split on an H100 in
+    #: one run: cliffs-2026-12-05-split-staged-h100.txt).
     wgmma_fp32_split: bool = True
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
