@@ -50,10 +50,10 @@ TOP = 15
 
 def row_scales(x: np.ndarray) -> np.ndarray:
     """Per row (last axis) the power of two that puts its largest |x| in [2^14, 2^15), as
-    float64 (exponents clamped to float32's normal range, so that a kernel can hold them)."""
+    float64 (at most 2^126, so that 2^-k stays a normal float32: codecs.cuh split_exponent)."""
     largest = np.abs(x.astype(np.float64)).max(axis=-1, keepdims=True)
     _, exponent = np.frexp(largest)  # largest in [2^(e-1), 2^e); zero rows give e = 0
-    return np.ldexp(1.0, np.clip(TOP - exponent, -126, 127))
+    return np.ldexp(1.0, np.minimum(TOP - exponent, 126))  # (as codecs.cuh split_exponent)
 
 
 def split_fp16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -347,12 +347,20 @@ def widened_bfloat16(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def bfloat16_bits(array: np.ndarray) -> np.ndarray:
-    """float32 (or float64) values as bfloat16 bits (uint16), rounded to nearest even; NaN stays
-    NaN. Exact for values that came from bfloat16 (host bfloat16 inputs are widened to float32)."""
+def bfloat16_bits(array):
+    """float16, float32 (or float64) values, NumPy or CuPy, as bfloat16 bits (uint16) in the
+    same module, rounded to nearest even; NaN stays NaN. Exact for values that came from
+    bfloat16 (host bfloat16 inputs are widened to float32)."""
+    xp = np if isinstance(array, np.ndarray) else _cupy_module()
     bits = array.astype(np.float32).view(np.uint32)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(array), np.uint16(0x7FC0), rounded)
+    return xp.where(xp.isnan(array), np.uint16(0x7FC0), rounded)
+
+
+def _cupy_module():
+    import cupy
+
+    return cupy
 
 
 def module_of(operand: Operand):
@@ -443,12 +451,26 @@ def answer(host_results, like: Operand) -> tuple:
 
 def cast(x, dtype: str):
     """``x`` as ``dtype`` in its own framework (an Index's queries cast to its stored format:
-    the results follow the framework of the query)."""
-    if type(x).__module__.split(".")[0] == "torch":
+    the results follow the framework of the query); bfloat16 from NumPy or CuPy, which have no
+    such dtype, as an Operand of its bits (:func:`bfloat16_view`)."""
+    framework = type(x).__module__.split(".")[0]
+    if framework == "torch":
         import torch
 
         return x.to(getattr(torch, dtype))
+    if dtype == "bfloat16" and framework in ("numpy", "cupy"):
+        operand = as_operand(x, "q")
+        values = operand.host if not operand.on_gpu else operand.cupy()
+        return bfloat16_view(bfloat16_bits(widened_bfloat16(values) if operand.dtype == "bfloat16" else values),
+                             "q").with_changes(framework=framework)
     return x.astype(dtype)
+
+
+def bfloat16_view(bits, name: str) -> Operand:
+    """An Operand of bfloat16 over its bits (a uint16 NumPy or CuPy array: a bfloat16 Index's
+    store, or a query cast to it). On the host it holds the bits, not widened values as a host
+    bfloat16 input does: the NumPy backend widens a block of them at a time (_cpu._block)."""
+    return as_operand(bits, name).with_changes(dtype="bfloat16")
 
 
 def parse_device(device) -> int | None:

@@ -15,6 +15,8 @@ import functools
 
 import numpy as np
 
+from ._arrays import widened_bfloat16
+
 BLOCK_ELEMENTS = 8 * 1024 * 1024
 
 
@@ -70,7 +72,10 @@ def _products(a, b, ctype, scratch: _Scratch):
 
 def _block(x, scale, ctype, scratch: _Scratch, name: str):
     """A block of tokens in the compute dtype, in ``scratch``'s array ``name`` (tokens of it
-    already: themselves); int8 tokens dequantised with their scales."""
+    already: themselves); int8 tokens dequantised with their scales; uint16 ones are bfloat16
+    bits (a bfloat16 Index's store, a query cast to it: bfloat16_view)."""
+    if x.dtype == np.uint16:
+        x = widened_bfloat16(x)
     if scale is None and x.dtype == ctype:
         return x
     block = scratch.get(name, x.shape, ctype)

@@ -70,6 +70,8 @@ def why_copied(docs, dtype: str, gpu: int | None, device: str) -> str | None:
         return f"the tokens are {operand.dtype}, the index stores {dtype}"
     if operand.on_gpu != (gpu is not None) or (operand.on_gpu and operand.device != gpu):
         return f"the tokens are on {'GPU %d' % operand.device if operand.on_gpu else 'the host'}, the index on {device}"
+    if dtype == "bfloat16" and not operand.on_gpu:
+        return "host bfloat16 tokens are widened on the way in (NumPy has no bfloat16)"
     tokens = operand.host if not operand.on_gpu else operand.cupy()
     if not tokens.flags.c_contiguous:
         return "the tokens are not C-contiguous"
@@ -122,6 +124,8 @@ def converted(operand, dtype: str, exact_dtype: str | None, gpu: int | None):
     with contextlib.nullcontext() if gpu is not None or not operand.on_gpu else _on_gpu(operand.device):
         if dtype == "int8":
             values, scales = quantize.quantize_int8(x)
+        elif dtype == "bfloat16":  # (stored as its bits: NumPy and CuPy have no bfloat16)
+            values, scales = _arrays.bfloat16_bits(x), None
         else:
             values, scales = x.astype(dtype, copy=True), None
         if gpu is None and operand.on_gpu:  # converted on the documents' GPU, stored on the host

@@ -38,6 +38,7 @@ class ForwardPlan(typing.NamedTuple):
     doc_rotation: int
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
     query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
+    split_queries: bool = False  # Hopper kernel's fp32 split build: q is read as its fp16 halves (_split_queries)
 
 
 def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
@@ -62,7 +63,8 @@ def _plan_of(key: tuple) -> ForwardPlan | None:
             plan = ForwardPlan(kernel, config.threads, config.shared_bytes,
                                *planner.geometry(shape, choice, resident, properties),
                                query_box=config.query_box(shape.num_queries, shape.query_length)
-                               if getattr(config, "stream_query", 0) else 0)
+                               if getattr(config, "stream_query", 0) else 0,
+                               split_queries=bool(getattr(config, "fp32_split", 0)))
         _plans.put(key, plan)
     return plan
 
@@ -169,22 +171,58 @@ def tile_map_shape(problem: ScoreProblem, tile_rows: int, l2_promotion: int | No
             d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows, l2_promotion)
 
 
-def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int = 0) -> tuple:
+def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int = 0, split=None) -> tuple:
     """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
     ``queries`` after the pointer) for a plan whose build streams the query atoms: a box holds
     plan.query_box queries (one warpgroup's 128 rows, whole queries; splitting documents the
     group's), or all of them where fewer (the build that keeps every box within q:
-    Block::query_box_first; whole groups and the split group never have fewer)."""
+    Block::query_box_first; whole groups and the split group never have fewer). ``split``: the
+    fp32 split build's query halves (_split_queries), read in q's place."""
     q = problem.q
     num_queries, query_length, _ = q.shape
-    item = ITEMSIZE[q.dtype]
     count = num_queries - first_query
     per_box = min(plan.query_box, count)
+    if split is not None:
+        row_bytes = split[0].shape[-1] * 2
+        return (query_length, count, row_bytes, query_length * row_bytes, per_box)
+    item = ITEMSIZE[q.dtype]
     return (query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
 
 
+def _split_queries(problem: ScoreProblem, stream) -> tuple:
+    """q as the fp32 split build reads it: (fp16 halves as uint16 [Nq * Lq, 192 * ceil(D / 64)],
+    float32 scales [Nq * Lq]) on ``stream`` (launch.split_queries; q's tokens made contiguous
+    first: a query is small)."""
+    import cupy
+
+    from ._gpu.launch import split_queries
+
+    q, q_mask = problem.q, problem.q_mask
+    num_queries, query_length, dim = q.shape
+    with gpu_device.on_stream(stream):
+        rows = q.cupy().reshape(num_queries * query_length, dim)
+        mask = None if q_mask is None else q_mask.cupy().reshape(-1)
+        return split_queries(cupy.ascontiguousarray(rows), None if mask is None else cupy.ascontiguousarray(mask))
+
+
+def _split_exponents(problem: ScoreProblem, stream):
+    """The documents' exponents as the fp32 split build reads them in the int8 scales' place
+    (launch.split_exponents: int32, one a row of d, SPLIT_ZERO where d_mask drops it), on
+    ``stream``, with their (doc, row) strides: (exponents, doc_stride, row_stride)."""
+    from ._gpu.launch import split_exponents
+
+    d, d_mask = problem.d, problem.d_mask
+    packed = problem.offsets is not None
+    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
+    with gpu_device.on_stream(stream):
+        exponents = split_exponents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]),
+                                    d.shape[-1], 0 if d_mask is None else d_mask.ptr,
+                                    (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+    return exponents, 0 if packed else doc_length, 1
+
+
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
-    q, d, q_mask, q_scale = problem.q, problem.d, problem.q_mask, problem.q_scale
+    q, d, q_mask = problem.q, problem.d, problem.q_mask
     num_queries, query_length, dim = q.shape
     values = argument_values(problem, out_ptr, winners)
     with gpu_device.on_device(q.device):
@@ -201,21 +239,37 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             gpu_launch.launch(kernel, (simt.grid,), (simt.threads,), forward_args(**values), simt.shared, stream)
             return
         values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation)
+        # The fp32 split build reads q as its fp16 halves and their scales (kept alive here to
+        # the launch; the memory pool reuses them only in this stream's order).
+        split = _split_queries(problem, stream) if plan.split_queries else None
+        if split is not None:
+            halves, split_scales = split
+            width = halves.shape[-1]
+            values.update(q=halves.data.ptr, q_query_stride=query_length * width, q_row_stride=width, q_dim_stride=1,
+                          q_scale=split_scales.data.ptr, q_scale_query_stride=query_length, q_scale_row_stride=1)
+            exponents, doc_stride, row_stride = _split_exponents(problem, stream)
+            split += (exponents,)
+            values.update(d_scale=exponents.data.ptr, d_scale_doc_stride=doc_stride, d_scale_row_stride=row_stride)
+        q_base, q_query_bytes = values["q"], values["q_query_stride"] * (2 if split is not None else ITEMSIZE[q.dtype])
+        scale_base, scale_query_bytes = values["q_scale"], values["q_scale_query_stride"] * 4
         tile_map = map_shape = scales = query_shape = None
+        use_tma = tunables.use_tma and split is None  # (the split build's producer splits the documents itself)
         if plan.tile_rows:
             map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
+            if split is not None:  # (only q's map is made: its halves' element size and dim)
+                map_shape = (2, split[0].shape[-1]) + map_shape[2:]
             d_scale = problem.d_scale
             # int8 scales by TMA only for padded corpora: a packed tile starts at any token,
             # and a box whose first float is off 16 bytes is an illegal instruction.
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
-            query_shape = query_map_shape(problem, plan) if plan.query_box else None
-            tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
-                                        queries=None if query_shape is None else (q.ptr,) + query_shape)
+            query_shape = query_map_shape(problem, plan, split=split) if plan.query_box else None
+            tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=use_tma,
+                                        queries=None if query_shape is None else (q_base,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
         # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
         # not the plan of those calls, and is not recorded.
-        if record is not None and plan.groups <= 65535 and (q.ptr | d.ptr) % 16 == 0:
+        if record is not None and plan.groups <= 65535 and (q.ptr | d.ptr) % 16 == 0 and split is None:
             record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:],
                            query_shape))
         out_item = 8 if q.dtype == "float64" else 4
@@ -223,17 +277,17 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         for first in range(0, plan.groups, 65535):  # grid.y is limited to 65535 query groups
             first_query = first * plan.group
             values.update(
-                q=q.ptr + first_query * q.strides[0] * ITEMSIZE[q.dtype],
+                q=q_base + first_query * q_query_bytes,
                 q_mask=0 if q_mask is None else q_mask.ptr + first_query * q_mask.strides[0],
-                q_scale=0 if q_scale is None else q_scale.ptr + first_query * q_scale.strides[0] * 4,
+                q_scale=0 if not scale_base else scale_base + first_query * scale_query_bytes,
                 num_queries=num_queries - first_query,
                 out=out_ptr + first_query * out_query_stride * out_item,
             )
             if winners is not None:
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
             if plan.query_box and first:  # q's map from this launch's first query
-                tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=tunables.use_tma,
-                                            queries=(values["q"],) + query_map_shape(problem, plan, first_query))
+                tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=use_tma,
+                                            queries=(values["q"],) + query_map_shape(problem, plan, first_query, split))
             args = forward_args(**values)
             gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),
                               args if tile_map is None else (args, tile_map), plan.shared, stream)

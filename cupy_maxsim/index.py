@@ -26,8 +26,8 @@ from . import _arrays, _documents, _files, _ids, _replay, _rescore, quantize, sc
 from ._ids import id_array, new_ids
 from ._problem import packed_problem
 
-#: Storage formats, by dtype name.
-FORMATS = ("float32", "float16", "int8")
+#: Storage formats, by dtype name (bfloat16 held as its bits, uint16: NumPy and CuPy lack it).
+FORMATS = ("float32", "float16", "bfloat16", "int8")
 MANIFEST = _files.INDEX_MANIFEST
 #: Every array a saved index may hold (a save removes those it does not write).
 ARRAYS = ("tokens", "offsets", "ids", "scales", "exact")
@@ -76,7 +76,7 @@ class Index:
             _arrays.require_cupy(f"Index(device={device!r})")
         xp = self._xp
         with self._on_device():
-            self._tokens = xp.zeros((0, self.dim), dtype=np.int8 if dtype == "int8" else dtype)
+            self._tokens = xp.zeros((0, self.dim), dtype={"int8": np.int8, "bfloat16": np.uint16}.get(dtype, dtype))
             self._scales = xp.zeros((0,), dtype=np.float32) if dtype == "int8" else None
             self._offsets = xp.zeros((1,), dtype=np.int64)
         self._ids = np.zeros((0,), dtype=np.int64)  # host: the id of each stored document
@@ -315,7 +315,8 @@ class Index:
             return self._answered(*streaming.top_k(self, q, q_mask, scales, k, return_argmax, workspace_bytes,
                                                    allowed, self.gpu_budget_bytes, streaming.copies_for(q, self)), rows)
         host_offsets, longest = self._host_offsets()
-        problem, _ = packed_problem(q, self._tokens, self._offsets, q_mask, scales.get("q_scale"),
+        tokens = self._tokens if self.dtype != "bfloat16" else _arrays.bfloat16_view(self._tokens, "tokens")
+        problem, _ = packed_problem(q, tokens, self._offsets, q_mask, scales.get("q_scale"),
                                     scales.get("d_scale"), return_argmax, (0, int(host_offsets[-1]), longest))
         allowed_device = self._allowed_on_device() if filter is None else self._to_store_device(allowed)
         extras = (q_mask, None, scales.get("q_scale"), scales.get("d_scale"))
@@ -324,7 +325,7 @@ class Index:
             if (start, stop) == (0, problem.num_docs):  # (every document: the problem above, not validated again)
                 return self._forward(problem, q, extras, replays.forwards)
             return scoring.score_packed_with_bounds(
-                q, self._tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
+                q, tokens, self._offsets[start:stop + 1], q_mask, scales.get("q_scale"), scales.get("d_scale"),
                 return_argmax, (int(host_offsets[start]), int(host_offsets[stop]), longest))[0]
 
         ids = None if rows else self._ids_on_device()  # (search answers with them: no mapping after)

@@ -73,15 +73,30 @@ def _operands(buffers, dtypes, names):
     return [_operand(b, t, n) for b, t, n in zip(buffers, dtypes, names)]
 
 
+class _XlaStream:
+    """XLA's stream handle through the CUDA stream protocol (version 0, the handle), as CuPy
+    14's ``Stream.from_external`` takes a foreign stream."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
 def _on_stream(ctx, buffer):
     """CuPy work inside the callback runs on XLA's stream (GPU buffers only: a CPU context
-    has no stream)."""
+    has no stream). CuPy 14 wraps it through the stream protocol (its ExternalStream is
+    deprecated there); CuPy 13 has only ExternalStream."""
     if not _on_gpu(buffer):
         import contextlib
 
         return contextlib.nullcontext()
     import cupy
 
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_XlaStream(ctx.stream))
     return cupy.cuda.ExternalStream(ctx.stream)
 
 

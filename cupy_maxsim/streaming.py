@@ -168,8 +168,9 @@ class SegmentSource:
     """``block(start, stop)`` for search's loop over ``ranges``: the segment's tokens, scales
     and offsets from 0 on the device, its copy issued while the segment before it was scored."""
 
-    def __init__(self, copies, tokens, scales, offsets, ranges, report: SearchReport):
+    def __init__(self, copies, tokens, scales, offsets, ranges, report: SearchReport, bfloat16: bool = False):
         self.copies, self.tokens, self.scales, self.offsets, self.ranges = copies, tokens, scales, offsets, ranges
+        self.bfloat16 = bfloat16  # (tokens are bfloat16 bits)
         self.report = report
         xp = copies.xp
         widest = max((int(offsets[b] - offsets[a]) for a, b in ranges), default=0)
@@ -204,6 +205,10 @@ class SegmentSource:
         self.copies.ready(slot)
         first, last = int(self.offsets[start]), int(self.offsets[stop])
         tokens = self.buffers[slot][:last - first]
+        if self.bfloat16:  # (the store's bits)
+            from ._arrays import bfloat16_view
+
+            tokens = bfloat16_view(tokens, "tokens")
         scales = None if self.scales is None else self.scale_buffers[slot][:last - first]
         return tokens, scales, self.local_offsets[n], slot
 
@@ -250,7 +255,13 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
     q_scale = scales.get("q_scale")
     if moved:
         with _device_of(copies):
-            q, q_mask, q_scale = (None if x is None else xp.asarray(_arrays.host_values(x)) for x in (q, q_mask, q_scale))
+            q_mask, q_scale = (None if x is None else xp.asarray(_arrays.host_values(x)) for x in (q_mask, q_scale))
+            if index.dtype == "bfloat16":  # (bfloat16 queries: their bits go, viewed again as bfloat16)
+                values = _arrays.to_host(_arrays.as_operand(q, "q"))  # (bits, or a host input's widened values)
+                bits = values if values.dtype == np.uint16 else _arrays.bfloat16_bits(values)
+                q = _arrays.bfloat16_view(xp.asarray(bits), "q")
+            else:
+                q = xp.asarray(_arrays.host_values(q))
     shape = _arrays.as_operand(q, "q").shape
     num_queries = int(np.prod(shape[:-2], dtype=np.int64)) or 1
     bytes_per_token = tokens.shape[1] * tokens.itemsize + (0 if d_scale is None else 4)
@@ -260,10 +271,11 @@ def top_k(index, q, q_mask, scales: dict, k: int, return_argmax: bool, workspace
     with _device_of(copies):
         allowed_device = xp.asarray(allowed)
         if not ranges:  # an empty index: nothing to stream
-            source = SegmentSource(copies, tokens, d_scale, np.zeros(2, np.int64), [(0, 1)], report)
+            source = SegmentSource(copies, tokens, d_scale, np.zeros(2, np.int64), [(0, 1)], report,
+                                   index.dtype == "bfloat16")
             ranges_for_problem = [(0, 1)]
         else:
-            source = SegmentSource(copies, tokens, d_scale, offsets, ranges, report)
+            source = SegmentSource(copies, tokens, d_scale, offsets, ranges, report, index.dtype == "bfloat16")
             ranges_for_problem = ranges
         first, first_scales, first_offsets, _ = source(*ranges_for_problem[0])
         problem, _ = packed_problem(q, first, first_offsets, q_mask, q_scale,

@@ -32,6 +32,10 @@ class Tunables:
     #: Many queries on Hopper put the documents on the MMA's M (unless 32-bit winners are
     #: saved); False keeps queries on M.
     wgmma_docs_on_m: bool = True
+    #: Documents on M with k resident: the warpgroups issue each tile's MMAs in turns, so that
+    #: one folds while the others multiply (WgmmaConfig.turns). Off until measured against
+    #: issuing together (bench/ab_tunables.py).
+    wgmma_turns: bool = False
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a
@@ -69,6 +73,14 @@ class Tunables:
     #: queries with rows on 16 bytes both operands (documents on M); elsewhere still "highest").
     #: Set with :func:`float32_matmul_precision`.
     float32_precision: str = "highest"
+    #: fp32 at fp32 accuracy for several queries on Hopper (documents on M, "highest"): three
+    #: fp16 products of per-token power-of-two-scaled halves (maxsim_fwd_wgmma.cu, FP32_SPLIT;
+    #: 1.5x a bf16 cell's MMA work against 3xTF32's 3, errors 0.8-6.2e-7 of the largest score on
+    #: the CPU: bench/results/split-study-2026-12-05.txt). On: 19.3-22.6 ms on the H200's 4 GB
+    #: 32-query cells (bench/results/cliffs-2026-12-05-759234f-split-peers-h200.txt), where the
+    #: mma.sync kernel's 3xTF32, which False keeps, took 48-61 (1.7-2.5x the split on an H100 in
+    #: one run: cliffs-2026-12-05-split-staged-h100.txt).
+    wgmma_fp32_split: bool = True
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).

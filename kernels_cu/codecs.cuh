@@ -24,6 +24,48 @@ MAXSIM_CODEC(bf16_t, 16, false, float, 0x7f80u)
 MAXSIM_CODEC(float, 32, false, float, 0x7f800000u)
 MAXSIM_CODEC(double, 64, false, double, 0x7ff0000000000000ull)
 MAXSIM_CODEC(i8, 8, true, float, 0u)
+// float32 scored at fp32 accuracy as three fp16 products (the Hopper kernel's documents-on-M
+// split build, MAXSIM_FP32_SPLIT): what the tensor cores read are fp16 halves of each operand
+// scaled by a power of two per token, so the format is 16-bit and scaled (the scales undone
+// after the products, as int8's). See split_halves below; bench/split_study.py counts its error.
+struct fp32_split_t { u16 bits; };
+MAXSIM_CODEC(fp32_split_t, 16, true, float, 0x7c00u)
+
+// ---- float32 as fp16 halves (fp32_split_t) --------------------------------------------------
+// A token x is scaled by 2^k (exact), y = x 2^k, so that its largest |y| lies in [2^14, 2^15):
+// inside fp16's range, and the small halves below out of fp16's subnormals but for elements
+// 2^-25 of the largest. Then y = big + small + r, big = fp16(y), small = fp16(y - big) (y - big
+// is exact in fp32), |r| <= 2^-22 |y| + 2^-24.9. A product of two tokens is taken as
+// big.big + big.small + small.big: each term exact in fp32, at most about 3.1 2^-22 |y_q y_d|
+// + 2^-24 (|y_q| + |y_d|) off a coordinate (split_study.representation_bound). The kernels read
+// the token's magnitude as the largest of its elements' bits with the sign cleared (an integer
+// max orders finite floats by magnitude; inf and NaN compare above every finite one).
+constexpr u32 SPLIT_NON_FINITE_BITS = 0x7f800000u;
+// k for a token whose largest |x| has the bits `magnitude` (finite): 141 - its biased exponent
+// (largest in [2^(E-127), 2^(E-126)) -> [2^14, 2^15)), at most 126 (2^-k stays a normal
+// float; tokens below 2^-112 keep what precision that leaves), 0 for a zero token.
+__device__ __forceinline__ int split_exponent(u32 magnitude) {
+    return magnitude == 0u ? 0 : min(126, 141 - (int)(magnitude >> 23));
+}
+// The documents' exponents that mark a row written as zeros (masked, or past the document) or
+// as non-finite (its scale NaN): maxsim_quantize.cu's maxsim_split_exponents writes them, the
+// Hopper kernel's split build reads them.
+constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
+__device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((u32)(127 + k) << 23); }
+// The fp16 halves of two scaled elements a, b (a at the lower address), packed as one 32-bit
+// word each: big, and small = fp16(y - big).
+__device__ __forceinline__ void split_halves(float a, float b, u32& big, u32& small) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(big) : "f"(b), "f"(a));  // (the first operand: the upper half)
+    float big_a, big_b;
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n"
+        : "=f"(big_a), "=f"(big_b) : "r"(big));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(small) : "f"(b - big_b), "f"(a - big_a));
+}
+// Which product a split k-atom holds. Per 64 elements c of the dim (one fp16 atom of 128
+// bytes) the documents' atoms are [big_c, small_c, big_c] (the Hopper kernel's producer writes
+// the first two from one read and copies the third) and the queries' [big_c, big_c, small_c]:
+// atom 3c + p of the split row pairs with atom 3c + p of the split query.
+__device__ __forceinline__ bool split_atom_is_small_query(int atom) { return atom % 3 == 2; }
 
 // Conversion of one element to the accumulator type (Codec<T>::Acc).
 template <typename A, typename T> __device__ __forceinline__ A convert(T x);

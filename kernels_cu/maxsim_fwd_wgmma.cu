@@ -69,7 +69,8 @@
 // flags, then 16 * STAGES for the mbarriers and 16 * STAGES + 8 for the document claims
 // (splitting documents: each slot's document position and length, the block's counter), and
 // for TF32 builds (fp32) 2 * WARPGROUPS * ATOM_BYTES after the ring (each warpgroup's two
-// buffers of an atom's small halves);
+// buffers of an atom's small halves), for the fp32 split build SPLIT_STAGES * SPLIT_STAGE_BYTES
+// there (its producer's staged float32 chunks);
 // _plan/configs.WgmmaConfig mirrors this formula (the compile checks assert it).
 //
 // Preconditions (checked in Python): as maxsim_fwd.cu, plus query_length <= 64, KSTEPS even
@@ -109,6 +110,12 @@
 #ifndef MAXSIM_STREAM_QUERY
 #define MAXSIM_STREAM_QUERY 0
 #endif
+#ifndef MAXSIM_TURNS
+#define MAXSIM_TURNS 0
+#endif
+#ifndef MAXSIM_FP32_SPLIT
+#define MAXSIM_FP32_SPLIT 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -131,7 +138,9 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    return SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
+    // The fp32 split build's producer splits the documents itself (FP32_SPLIT): 88 (its two
+    // consumer warpgroups keep 208, with the flushes' sums).
+    return MAXSIM_FP32_SPLIT ? 88 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
     const int pool = 65536 / THREADS * THREADS;
@@ -155,6 +164,13 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // tile's MMAs before it would overlap the two, but ptxas then serializes every wgmma of the
 // kernel (a wgmma in flight across the close's divergent code: C7518), which measured slower.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
+// TURNS (documents on M, k resident): the warpgroups hand a tile's MMAs to the tensor cores in
+// turns, warpgroup 0, 1, 2, 0, ... (a named barrier each: a warpgroup waits for its turn, issues,
+// and passes the turn on), so that the first one's MMAs finish first and it folds while the
+// others' multiply, where all three, woken by the same full slot, issued together, finished
+// together and folded together with the tensor cores idle (FlashAttention-3's ping-pong
+// schedule). Streaming k holds a turn across a tile's slots: the ring could not hold them.
+constexpr bool TURNS = MAXSIM_TURNS != 0;
 // STREAM_K (one query of at most 32 tokens, dims past 8 k-steps: fat embeddings): a ring slot
 // holds one swizzle atom of a tile (128 bytes of each row's k) instead of the whole tile, and a
 // tile's atoms follow each other through the ring into one accumulator set; the query stays in
@@ -206,6 +222,24 @@ constexpr bool SPLIT_STREAM_QUERY = STREAM_QUERY && SPLIT_DOCS;
 // element), the query still split: one wgmma a k-step, no split of the atom.
 constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
+// FP32_SPLIT (fp32 at fp32 accuracy, many queries; a module of its own: the fp32_split entry
+// alone): documents on M streaming k and the query atoms, in fp16. Every element is scaled by
+// a power of two per token and taken as fp16 big + small (codecs.cuh, fp32_split_t), and
+// three products are kept, big.big + big.small + small.big: a k atom of the dim (64 elements)
+// becomes three, the documents' [big, small, big] against the queries' [big, big, small], so
+// the consumers run the 16-bit build's loop over three times the atoms. The producer's lanes
+// convert the documents' float32 rows themselves: each chunk of 64 elements staged by cp.async
+// (stage_split_chunk, SPLIT_STAGES ahead), then at its first slot split into that slot's big
+// halves and the next slot's small ones (convert_split_chunk: each element read once), its
+// third slot a copy of the first (copy_split_big). Converting a chunk ahead into its stage and
+// copying each part into its slot as it freed measured 10% slower (one more copy a part:
+// bench/results/cliffs-2026-12-05-split-staged-h100.txt). The rows' exponents come from one
+// launch before (_gpu/launch.split_exponents), the queries split from q
+// (_gpu/launch.split_queries, the same helpers). Scaled as int8 is: a document row's 2^-k in
+// the fold, a query token's after its maximum. fp16 runs at
+// the bf16 rate, so three products are 1.5 times the MMA work of a bf16 cell of the same bytes,
+// where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
+constexpr bool FP32_SPLIT = MAXSIM_FP32_SPLIT != 0;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -231,6 +265,21 @@ constexpr int RINGS = SPLIT_DOCS ? WARPGROUPS : 1;
 constexpr int RING = STAGES / RINGS;  // slots per ring
 // Producer warps copying one ring's tiles with cp.async (one per ring when splitting).
 constexpr int COPY_WARPS = SPLIT_DOCS ? 1 : 4;
+// FP32_SPLIT: the tile rows a producer lane converts (rows my_row + 4p, p < SPLIT_PASSES).
+constexpr int SPLIT_PASSES = TILE_N / COPY_WARPS / 4;
+// The producer stages the documents' float32 chunks (64 elements of the dim, a tile's 64 rows)
+// in shared memory by cp.async, SPLIT_STAGES chunks ahead of the one it converts: loads into
+// registers left one round trip a few rows (a register's worth) in flight, and the split ran at
+// a quarter of the bf16 speed, its producer waiting (bench/results/cliffs-2026-12-05-7132dad-
+// split-h100.txt). A stage: each producer lane's 16-byte pieces of its rows, [row pass][half]
+// [lane] (conflict-free), then the tile's 64 exponents (staged with its first chunk).
+constexpr int SPLIT_STAGES = 3;
+constexpr int SPLIT_STAGE_BYTES = TILE_N * 64 * 4 + TILE_N * 4;
+// The tensor cores' fp32 accumulation truncates: a long k into one accumulator comes out low (a
+// bias: 1.7e-5 relative over 960 MMAs, the seventeenth session). The split build's consumers
+// start fresh accumulators every SPLIT_FLUSH_ATOMS atoms (96 MMAs, 512 elements of the dim)
+// and add them into sums by rounding FADDs, as the TF32 builds add each atom.
+constexpr int SPLIT_FLUSH_ATOMS = 24;
 constexpr int GROUP_ROWS = DOCS_ON_M ? QUERY_COLS : 64;   // query rows a consumer warpgroup holds
 constexpr int BLOCK_ROWS = GROUP_ROWS * WARPGROUPS;       // query rows of the block's accumulators
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
@@ -253,7 +302,8 @@ constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * Q
 // group's (its 32 real rows: half rows).
 constexpr int SLOT_QUERY_BYTES = !STREAM_QUERY ? 0 : SPLIT_DOCS ? 32 * 128 : WARPGROUPS * QUERY_ATOM_BYTES;
 constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES + SLOT_QUERY_BYTES;
-constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : 0;  // each warpgroup's two of small halves
+// TF32 (split document): each warpgroup's two of small halves; FP32_SPLIT: the producer's stages.
+constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : FP32_SPLIT ? SPLIT_STAGES * SPLIT_STAGE_BYTES : 0;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
 // STREAM_K keeps only the 32 real rows (HALF_ROWS) of the 64.
@@ -270,6 +320,7 @@ static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaCo
 #endif
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
 static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
+static_assert(!TURNS || (DOCS_ON_M && !STREAM_K), "turns: documents on M, k resident");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
 // ... and back: the group row a warpgroup row holds, or -1 (a padding row).
@@ -285,6 +336,8 @@ static_assert(!TF32 || (STREAM_K && SPLIT_DOCS) || (DOCS_ON_M && !SPLIT_DOCUMENT
 static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
               "streaming queries: streaming k, documents on M or one query's half rows");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
+static_assert(!FP32_SPLIT || (DOCS_ON_M && STREAM_K && STREAM_QUERY && !TF32),
+              "fp32 split: documents on M streaming k and the query atoms");
 static_assert(!STREAM_QUERY || TILE_BYTES % 1024 == 0, "a slot's query atom lands on a 1024-byte swizzle boundary");
 }  // namespace wg
 
@@ -371,6 +424,7 @@ template <typename T> struct WgmmaTile;
         }                                                                                            \
     };
 MAXSIM_WGMMA_RS(fp16_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0")
+MAXSIM_WGMMA_RS(fp32_split_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0")  // (its fp16 halves)
 MAXSIM_WGMMA_RS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0")
 MAXSIM_WGMMA_RS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
 MAXSIM_WGMMA_RS(i8, int, "+r", "k32.s32.s8.s8", "")
@@ -394,6 +448,7 @@ template <typename T> struct WgmmaDocsOnM;
         }                                                                                                       \
     };
 MAXSIM_WGMMA_SS(fp16_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0, 0")
+MAXSIM_WGMMA_SS(fp32_split_t, float, "+f", "k16.f32.f16.f16", ", 1, 1, 0, 0")  // (its fp16 halves)
 MAXSIM_WGMMA_SS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0, 0")
 MAXSIM_WGMMA_SS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
 MAXSIM_WGMMA_SS(i8, int, "+r", "k32.s32.s8.s8", "")
@@ -563,12 +618,21 @@ __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync %0, %1;\n" ::"n"(15), "n"(wg::CONSUMER_THREADS) : "memory");
 }
 
+// TURNS: consumer warpgroup w's turn is named barrier 8 + w, completed by its own 128 threads
+// (waiting) and the previous warpgroup's 128 (passing the turn on).
+__device__ __forceinline__ void wait_turn(int warpgroup) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(8 + warpgroup) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int warpgroup) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(8 + (warpgroup + 1) % wg::WARPGROUPS) : "memory");
+}
+
 namespace wg {
 // Byte offsets of the shared-memory regions from the block's 1024-aligned base (the formula in
 // the header comment; SHARED_BYTES adds the alignment slack). Pieces address them from the one
 // base pointer, so that the compiler rematerialises each as base + constant instead of keeping
 // a register pair per region live across the consumer loops.
-constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][2][ATOM_BYTES]
+constexpr int OFF_SMALL = STAGES * TILE_BYTES;                  // TF32: [WARPGROUPS][2][ATOM_BYTES]; FP32_SPLIT: stages
 constexpr int OFF_Q = OFF_SMALL + SMALL_BYTES;                  // [QUERY_BYTES]
 constexpr int OFF_SCALE = OFF_Q + QUERY_BYTES;                  // int8: [STAGES][TILE_N] document scales
 constexpr int OFF_ROW_SCALE = OFF_SCALE + 4 * STAGES * TILE_N;  // int8: per query row, its scale
@@ -599,6 +663,7 @@ struct DocCursor {
 __device__ __forceinline__ int doc_tiles(i64 length) { return max(1, (int)((length + TILE_N - 1) / TILE_N)); }
 // Ring slots a tile takes: one, or streaming k one per atom (128 bytes) of the dim.
 template <typename T> __device__ __forceinline__ int slots_per_tile(int dim) {
+    if constexpr (FP32_SPLIT) return 3 * ((dim + 63) / 64);  // three atoms of halves per 64 fp32 elements
     return STREAM_K ? (dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
 }
 
@@ -647,7 +712,9 @@ struct Block {
         // a corrupted ring.
         u32 dynamic_bytes;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES || (STREAM_QUERY && !tile_map.use_query_tma)) __trap();
+        if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES || (STREAM_QUERY && !tile_map.use_query_tma) ||
+            (FP32_SPLIT && tile_map.use_tma))  // (the split build's producer converts the documents itself)
+            __trap();
         tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
         scales_by_tma = scaled && tile_map.use_tma && tile_map.use_scale_tma;
         scales_by_lanes = scaled && tile_map.use_tma && !tile_map.use_scale_tma;
@@ -734,8 +801,9 @@ struct Block {
             // Splitting, with cp.async, the first lane also arrives plainly: that arrival
             // publishes the slot's document position (a release, as the TMA lane's is).
             // STREAM_QUERY with cp.async documents: the lane issuing the query atoms arrives too.
+            // FP32_SPLIT: a producer warp's lanes fence their stores, and its first lane arrives.
             mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0)
-                                                       : 32 * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
+                                                       : (FP32_SPLIT ? 1 : 32) * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc() = 0;
@@ -848,6 +916,101 @@ struct Block {
         return BOXES_WITHIN_Q || SPLIT_STREAM_QUERY ? box_shortfall
                                                     : WARPGROUPS * (QUERY_COLS - queries_per_warpgroup * query_length) * 128;
     }
+    // ---- FP32_SPLIT: the producer's conversion (see FP32_SPLIT) ----------------------------
+    // Lanes 8k..8k+7 of a copy warp take rows my_row + 4p of a tile (p < SPLIT_PASSES), each
+    // lane the 8 elements at 8 my_chunk of every 64 (the 16-byte chunk of halves it writes).
+    // A row's exponent k (2^k brings its largest magnitude into [2^14, 2^15): codecs.cuh
+    // split_exponent) comes with the launch, where the tiles' int8 scales come from (args.d_scale
+    // read as int: launch.split_exponents, SPLIT_ZERO for a masked row, SPLIT_BAD for one
+    // holding NaN or inf).
+    __device__ __forceinline__ unsigned char* split_stage(int buf) const { return sSmall() + buf * SPLIT_STAGE_BYTES; }
+    // Where producer lane `ptid` stages half `half` (4 elements) of its row pass p.
+    __device__ __forceinline__ static int split_piece(int p, int half, int ptid) { return ((2 * p + half) * 128 + ptid) * 16; }
+    // Chunk c of the tile at `at` into stage `buf` by cp.async: this lane's pieces of its rows
+    // (zeros past the dim; nothing for rows past the document, which are written as zeros), and
+    // with the tile's first chunk its rows' exponents (by each row's first lane). Then a commit,
+    // also past the block's documents (an empty group): the waits count a group a chunk.
+    __device__ __forceinline__ void stage_split_chunk(const ForwardArgs& args, const DocCursor& at, int c, int buf,
+                                                      int my_row, int my_chunk, int ptid) const {
+        if (at.position < doc_count) {
+            const int first_row = at.tile * TILE_N, rows_left = (int)min(at.length - first_row, (i64)TILE_N);
+            unsigned char* stage = split_stage(buf);
+            const float* row0 = (const float*)args.d + at.base + (first_row + my_row) * args.d_row_stride;
+            const i64 scale_base = args.offsets == nullptr ? at.doc * args.d_scale_doc_stride
+                                                           : at.first_token * args.d_scale_row_stride;
+            const int e = 64 * c + 8 * my_chunk;
+#pragma unroll
+            for (int p = 0; p < SPLIT_PASSES; ++p) {
+                const int r = my_row + 4 * p;
+                if (r >= rows_left) continue;
+                const float* row = row0 + 4 * p * args.d_row_stride;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int bytes = min(max(4 * (args.dim - e - 4 * half), 0), 16);
+                    copy_chunk<LOAD_BYTES>(stage + split_piece(p, half, ptid),
+                                           bytes ? (const void*)(row + e + 4 * half) : (const void*)row, bytes);
+                }
+                if (c == 0 && my_chunk == 0)
+                    cp_async_4(stage + TILE_N * 256 + 4 * r,
+                               args.d_scale + scale_base + (first_row + r) * args.d_scale_row_stride, 4);
+            }
+        }
+        cp_async_commit();
+    }
+    // The exponents of this lane's rows, from the stage of their tile's first chunk (SPLIT_ZERO
+    // past the document).
+    __device__ __forceinline__ void split_exponents(int buf, int rows_left, int my_row,
+                                                    int (&exponents)[SPLIT_PASSES]) const {
+        const int* staged = (const int*)(split_stage(buf) + TILE_N * 256);
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) exponents[p] = my_row + 4 * p < rows_left ? staged[my_row + 4 * p] : SPLIT_ZERO;
+    }
+    // A staged chunk as its halves: big into the slot at `big` (part 0), small into the next
+    // slot's (part 1), in the 128-byte swizzle as TMA would write them (the chunk's third part,
+    // big again, is copied from the first's slot: copy_split_big).
+    __device__ __forceinline__ void convert_split_chunk(int buf, unsigned char* big, unsigned char* small, int my_row,
+                                                        int my_chunk, int ptid,
+                                                        const int (&exponents)[SPLIT_PASSES]) const {
+        const unsigned char* stage = split_stage(buf);
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int r = my_row + 4 * p, k = exponents[p];
+            uint4 bigs = make_uint4(0u, 0u, 0u, 0u), smalls = bigs;
+            if (k != SPLIT_ZERO && k != SPLIT_BAD) {
+                const float4 a = *(const float4*)(stage + split_piece(p, 0, ptid));
+                const float4 b = *(const float4*)(stage + split_piece(p, 1, ptid));
+                const float scale = power_of_two(k);
+                split_halves(a.x * scale, a.y * scale, bigs.x, smalls.x);
+                split_halves(a.z * scale, a.w * scale, bigs.y, smalls.y);
+                split_halves(b.x * scale, b.y * scale, bigs.z, smalls.z);
+                split_halves(b.z * scale, b.w * scale, bigs.w, smalls.w);
+            }
+            const int at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(big + at) = bigs;
+            *(uint4*)(small + at) = smalls;
+        }
+    }
+    // A chunk's third part: this lane's 16-byte chunks of the big halves, from the chunk's first
+    // slot (`from`: this producer wrote it two slots ago, and it alone writes slots, not again
+    // before it wraps the ring) into `to`.
+    __device__ __forceinline__ static void copy_split_big(const unsigned char* from, unsigned char* to, int my_row,
+                                                          int my_chunk) {
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int r = my_row + 4 * p, at = r * 128 + ((my_chunk ^ (r & 7)) << 4);
+            *(uint4*)(to + at) = *(const uint4*)(from + at);
+        }
+    }
+    // The tile's last slot carries each of this lane's rows' 2^-k into the slot's scales (the
+    // fold's, as int8's): NaN for a row holding NaN or inf, 1 for one written as zeros.
+    __device__ __forceinline__ void publish_split_scales(int stage, int my_row, const int (&exponents)[SPLIT_PASSES]) const {
+#pragma unroll
+        for (int p = 0; p < SPLIT_PASSES; ++p) {
+            const int k = exponents[p];
+            sScale()[stage * TILE_N + my_row + 4 * p] = k == SPLIT_BAD ? __int_as_float(0x7fc00000)
+                                                        : k == SPLIT_ZERO ? 1.f : power_of_two(-k);
+        }
+    }
     // With a TMA map, one lane of its first warp issues each tile (ATOMS boxes; for int8 a box
     // of the tile's document scales, or that warp's lanes copy them with cp.async). Without, its 4
     // warps (one per scheduler: one warp cannot issue cp.async fast enough) copy a quarter
@@ -890,6 +1053,18 @@ struct Block {
         u32 phase = 0;
         // The loop, specialised for each way of copying (called with a constant).
         const int tile_slots = slots_per_tile<T>(args.dim);
+        // FP32_SPLIT: this lane's rows' exponents (split_exponents), the next chunk to stage
+        // (`staged`'s tile, chunk staged_chunk) and the stage of the next to convert.
+        int exponents[SPLIT_PASSES];
+        DocCursor staged = load;
+        int staged_chunk = 0, split_buf = 0;
+        const int split_chunks = (args.dim + 63) / 64, ptid = 32 * producer_warp + lane;
+        auto stage_next = [&](int buf) {
+            stage_split_chunk(args, staged, staged_chunk, buf, my_row, my_chunk, ptid);
+            if (++staged_chunk == split_chunks) staged_chunk = 0, next_tile(staged);
+        };
+        if constexpr (FP32_SPLIT)
+            for (int buf = 0; buf < SPLIT_STAGES; ++buf) stage_next(buf);
         auto produce = [&](const bool tma) {
         int t = 0;  // slots filled
         for (; load.position < doc_count;) {
@@ -939,6 +1114,33 @@ struct Block {
                             mbarrier_arrive_expect_tx(full() + stage, SLOT_QUERY_BYTES - query_box_shortfall());
                             load_query_atoms<T>(tile_map, tile, k_atom, stage);
                         }
+                    }
+                    if constexpr (FP32_SPLIT) {
+                        // A chunk's three slots: part 0 (big) and part 1 (small) written at part 0
+                        // from one read of the chunk's elements (the next slot waited for early),
+                        // part 2 (big again) copied from part 0's slot.
+                        const int part = k_atom % 3, next = stage + 1 == ring_end ? ring_first : stage + 1;
+                        if (part == 0) {
+                            if (t + 1 >= RING) mbarrier_wait(empty() + next, next == ring_first ? phase : phase ^ 1);
+                            cp_async_wait<SPLIT_STAGES - 1>();  // this lane's pieces of the chunk landed,
+                            __syncwarp();  // and (seen once its rows' first lanes have waited) their exponents
+                            if (k_atom == 0) split_exponents(split_buf, rows_left, my_row, exponents);
+                            convert_split_chunk(split_buf, tile, sD() + next * TILE_BYTES, my_row, my_chunk, ptid, exponents);
+                            __syncwarp();  // (every lane has read the exponents before the stage is refilled)
+                            stage_next(split_buf);
+                            if (++split_buf == SPLIT_STAGES) split_buf = 0;
+                        } else if (part == 2) {
+                            const int first = stage - 2 >= ring_first ? stage - 2 : stage - 2 + RING;
+                            copy_split_big(sD() + first * TILE_BYTES, tile, my_row, my_chunk);
+                        }
+                        if (tile_end && my_chunk == 0) publish_split_scales(stage, my_row, exponents);
+                        // The consumers' wgmma reads the halves (the async proxy): each lane fences
+                        // its stores, then one arrival a warp, not 128 on one barrier.
+                        fence_proxy_async();
+                        __syncwarp();
+                        if (lane == 0) mbarrier_arrive(full() + stage);
+                        if (++stage == ring_end) stage = ring_first, phase ^= 1;
+                        continue;
                     }
                     const T* src = d + load.base + (first_row + my_row) * args.d_row_stride + (k_atom * 8 + my_chunk) * ELEMS;
 #pragma unroll 4
@@ -1150,9 +1352,11 @@ struct Consumer : Block {
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
         // STREAM_QUERY: the warpgroup's query atom follows the documents' in the slot.
-        auto issue_slot = [&](int k_atom) {
+        // `fresh`: the atom starts the accumulators afresh (FP32_SPLIT's flushes), as a tile's first.
+        auto issue_slot = [&](int k_atom, bool fresh = false) {
             mbarrier_wait(full() + stage, phase);
-            if (!tile_map.use_tma) fence_proxy_async();  // cp.async tiles: generic -> async proxy
+            // cp.async tiles: generic -> async proxy (the split build's producer fences its own stores).
+            if (!tile_map.use_tma && !FP32_SPLIT) fence_proxy_async();
             const unsigned char* slot = sD() + stage * TILE_BYTES;
             const unsigned char* slot_query = slot + SLOT_ATOMS * ATOM_BYTES + warpgroup * QUERY_ATOM_BYTES;
             const unsigned long long doc_desc = tile_descriptor(slot);
@@ -1162,9 +1366,13 @@ struct Consumer : Block {
                 WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks),
                                      STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
                                                   : query_desc + query_kstep_offset(4 * k_atom + ks),
-                                     k_atom + ks);
+                                     (fresh ? 0 : k_atom) + ks);
             wgmma_commit();
         };
+        // FP32_SPLIT: the tile's sums of flushed accumulators (SPLIT_FLUSH_ATOMS), added back at its take.
+        float sums[FP32_SPLIT ? ACC : 1];
+#pragma unroll
+        for (int i = 0; i < (FP32_SPLIT ? ACC : 1); ++i) sums[i] = 0.f;
         auto next_slot = [&]() {
             if (++stage == STAGES) stage = 0, phase ^= 1;
         };
@@ -1178,13 +1386,25 @@ struct Consumer : Block {
             tile.doc = cursor.doc, tile.first_row = cursor.tile * TILE_N;
             const int rows = (int)min(cursor.length - tile.first_row, (i64)TILE_N);
             tile.biased = args.d_mask != nullptr || rows < TILE_N, tile.last = cursor.tile + 1 == cursor.tiles;
+            if constexpr (TURNS) wait_turn(warpgroup);
             issue_slot(0);
+            if constexpr (TURNS) pass_turn(warpgroup);
             if constexpr (STREAM_K) {
 #pragma unroll 1
                 for (int k_atom = 1; k_atom < tile_slots; ++k_atom) {
                     const int previous = stage;
                     next_slot();
-                    issue_slot(k_atom);
+                    bool fresh = false;
+                    if constexpr (FP32_SPLIT) {
+                        if (k_atom % SPLIT_FLUSH_ATOMS == 0) {  // (uniform: every warpgroup the same atoms)
+                            wgmma_wait<0>();
+                            pin(acc);
+#pragma unroll
+                            for (int i = 0; i < ACC; ++i) sums[i] += acc[i];
+                            fresh = true;
+                        }
+                    }
+                    issue_slot(k_atom, fresh);
                     wgmma_wait<1>();
                     __syncwarp();
                     if (lane == 0) mbarrier_arrive(empty() + previous);
@@ -1203,6 +1423,12 @@ struct Consumer : Block {
         auto take = [&](const TileFold& tile, const bool FIRST) {
             wgmma_wait<0>();
             pin(acc);
+            if constexpr (FP32_SPLIT) {
+                if (tile_slots > SPLIT_FLUSH_ATOMS) {  // (the tile had flushes: its sums join its last stretch)
+#pragma unroll
+                    for (int i = 0; i < ACC; ++i) acc[i] += sums[i], sums[i] = 0.f;
+                }
+            }
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty() + tile.slot);  // the slot is free (scales already read)
             const bool real0 = tile.real0, real1 = tile.real1;
@@ -1218,6 +1444,9 @@ struct Consumer : Block {
             else
                 fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, false, FIRST);
         };
+        // TURNS: warpgroup 0 has the first turn (the last one passes it), and takes one more at
+        // the end, so that every turn passed is taken (the barriers end complete).
+        if (TURNS && warpgroup == WARPGROUPS - 1) pass_turn(warpgroup);
         TileFold tile = issue();  // every block has at least one tile
 #pragma unroll 1
         for (;;) {  // a document: its first tile, the others, then its maxima published
@@ -1232,6 +1461,7 @@ struct Consumer : Block {
             if (cursor.position >= doc_count) break;
             tile = issue();
         }
+        if (TURNS && warpgroup == 0) wait_turn(warpgroup);
     }
 
     // Fold a finished tile's accumulators into the running row maxima. Columns that are not
@@ -1614,7 +1844,9 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         maxsim_fwd_wgmma<T>(args, tile_map);                                                                  \
     }
 
-#if MAXSIM_TF32
+#if MAXSIM_FP32_SPLIT
+MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp32_split, fp32_split_t)
+#elif MAXSIM_TF32
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp32, float)
 #else
 MAXSIM_FWD_WGMMA_ENTRY(maxsim_fwd_wgmma_fp16, fp16_t)

@@ -59,3 +59,93 @@ MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp16, fp16_t)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_bf16, bf16_t)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp32, float)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp64, double)
+
+// float32 queries split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t), one
+// warp a token: the token scaled by 2^k (split_exponent of its largest magnitude) and written
+// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] (192 halves; zeros past
+// the dim), against the documents' [big_c, small_c, big_c]; its scale 2^-k, NaN if the token
+// holds NaN or inf (its elements then zeros); masked tokens zeros, scale 0.
+__device__ __forceinline__ void split_rows(const float* x, i64 rows, int dim, const unsigned char* mask, u16* halves,
+                                           float* scales) {
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const int atoms = (dim + 63) / 64;
+    for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
+        const float* in = x + row * dim;
+        u32* out = (u32*)(halves + row * 192 * atoms);  // pairs of halves
+        const bool real = mask == nullptr || mask[row];
+        u32 magnitude = 0u;
+        for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1)
+            magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+        const bool bad = magnitude >= SPLIT_NON_FINITE_BITS, zero = !real || bad;
+        const int k = zero ? 0 : split_exponent(magnitude);
+        const float scale = power_of_two(k);
+        for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
+            const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
+            const float a = !zero && e < dim ? in[e] * scale : 0.f, b = !zero && e + 1 < dim ? in[e + 1] * scale : 0.f;
+            u32 big, small;
+            split_halves(a, b, big, small);
+#pragma unroll
+            for (int part = 0; part < 3; ++part) out[c * 96 + part * 32 + o] = split_atom_is_small_query(part) ? small : big;
+        }
+        if (lane == 0) scales[row] = !real ? 0.f : bad ? __int_as_float(0x7fc00000) : power_of_two(-k);
+    }
+}
+#define MAXSIM_SPLIT_ENTRY(NAME, T)                                                                    \
+    extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS)                                     \
+        NAME(const T* x, i64 rows, int dim, const unsigned char* mask, u16* halves, float* scales) {   \
+        split_rows(x, rows, dim, mask, halves, scales);                                                \
+    }
+MAXSIM_SPLIT_ENTRY(maxsim_quantize_fp32_split, float)
+
+// The fp32 split build's document exponents (maxsim_fwd_wgmma.cu, FP32_SPLIT), read as the
+// tiles' scales are: for each row of `docs` documents of `doc_length` rows (packed: one
+// document of every token) at doc_stride and row_stride elements, split_exponent of its
+// largest magnitude, SPLIT_BAD if it holds NaN or inf, SPLIT_ZERO if masked; [docs * doc_length].
+// Once a launch, not in each query group's blocks: a row's exponent needs all of it before
+// any chunk is split. A warp takes SPLIT_EXPONENT_ROWS rows at once, their loads issued
+// together (at dim 64 a row is two loads a lane: one row a warp left HBM waiting).
+constexpr int SPLIT_EXPONENT_ROWS = 4;
+__device__ __forceinline__ void split_exponent_rows(const float* x, i64 docs, i64 doc_length, i64 doc_stride,
+                                                    i64 row_stride, int dim, const unsigned char* mask,
+                                                    i64 mask_doc_stride, i64 mask_row_stride, int* exponents) {
+    const int lane = threadIdx.x & 31;
+    const i64 rows = docs * doc_length, warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 first = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SPLIT_EXPONENT_ROWS; first < rows;
+         first += warps * SPLIT_EXPONENT_ROWS) {
+        const float* in[SPLIT_EXPONENT_ROWS];
+        bool real[SPLIT_EXPONENT_ROWS];
+        u32 magnitude[SPLIT_EXPONENT_ROWS];
+#pragma unroll
+        for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r) {
+            const i64 row = first + r, doc = row / doc_length, token = row % doc_length;
+            real[r] = row < rows && (mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride]);
+            in[r] = x + doc * doc_stride + token * row_stride;
+            magnitude[r] = 0u;
+        }
+#pragma unroll 2
+        for (int c = lane; c < dim; c += 32)
+#pragma unroll
+            for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r)
+                if (real[r]) magnitude[r] = max(magnitude[r], __float_as_uint(in[r][c]) & 0x7fffffffu);
+#pragma unroll
+        for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r) {
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1)
+                magnitude[r] = max(magnitude[r], __shfl_xor_sync(0xffffffffu, magnitude[r], offset));
+            if (lane == 0 && first + r < rows)
+                exponents[first + r] = !real[r] ? SPLIT_ZERO : magnitude[r] >= SPLIT_NON_FINITE_BITS
+                                                                   ? SPLIT_BAD : split_exponent(magnitude[r]);
+        }
+    }
+}
+#define MAXSIM_EXPONENTS_ENTRY(NAME, THREADS)                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        NAME(const float* x, i64 docs, i64 doc_length, i64 doc_stride, i64 row_stride, int dim,              \
+             const unsigned char* mask, i64 mask_doc_stride, i64 mask_row_stride, int* exponents) {          \
+        split_exponent_rows(x, docs, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,         \
+                            mask_row_stride, exponents);                                                     \
+    }
+MAXSIM_EXPONENTS_ENTRY(maxsim_split_exponents, QUANTIZE_THREADS)

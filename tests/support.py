@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import types
 
 import numpy as np
 
@@ -178,6 +179,25 @@ class HostOutput:
         return array
 
 
+def _stub_device_array(shape, ptr: int):
+    """What the forward reads of a preprocessing kernel's CuPy output: its shape and pointer."""
+    return types.SimpleNamespace(shape=tuple(shape), data=types.SimpleNamespace(ptr=ptr))
+
+
+def _stub_split_queries(problem, stream):
+    """_forward._split_queries without a GPU: (halves, scales) of q's tokens, made-up pointers."""
+    num_queries, query_length, dim = problem.q.shape
+    tokens = num_queries * query_length
+    return _stub_device_array((tokens, 192 * -(-dim // 64)), 0x70000000), _stub_device_array((tokens,), 0x78000000)
+
+
+def _stub_split_exponents(problem, stream):
+    """_forward._split_exponents without a GPU: the exponents (a made-up pointer), their strides."""
+    packed = problem.offsets is not None
+    rows = problem.d.shape[0] if packed else problem.num_docs * problem.doc_length
+    return _stub_device_array((rows,), 0x7c000000), 0 if packed else problem.doc_length, 1
+
+
 @contextlib.contextmanager
 def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launch=None, doc_tile_map=None,
              offsets_summary=None):
@@ -186,13 +206,15 @@ def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launc
     launches (general and prepared), the current device, tensor maps and the packed offsets'
     check where given, results in host memory (HostOutput). Every cache is emptied on entry
     and on exit, so that no plan holding a stub kernel outlives the block."""
-    from cupy_maxsim import _arrays, _cache
+    from cupy_maxsim import _arrays, _cache, _forward
     from cupy_maxsim._gpu import compile as gpu_compile
     from cupy_maxsim._gpu import device as gpu_device
     from cupy_maxsim._gpu import launch as gpu_launch
     from cupy_maxsim._gpu import tma
 
     _cache.clear_all()
+    monkeypatch.setattr(_forward, "_split_queries", _stub_split_queries)
+    monkeypatch.setattr(_forward, "_split_exponents", _stub_split_exponents)
     monkeypatch.setattr(gpu_device, "device_properties", lambda device: properties)
     monkeypatch.setattr(gpu_device, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(gpu_compile, "get_kernel", get_kernel)

@@ -7,7 +7,8 @@ import pytest
 
 from cupy_maxsim._gpu import nvrtc
 from cupy_maxsim._gpu.registry import ARCH_SPECIFIC
-from cupy_maxsim._plan.variants import compile_targets, compile_variants, family_kernels, first_use_variants
+from cupy_maxsim._plan.variants import (compile_targets, compile_variants, family_kernels, first_use_variants,
+                                        tunable_variants)
 
 ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
 
@@ -58,4 +59,15 @@ def test_first_use_builds_compile_without_spills(arch, family, defines):
     _nvrtc_or_skip()
     target = compile_targets(family, [arch])[0]
     for report in nvrtc.compile_with_nvrtc(family, target, defines):
+        _assert_clean(report)
+
+
+@pytest.mark.parametrize("family,defines", tunable_variants(),
+                         ids=lambda v: v if isinstance(v, str) else "-".join(d.split("=")[1] for d in v) or "default")
+def test_tunable_builds_compile_without_spills(family, defines):
+    """The builds opt-in tunables ask for (documents on M in turns), on sm_90: no spills either."""
+    _nvrtc_or_skip()
+    reports = nvrtc.compile_with_nvrtc(family, compile_targets(family, ["sm_90"])[0], defines)
+    assert {r.kernel for r in reports} == set(family_kernels(family, defines))
+    for report in reports:
         _assert_clean(report)

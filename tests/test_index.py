@@ -354,6 +354,63 @@ def test_host_bfloat16_documents_and_queries_go_into_any_index():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("device", ["cpu", "host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bfloat16_index_is_a_float32_index_of_bfloat16_values(tmp_path, device):
+    """Index(dtype="bfloat16") stores the documents rounded to bfloat16 (as their bits) and
+    casts queries to it: the answers of a float32 index of the same rounded values (bitwise on
+    the CPU; on a GPU the same ids and winners, scores to float32's rounding), for float32 and
+    bfloat16 queries of NumPy (ml_dtypes) and torch, saved and loaded, sharded and rescored."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(31)
+    docs = _documents(rng, 40, longest=9)
+    q = unit_rows(rng, (3, 5, DIM), np.float32)
+    rounded = [x.astype(ml_dtypes.bfloat16).astype(np.float32) for x in docs]
+    where = "cuda" if device == "cuda" else "cpu"
+    exact = cm.Index(DIM, dtype="float32", device=where)
+    exact.add(rounded)
+    index = cm.Index(DIM, dtype="bfloat16", device=device)
+    index.add(docs[:20])
+    index.add([x.astype(ml_dtypes.bfloat16) for x in docs[20:]])  # host bfloat16 documents
+    assert index.nbytes < exact.nbytes and "dtype=bfloat16" in repr(index)
+    device_of = (lambda x: x) if device != "cuda" else __import__("cupy").asarray
+    # (a GPU index takes its queries on its device: bfloat16 ones there come from torch, CuPy
+    # having no bfloat16)
+    queries = [device_of(q)] + ([q.astype(ml_dtypes.bfloat16)] if device != "cuda" else [])
+    try:
+        import torch
+
+        queries += [torch.from_numpy(q).to(where), torch.from_numpy(q).to(where).bfloat16()]
+    except ImportError:
+        pass
+    want = [to_numpy(x) for x in exact.search(device_of(q.astype(ml_dtypes.bfloat16).astype(np.float32)), 9,
+                                              return_argmax=True)]
+    loaded = cm.Index.load(index.save(tmp_path / "bf16"), device=device)
+    sharded = cm.ShardedIndex(DIM, dtype="bfloat16", devices=[where], shards=3)
+    sharded.add(docs)
+    for searched in (index, loaded, sharded):
+        for queries_of_a_kind in queries:
+            scores, ids, winners = (to_numpy(x) for x in searched.search(queries_of_a_kind, 9, return_argmax=True))
+            if device == "cuda":  # (the bfloat16 and float32 kernels sum their products in other orders)
+                np.testing.assert_allclose(scores, want[0], rtol=1e-6, atol=1e-6)
+            else:
+                np.testing.assert_array_equal(scores, want[0])
+            np.testing.assert_array_equal(ids, want[1])
+            np.testing.assert_array_equal(winners.astype(want[2].dtype), want[2])
+    rescored = cm.Index(DIM, dtype="bfloat16", device=device, rescore="float32")
+    rescored.add(docs)
+    np.testing.assert_array_equal(to_numpy(rescored.search(device_of(q), 5, shortlist=40)[1]),
+                                  _float32_index(docs).search(q, 5)[1])  # (the float32 copy ranks)
+    tokens, offsets = cm.pack([x.astype(ml_dtypes.bfloat16) for x in docs])
+    with pytest.raises(ValueError, match="host bfloat16 tokens are widened"):
+        cm.Index(DIM, dtype="bfloat16").add((tokens, offsets), copy=False)
+
+
+def _float32_index(docs):
+    index = cm.Index(DIM, dtype="float32")
+    index.add(docs)
+    return index
+
+
 def test_a_compaction_without_memory_leaves_a_remove_done():
     """remove() compacts once removed tokens outnumber live ones; where that copy finds no
     memory, the documents are removed all the same (a warning, tombstones until compact()),

@@ -111,7 +111,7 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
     ("maxsim_offsets_summary", "maxsim_offsets.cu"), ("maxsim_topk_select", "maxsim_topk.cu"),
     ("maxsim_topk_wide", "maxsim_topk.cu"),
     ("maxsim_topk_finish", "maxsim_topk.cu"), ("maxsim_topk_merge", "maxsim_topk.cu"),
-    ("maxsim_quantize", "maxsim_quantize.cu"),
+    ("maxsim_quantize", "maxsim_quantize.cu"), ("maxsim_quantize_fp32_split", "maxsim_quantize.cu"),
 ])
 def test_small_kernels_parameters_match_their_entries(kernel, filename):
     """launch.SMALL_KERNEL_PARAMETERS packs what each small kernel's entry declares, in order:
@@ -119,7 +119,8 @@ def test_small_kernels_parameters_match_their_entries(kernel, filename):
     source = (ROOT / "kernels_cu" / filename).read_text()
     helper = {"maxsim_topk_select": "topk_select", "maxsim_topk_wide": "topk_wide",
               "maxsim_topk_finish": "topk_finish", "maxsim_topk_merge": "topk_merge",
-              "maxsim_offsets_summary": "offsets_summary", "maxsim_quantize": "quantize_rows<T>"}[kernel]
+              "maxsim_offsets_summary": "offsets_summary", "maxsim_quantize": "quantize_rows<T>",
+              "maxsim_quantize_fp32_split": "split_rows"}[kernel]
     # Each entry is `NAME(parameters) { helper(arguments); }` inside its macro.
     entry = re.search(r"NAME\(([^)]*)\)\s*\{\s*\\?\s*" + re.escape(helper) + r"\(", source.replace("\\\n", " "), re.S)
     assert entry, kernel
@@ -241,7 +242,8 @@ def test_formats_match_the_codecs():
     header = (ROOT / "kernels_cu" / "codecs.cuh").read_text()
     codecs = {ctype: (int(bits), scaled == "true")
               for ctype, bits, scaled in re.findall(r"^MAXSIM_CODEC\((\w+), (\d+), (\w+), \w+, \w+\)", header, re.M)}
-    assert codecs == {f.ctype: (f.bits, f.scaled) for f in registry.FORMATS.values()}
+    formats = list(registry.FORMATS.values()) + [registry.FP32_SPLIT]  # (the split: a format, not a dtype)
+    assert codecs == {f.ctype: (f.bits, f.scaled) for f in formats}
     assert "sizeof(T)" not in "".join(p.read_text() for p in (ROOT / "kernels_cu").glob("*.cu"))
 
 

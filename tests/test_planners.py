@@ -489,7 +489,7 @@ def test_csr_layout_keeps_dq_occupancy():
     assert configs.bwd_csr_layout(30000, smem_limit, smem_per_sm) == (1, configs.bwd_csr_shared_bytes(1, 30000) // 4)
 
 
-@pytest.mark.parametrize("precision", ["highest", "high"])
+@pytest.mark.parametrize("precision", ["highest", "high", "split"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90"])
 def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precision):
     """Over a grid of shapes (every tensor-core format, dims 16 to 2560 of whole 16-byte rows,
@@ -498,7 +498,8 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precisio
     ``arch``'s properties is among the compile checks' variants, so CI compiles it (no spills)
     and a wheel ships its cubin. (fp16 dim 32 with winners once picked a 128-row Hopper tile
     that ptxas spilled; dims 16 to 48 and fp32 dim 96 compiled only at first use.) Under both
-    float32 precisions (fp32 plans differently under "high")."""
+    float32 precisions (fp32 plans differently under "high"), and with fp32's split build
+    ("split": Tunables.wgmma_fp32_split)."""
     import itertools
 
     from cupy_maxsim import tuning
@@ -514,7 +515,9 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precisio
     known = set(runtime_variants())
     missing = {(choice.family, choice.config.defines(), fields)
                for fields, choice in planned_forwards(ARCH_PROPERTIES[arch], grid,
-                                                      tuning.Tunables(float32_precision=precision))
+                                                      tuning.Tunables(float32_precision="highest" if precision == "split"
+                                                                      else precision,
+                                                                      wgmma_fp32_split=precision == "split"))
                if (choice.family, choice.config.defines()) not in known}
     assert not missing, sorted(missing)[:5]
 
@@ -522,9 +525,9 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precisio
 def test_float32_precision_high_on_the_planner():
     """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
     reads the documents as TF32 (tf32=2, no small halves), many queries the Hopper kernel with
-    documents on M reading both operands as TF32 (where "highest" keeps them on mma.sync's
-    3xTF32), but not with rows off 16 bytes; other dtypes plan as under "highest"; a precision
-    torch does not name for this is a ValueError."""
+    documents on M reading both operands as TF32 (where "highest" splits them into three fp16
+    products), but not with rows off 16 bytes (there the split too); other dtypes plan as under
+    "highest"; a precision torch does not name for this is a ValueError."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, runtime_variants
@@ -541,7 +544,8 @@ def test_float32_precision_high_on_the_planner():
     choice = choose_kernel(one, properties, high)
     assert choice.config.tf32 == 2 and (choice.family, choice.config.defines()) in known
     assert choice.config.stages > choose_kernel(one, properties, highest).config.stages  # no small halves
-    assert choose_kernel(many, properties, highest).family == "maxsim_fwd"
+    assert choose_kernel(many, properties, highest).config.fp32_split
+    assert choose_kernel(many, properties, dataclasses.replace(highest, wgmma_fp32_split=False)).family == "maxsim_fwd"
     choice = choose_kernel(many, properties, high)
     assert choice.family == "maxsim_fwd_wgmma" and choice.config.docs_on_m and choice.config.tf32 == 2
     assert (choice.family, choice.config.defines()) in known
@@ -652,3 +656,30 @@ def test_tma_l2_promotion_is_one_the_driver_names():
         with pytest.raises(ValueError, match="tma_l2_promotion"):
             with tuning.override(tma_l2_promotion=bad):
                 pass
+
+
+def test_fp32_split_on_the_planner():
+    """Tunables.wgmma_fp32_split: fp32 at "highest" with more query rows than one query's 32
+    takes the Hopper kernel's split build (any dim, rows on 4 bytes and more, a group's last box
+    kept within q where the count asks), not under "high", not for one query, pairs or 32-bit
+    winners, not before Hopper; without the tunable, mma.sync's 3xTF32 as before."""
+    from cupy_maxsim import tuning
+    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
+    from cupy_maxsim._plan.variants import ARCH_PROPERTIES
+
+    def name(nq, dim=128, lq=32, argmax=0, load_bytes=16, pairs=False, arch="sm_90", **changes):
+        tunables = tuning.Tunables(**dict(dict(wgmma_fp32_split=True), **changes))
+        choice = choose_kernel(ForwardShape("fp32", nq, lq, dim, 1000, pairs, argmax, 300.0, False, load_bytes),
+                               ARCH_PROPERTIES[arch], tunables)
+        return choice and (choice.name, getattr(choice.config, "stream_query", None), choice.config.load_bytes)
+
+    assert name(32) == ("maxsim_fwd_wgmma_fp32_split", 1, 16)
+    assert name(33) == ("maxsim_fwd_wgmma_fp32_split", 2, 16)  # the last group's box within q
+    for dim in (1, 48, 100, 1000, 2560, 8192):
+        assert name(9, dim)[0] == "maxsim_fwd_wgmma_fp32_split"
+    assert name(9, 100, load_bytes=4) == ("maxsim_fwd_wgmma_fp32_split", 2, 4)
+    assert name(9, argmax=16)[0] == "maxsim_fwd_wgmma_fp32_split"
+    assert name(2) == ("maxsim_fwd_wgmma_fp32_split", 2, 16) and name(1, lq=64)[0] == "maxsim_fwd_wgmma_fp32_split"
+    for other in (name(1), name(2, lq=16), name(9, argmax=32), name(9, pairs=True), name(9, arch="sm_80"),
+                  name(9, float32_precision="high"), name(9, wgmma_fp32_split=False), name(9, use_tma=False)):
+        assert other is None or other[0] != "maxsim_fwd_wgmma_fp32_split", other

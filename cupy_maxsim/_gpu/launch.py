@@ -131,6 +131,9 @@ SMALL_KERNEL_PARAMETERS = {
     "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
     "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
+    "maxsim_quantize_fp32_split": "QqiQQQ",  # x, rows, dim, mask, halves, scales
+    # x, docs, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride, mask_row_stride, exponents
+    "maxsim_split_exponents": "QqqqqiQqqQ",
 }
 
 
@@ -316,12 +319,56 @@ def quantize_int8(rows, suffix: str, mask):
     (T,) or None."""
     import cupy
 
+    values = allocated(rows.shape, cupy.int8)
+    return values, _token_warps(f"maxsim_quantize_{suffix}", "maxsim_quantize", rows, mask, values)
+
+
+def split_queries(rows, mask):
+    """One launch of maxsim_quantize_fp32_split on the current device and stream: (fp16 halves
+    as uint16 (T, 192 * ceil(D / 64)): per 64 elements the atoms big, big, small; float32 scales
+    (T,): 2^-k, NaN for a token holding NaN or inf) of C-contiguous float32 CuPy tokens ``rows``
+    (T, D), what the Hopper kernel's fp32 split build reads as q (maxsim_quantize.cu split_rows);
+    ``mask``: C-contiguous bool (T,) or None."""
+    import cupy
+
+    halves = allocated((rows.shape[0], 192 * -(-rows.shape[1] // 64)), cupy.uint16)
+    return halves, _token_warps("maxsim_quantize_fp32_split", "maxsim_quantize_fp32_split", rows, mask, halves)
+
+
+#: Rows a warp of maxsim_split_exponents takes at once (SPLIT_EXPONENT_ROWS in maxsim_quantize.cu).
+SPLIT_EXPONENT_ROWS = 4
+
+
+def split_exponents(x: int, device: int, docs: int, doc_length: int, strides: tuple[int, int], dim: int,
+                    mask: int = 0, mask_strides: tuple[int, int] = (0, 0)):
+    """One launch of maxsim_split_exponents on the current device and stream: the int32
+    exponents (docs * doc_length,) of float32 document rows at ``x`` (``docs`` documents of
+    ``doc_length`` rows, ``strides`` (doc, row) in elements; packed: one document of every
+    token), what the Hopper kernel's fp32 split build reads as the documents' scales; ``mask``:
+    a bool (docs, doc_length) pointer with its (doc, row) strides, or 0."""
+    import cupy
+
+    rows = docs * doc_length
+    exponents = allocated((rows,), cupy.int32)
+    if rows:
+        sms = device_properties(device)[0]
+        blocks = min(-(-rows // (QUANTIZE_THREADS // 32 * SPLIT_EXPONENT_ROWS)), 32 * sms)
+        launch(get_kernel(device, "maxsim_quantize", "maxsim_split_exponents"), (blocks,), (QUANTIZE_THREADS,),
+               scalars("maxsim_split_exponents", x, docs, doc_length, *strides, dim, mask, *mask_strides,
+                       exponents.data.ptr), 0, None)
+    return exponents
+
+
+def _token_warps(name: str, parameters: str, rows, mask, out):
+    """A maxsim_quantize kernel ``name`` (a warp a token of ``rows``, its scalar parameters
+    SMALL_KERNEL_PARAMETERS[parameters]) writing ``out``; returns the tokens' float32 scales."""
+    import cupy
+
     count, dim = rows.shape
-    values, scales = allocated((count, dim), cupy.int8), allocated((count,), cupy.float32)
+    scales = allocated((count,), cupy.float32)
     if count:
         sms = device_properties(rows.device.id)[0]
         blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
-        launch(get_kernel(rows.device.id, "maxsim_quantize", f"maxsim_quantize_{suffix}"), (blocks,),
-               (QUANTIZE_THREADS,), scalars("maxsim_quantize", rows.data.ptr, count, dim, _pointer(mask), values.data.ptr,
-                                            scales.data.ptr), 0, None)
-    return values, scales
+        launch(get_kernel(rows.device.id, "maxsim_quantize", name), (blocks,), (QUANTIZE_THREADS,),
+               scalars(parameters, rows.data.ptr, count, dim, _pointer(mask), out.data.ptr, scales.data.ptr), 0, None)
+    return scales

@@ -31,6 +31,10 @@ FORMATS = {
     "float64": Format("fp64", "double", 64, False, False, False),
     "int8": Format("int8", "i8", 8, True, True, True),
 }
+#: float32 as the Hopper kernel's fp32 split build reads it (fp16 halves of power-of-two-scaled
+#: tokens: codecs.cuh, fp32_split_t): not a dtype of its own, but a format of the kernels' all
+#: the same (its queries are split into it by maxsim_quantize_fp32_split).
+FP32_SPLIT = Format("fp32_split", "fp32_split_t", 16, True, False, True)
 #: dtype name -> the suffix of its kernels' names, and back.
 DTYPE_SUFFIX = {dtype: f.suffix for dtype, f in FORMATS.items()}
 SUFFIX_DTYPE = {suffix: dtype for dtype, suffix in DTYPE_SUFFIX.items()}
@@ -42,7 +46,8 @@ FAMILIES = {
     "maxsim_fwd": ("maxsim_fwd.cu", ("maxsim_fwd_fp16", "maxsim_fwd_bf16", "maxsim_fwd_fp32", "maxsim_fwd_int8")),
     "maxsim_fwd_wgmma": (
         "maxsim_fwd_wgmma.cu",
-        ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8", "maxsim_fwd_wgmma_fp32"),
+        ("maxsim_fwd_wgmma_fp16", "maxsim_fwd_wgmma_bf16", "maxsim_fwd_wgmma_int8", "maxsim_fwd_wgmma_fp32",
+         "maxsim_fwd_wgmma_fp32_split"),
     ),
     "maxsim_fwd_simt": (
         "maxsim_fwd_simt.cu",
@@ -57,7 +62,9 @@ FAMILIES = {
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
     "maxsim_topk": ("maxsim_topk.cu", ("maxsim_topk_select", "maxsim_topk_wide", "maxsim_topk_finish",
                                      "maxsim_topk_merge")),
-    "maxsim_quantize": ("maxsim_quantize.cu", tuple(f"maxsim_quantize_{s}" for s in ("fp16", "bf16", "fp32", "fp64"))),
+    "maxsim_quantize": ("maxsim_quantize.cu",
+                        tuple(f"maxsim_quantize_{s}" for s in ("fp16", "bf16", "fp32", "fp64", "fp32_split"))
+                        + ("maxsim_split_exponents",)),
 }
 
 

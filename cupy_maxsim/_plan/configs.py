@@ -109,6 +109,12 @@ class WgmmaConfig:
     #: Splitting documents (one query at fat dims, streaming k): the group's query atom streams
     #: through each slot instead of the whole query staying resident (SPLIT_STREAM_QUERY).
     stream_query: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    #: Documents on M, k resident: the warpgroups issue each tile's MMAs in turns, so that one
+    #: folds while the others multiply (maxsim_fwd_wgmma.cu, TURNS).
+    turns: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    #: fp32 at fp32 accuracy as three fp16 products (maxsim_fwd_wgmma.cu, FP32_SPLIT): documents
+    #: on M streaming k and the query atoms, the producer splitting the documents' rows itself.
+    fp32_split: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -148,7 +154,9 @@ class WgmmaConfig:
         slot_bytes = slot_atoms * n * 128
         if self.stream_query:  # every warpgroup's query atom in each slot (splitting: the group's), none resident
             slot_bytes, query_bytes = slot_bytes + (32 if self.split_docs else self.warpgroups * 128) * 128, 0
-        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 0  # two buffers a warpgroup
+        # TF32 split documents: two buffers of small halves a warpgroup; fp32 split: the producer's
+        # SPLIT_STAGES stages of a float32 chunk (n rows x 64) and the tile's n exponents.
+        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 3 * (n * 256 + n * 4) if self.fp32_split else 0
         return (1024 + self.stages * slot_bytes + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
@@ -178,7 +186,8 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     (``query_rows`` of them in all) and ``tile_n``-row document tiles, or None (the mma.sync
     kernel); ``docs_on_m``: documents on the MMA's M (64-row tiles, at least two warpgroups of
     128 query rows wanted; int8 in at most int8_docs_on_m_warpgroups); ``tf32`` 2: fp32 under
-    precision "high" (documents on M only: both operands as TF32)."""
+    precision "high" (documents on M only: both operands as TF32). Documents on M issue in
+    turns under ``tunables.wgmma_turns``."""
     assert tf32 in (0, 2) and (not tf32 or docs_on_m), "TF32 builds with queries on M stream k (wgmma_stream_config)"
     if ksteps > WGMMA_MAX_KSTEPS or ksteps % 2 or (warpgroups_wanted < 2 and not tunables.wgmma_split_docs):
         return None
@@ -186,7 +195,8 @@ def wgmma_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3, 
     if docs_on_m:
         assert tile_n == 64 and warpgroups_wanted >= 2
         most = int8_docs_on_m_warpgroups(argmax, ksteps) if int8 else 3
-        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, most))
+        shape.update(docs_on_m=1, warpgroups=min(shape["warpgroups"], warpgroups_wanted, most),
+                     turns=int(tunables.wgmma_turns))
     elif warpgroups_wanted < 2:
         # At most 32 query rows (one ColBERT or ColPali query): half of each thread's rows are
         # padding, and their fold is skipped (int8 corpus-10k spent 30% of its time folding:
@@ -291,6 +301,16 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages >= 4:
             return config
     return None
+
+
+def wgmma_fp32_split_config(argmax: bool = False) -> WgmmaConfig | None:
+    """The Hopper kernel's fp32 split build (fp32 at fp32 accuracy for several queries, any
+    dim: three fp16 atoms per 64 elements of it, counted at run time): the 16-bit build that
+    streams the query atoms too, in two warpgroups; ksteps is the stream-query capacity's (the
+    build reads no query block, so it bounds nothing)."""
+    config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
+                                 argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1, fp32_split=1))
+    return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 
 def within_q_boxes(config: WgmmaConfig, num_queries: int, query_length: int) -> WgmmaConfig:

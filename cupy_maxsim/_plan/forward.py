@@ -13,8 +13,8 @@ import typing
 from .._gpu.registry import SUFFIX_FORMAT
 from ..tuning import Tunables
 from .configs import (MMA_CONFIGS, SIMT_CHUNK_BYTES, SIMT_THREADS, STREAM_KSTEPS, choose_stages, mma_config,
-                      simt_shared_bytes, wgmma_config, wgmma_docs_on_m_stream_config, wgmma_stream_config,
-                      wgmma_tile_rows, within_q_boxes)
+                      simt_shared_bytes, wgmma_config, wgmma_docs_on_m_stream_config, wgmma_fp32_split_config,
+                      wgmma_stream_config, wgmma_tile_rows, within_q_boxes)
 
 #: Bytes per element by kernel suffix (registry.FORMATS).
 ITEMSIZE = {suffix: f.bits // 8 for suffix, f in SUFFIX_FORMAT.items()}
@@ -120,10 +120,13 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     hopper = load_bytes == 16 or (load_bytes >= 4 and num_queries > 64 // query_length)
     # fp32 takes the Hopper kernel for one query (its TF32 builds, streaming k: the document as
     # TF32 under precision "high"), and under precision "high" for several queries too (documents
-    # on M, both operands as TF32, rows on 16 bytes); many queries at fp32 accuracy stay on
-    # mma.sync's 3xTF32.
+    # on M, both operands as TF32, rows on 16 bytes); many queries at fp32 accuracy take its split
+    # build (fp32_split_choice), so do rows off 16 bytes under "high".
     tf32 = (2 if tunables.float32_precision == "high" else 1) if suffix == "fp32" and tunables.wgmma_tf32 else 0
     docs_tf32 = tf32 == 2 and load_bytes == 16
+    split = fp32_split_choice(shape, capability, smem_limit, tunables)
+    if split is not None:
+        return split
     if (tunables.use_wgmma and hopper and capability == 90 and (suffix in HOPPER_SUFFIXES or tf32) and not pairs
             and query_length <= 64):
         # Hopper: warpgroup MMA, as many consumer warpgroups as the queries fill, each owning
@@ -177,6 +180,30 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     if config is None:
         return None
     return KernelChoice("maxsim_fwd", f"maxsim_fwd_{suffix}", config)
+
+
+def fp32_split_choice(shape: ForwardShape, capability: int, smem_limit: int, tunables: Tunables) -> KernelChoice | None:
+    """fp32 at fp32 accuracy for several queries on Hopper as three fp16 products
+    (Tunables.wgmma_fp32_split; configs.wgmma_fp32_split_config) for more query rows than one
+    query's half rows (32; two to four queries of 32 as the 16-bit few-queries rule, whose
+    alternative here is mma.sync's 3xTF32), or None. Any dim; rows on 4 bytes or more (the
+    producer's plain loads: 16-byte vectors where the rows allow); the queries come split into
+    a tensor of their own, whose TMA map the build reads (tunables.use_tma). Under precision
+    "high" too where its TF32 documents on M cannot run (rows off 16 bytes): "high" allows less
+    accuracy, and the alternative is mma.sync's 3xTF32, slower."""
+    if not (shape.suffix == "fp32" and tunables.wgmma_fp32_split
+            and (tunables.float32_precision == "highest" or shape.load_bytes != 16)
+            and tunables.use_wgmma and tunables.use_tma and tunables.wgmma_docs_on_m and capability == 90
+            and not shape.pairs and shape.query_length <= 64 and shape.load_bytes >= 4
+            and shape.num_queries * shape.query_length > 32 and shape.argmax_bits != 32):
+        return None
+    config = wgmma_fp32_split_config(bool(shape.argmax_bits))
+    if config is None:
+        return None
+    config = within_q_boxes(config, shape.num_queries, shape.query_length)
+    if shape.load_bytes != 16:
+        config = dataclasses.replace(config, load_bytes=shape.load_bytes)
+    return KernelChoice("maxsim_fwd_wgmma", "maxsim_fwd_wgmma_fp32_split", config) if config.shared_bytes <= smem_limit else None
 
 
 def persistent_chunks(num_docs: int, groups: int, resident: int) -> int:

@@ -17,7 +17,7 @@ from .._gpu.registry import ARCH_SPECIFIC, FAMILIES
 from ..tuning import DEFAULT
 from .configs import (LOAD_ALIGNMENTS, MMA_CONFIGS, STREAM_KSTEPS_CHOICES, choose_stages, fp32_entry, int8_docs_on_m_warpgroups,
                       int8_long_tiles, long_tiles_spill, mma_config, wgmma_config, wgmma_docs_on_m_stream_config,
-                      wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES,
+                      wgmma_fp32_split_config, wgmma_stream_config, WGMMA_DOCS_ON_M_STREAM_CAPACITIES, WGMMA_STREAM_CAPACITIES,
                       WGMMA_STREAM_QUERY_CAPACITY, within_q_boxes)
 
 
@@ -32,9 +32,11 @@ def family_kernels(family: str, defines=()) -> tuple[str, ...]:
             int(value.get("MAXSIM_STREAM_K", 0))):
         names = tuple(name for name in names if not name.endswith("_fp32"))
     if family == "maxsim_fwd_wgmma":
-        # Its TF32 builds (fp32, MAXSIM_TF32) define the fp32 entry alone; the others every entry but it.
+        # Its TF32 builds (fp32, MAXSIM_TF32) define the fp32 entry alone, its split builds
+        # (MAXSIM_FP32_SPLIT) the fp32_split entry alone; the others every entry but those two.
         tf32 = value.get("MAXSIM_TF32", "0") != "0"
-        names = tuple(name for name in names if name.endswith("_fp32") == tf32)
+        split = value.get("MAXSIM_FP32_SPLIT", "0") != "0"
+        names = tuple(name for name in names if name.endswith("_fp32") == tf32 and name.endswith("_fp32_split") == split)
         if (value.get("MAXSIM_TILE_N") == "128" and not int8_long_tiles(
                 value.get("MAXSIM_SPLIT_DOCS") == "1", int(value["MAXSIM_KSTEPS"]))) or (
                 value.get("MAXSIM_DOCS_ON_M") == "1" and int(value["MAXSIM_WARPGROUPS"]) > int8_docs_on_m_warpgroups(
@@ -113,11 +115,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
                         if tile_n == 128 and long_tiles_spill(config.split_docs, ksteps, argmax, config.half_rows):
                             continue  # (the planner takes 64-row tiles there)
                         add("maxsim_fwd_wgmma", config)
-        for warpgroups in (2, 3):  # documents on M (int8: see int8_docs_on_m_warpgroups; fp32 under "high")
-            for argmax in (False, True):
-                for int8 in (False, True):
-                    add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8))
-                add("maxsim_fwd_wgmma", wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, tf32=2))
+        for config in _docs_on_m_configs(ksteps, DEFAULT):
+            add("maxsim_fwd_wgmma", config)
     for capacity in WGMMA_STREAM_CAPACITIES:  # one query at fat dims on the Hopper kernel (streaming k)
         for argmax in (False, True):
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
@@ -138,14 +137,23 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tf32=tf32)
             add("maxsim_fwd_wgmma", whole_groups)
             add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))  # (one query: a box short)
+    for argmax in (False, True):  # fp32 at fp32 accuracy, several queries: three fp16 products (Tunables.wgmma_fp32_split)
+        split = wgmma_fp32_split_config(argmax)
+        for load_bytes in (16, 8, 4):  # (the producer's loads: 16-byte vectors where the rows allow)
+            add("maxsim_fwd_wgmma", replace(split, load_bytes=load_bytes))
+            add("maxsim_fwd_wgmma", replace(within_q_boxes(split, 1, 32), load_bytes=load_bytes))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
-            configs = [wgmma_config(ksteps, False, warpgroups, docs_on_m=True, int8=int8)
-                        for warpgroups in (2, 3) for int8 in (False, True)]
-            for config in configs:
-                add("maxsim_fwd_wgmma", replace(config, load_bytes=load_bytes))
+            for config in _off_16_bytes_docs_on_m_configs(ksteps, load_bytes, DEFAULT):
+                add("maxsim_fwd_wgmma", config)
     return variants
+
+
+def _off_16_bytes_docs_on_m_configs(ksteps: int, load_bytes: int, tunables) -> list:
+    """Documents on M for rows on ``load_bytes`` (4 or 8: cp.async pieces), k resident."""
+    return [replace(wgmma_config(ksteps, False, warpgroups, docs_on_m=True, int8=int8, tunables=tunables),
+                    load_bytes=load_bytes) for warpgroups in (2, 3) for int8 in (False, True)]
 
 
 def planned_forwards(properties: tuple, grid, tunables=DEFAULT) -> typing.Iterator[tuple[tuple, object]]:
@@ -159,6 +167,33 @@ def planned_forwards(properties: tuple, grid, tunables=DEFAULT) -> typing.Iterat
         choice = choose_kernel(ForwardShape(*fields), properties, tunables)
         if choice is not None:
             yield fields, choice
+
+
+def _docs_on_m_configs(ksteps: int, tunables) -> list:
+    """Documents on M with k resident at ``ksteps``: two and three warpgroups (int8: see
+    int8_docs_on_m_warpgroups), with and without winners, 16-bit, int8 and fp32 under "high"."""
+    configs = []
+    for warpgroups in (2, 3):
+        for argmax in (False, True):
+            for int8 in (False, True):
+                configs.append(wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, int8=int8, tunables=tunables))
+            configs.append(wgmma_config(ksteps, argmax, warpgroups, docs_on_m=True, tf32=2, tunables=tunables))
+    return configs
+
+
+def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
+    """The builds opt-in tunables ask for beyond :func:`compile_variants` (documents on M in
+    turns: Tunables.wgmma_turns), as the compile checks take them: compiled in CI, not
+    prebuilt while the tunable is off."""
+    turned = replace(DEFAULT, wgmma_turns=True)
+    listed = set(compile_variants())
+    found = {}
+    configs = [c for ksteps in (2, 4, 6, 8) for c in _docs_on_m_configs(ksteps, turned)]
+    configs += [c for load_bytes in (4, 8) for ksteps in (4, 8)
+                for c in _off_16_bytes_docs_on_m_configs(ksteps, load_bytes, turned)]
+    for config in configs:
+        found.setdefault(("maxsim_fwd_wgmma", _checked(config)), None)
+    return [variant for variant in found if variant not in listed]
 
 
 def first_use_variants() -> list[tuple[str, str, tuple[str, ...]]]:
