@@ -142,5 +142,9 @@ def copied(xp, arrays: dict, show_progress: bool) -> dict:
     out, jobs = {name: xp.empty(array.shape, dtype=array.dtype) for name, array in arrays.items()}, _chunks(arrays)
     for name, start, stop in progress(jobs, len(jobs), "loading", show_progress):
         if stop > start:  # (CuPy: each chunk staged on its own, not the whole array in pinned memory)
-            out[name][start:stop] = xp.asarray(np.ascontiguousarray(arrays[name][start:stop]))
+            chunk = np.ascontiguousarray(arrays[name][start:stop])
+            if xp is np:
+                out[name][start:stop] = chunk
+            else:  # straight into the rows (a leading-axis slice: contiguous), not via a device copy
+                out[name][start:stop].set(chunk)
     return out
