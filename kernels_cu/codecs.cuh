@@ -51,6 +51,15 @@ __device__ __forceinline__ int split_exponent(u32 magnitude) {
 // as non-finite (its scale NaN): maxsim_quantize.cu's maxsim_split_exponents writes them, the
 // Hopper kernel's split build reads them.
 constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
+// A row's exponent code from its lanes' largest magnitudes (each lane's max of its elements'
+// bits, sign cleared), reduced over the warp: SPLIT_ZERO if not `real` (masked), SPLIT_BAD if it
+// holds NaN or inf, else split_exponent. The one decision of the queries' split and the
+// documents' exponents.
+__device__ __forceinline__ int split_row_code(bool real, u32 magnitude) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+    return !real ? SPLIT_ZERO : magnitude >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD : split_exponent(magnitude);
+}
 __device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((u32)(127 + k) << 23); }
 // The fp16 halves of two scaled elements a, b (a at the lower address), packed as one 32-bit
 // word each: big, and small = fp16(y - big).

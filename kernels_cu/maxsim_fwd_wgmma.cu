@@ -270,9 +270,10 @@ constexpr int SPLIT_PASSES = TILE_N / COPY_WARPS / 4;
 // The producer stages the documents' float32 chunks (64 elements of the dim, a tile's 64 rows)
 // in shared memory by cp.async, SPLIT_STAGES chunks ahead of the one it converts: loads into
 // registers left one round trip a few rows (a register's worth) in flight, and the split ran at
-// a quarter of the bf16 speed, its producer waiting (bench/results/cliffs-2026-12-05-7132dad-
-// split-h100.txt). A stage: each producer lane's 16-byte pieces of its rows, [row pass][half]
-// [lane] (conflict-free), then the tile's 64 exponents (staged with its first chunk).
+// a quarter of the bf16 speed, its producer waiting
+// (bench/results/cliffs-2026-12-05-7132dad-split-h100.txt). A stage: each producer lane's
+// 16-byte pieces of its rows, [row pass][half][lane] (conflict-free), then the tile's 64
+// exponents (staged with its first chunk).
 constexpr int SPLIT_STAGES = 3;
 constexpr int SPLIT_STAGE_BYTES = TILE_N * 64 * 4 + TILE_N * 4;
 // The tensor cores' fp32 accumulation truncates: a long k into one accumulator comes out low (a

@@ -76,11 +76,9 @@ __device__ __forceinline__ void split_rows(const float* x, i64 rows, int dim, co
         const bool real = mask == nullptr || mask[row];
         u32 magnitude = 0u;
         for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1)
-            magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
-        const bool bad = magnitude >= SPLIT_NON_FINITE_BITS, zero = !real || bad;
-        const int k = zero ? 0 : split_exponent(magnitude);
+        const int code = split_row_code(real, magnitude);
+        const bool bad = code == SPLIT_BAD, zero = code >= SPLIT_ZERO;
+        const int k = zero ? 0 : code;
         const float scale = power_of_two(k);
         for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
             const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
@@ -132,12 +130,8 @@ __device__ __forceinline__ void split_exponent_rows(const float* x, i64 docs, i6
                 if (real[r]) magnitude[r] = max(magnitude[r], __float_as_uint(in[r][c]) & 0x7fffffffu);
 #pragma unroll
         for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r) {
-#pragma unroll
-            for (int offset = 16; offset > 0; offset >>= 1)
-                magnitude[r] = max(magnitude[r], __shfl_xor_sync(0xffffffffu, magnitude[r], offset));
-            if (lane == 0 && first + r < rows)
-                exponents[first + r] = !real[r] ? SPLIT_ZERO : magnitude[r] >= SPLIT_NON_FINITE_BITS
-                                                                   ? SPLIT_BAD : split_exponent(magnitude[r]);
+            const int code = split_row_code(real[r], magnitude[r]);
+            if (lane == 0 && first + r < rows) exponents[first + r] = code;
         }
     }
 }

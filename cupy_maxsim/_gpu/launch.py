@@ -351,12 +351,17 @@ def split_exponents(x: int, device: int, docs: int, doc_length: int, strides: tu
     rows = docs * doc_length
     exponents = allocated((rows,), cupy.int32)
     if rows:
-        sms = device_properties(device)[0]
-        blocks = min(-(-rows // (QUANTIZE_THREADS // 32 * SPLIT_EXPONENT_ROWS)), 32 * sms)
-        launch(get_kernel(device, "maxsim_quantize", "maxsim_split_exponents"), (blocks,), (QUANTIZE_THREADS,),
+        launch(get_kernel(device, "maxsim_quantize", "maxsim_split_exponents"),
+               (_row_blocks(device, rows, SPLIT_EXPONENT_ROWS),), (QUANTIZE_THREADS,),
                scalars("maxsim_split_exponents", x, docs, doc_length, *strides, dim, mask, *mask_strides,
                        exponents.data.ptr), 0, None)
     return exponents
+
+
+def _row_blocks(device: int, rows: int, rows_per_warp: int = 1) -> int:
+    """Blocks of QUANTIZE_THREADS for a maxsim_quantize kernel whose warps take ``rows_per_warp``
+    of ``rows`` at a time: enough for every row, at most 32 a SM (the warps stride the rest)."""
+    return min(-(-rows // (QUANTIZE_THREADS // 32 * rows_per_warp)), 32 * device_properties(device)[0])
 
 
 def _token_warps(name: str, parameters: str, rows, mask, out):
@@ -367,8 +372,6 @@ def _token_warps(name: str, parameters: str, rows, mask, out):
     count, dim = rows.shape
     scales = allocated((count,), cupy.float32)
     if count:
-        sms = device_properties(rows.device.id)[0]
-        blocks = min(-(-count // (QUANTIZE_THREADS // 32)), 32 * sms)
-        launch(get_kernel(rows.device.id, "maxsim_quantize", name), (blocks,), (QUANTIZE_THREADS,),
+        launch(get_kernel(rows.device.id, "maxsim_quantize", name), (_row_blocks(rows.device.id, count),), (QUANTIZE_THREADS,),
                scalars(parameters, rows.data.ptr, count, dim, _pointer(mask), out.data.ptr, scales.data.ptr), 0, None)
     return scales
