@@ -1110,9 +1110,8 @@ struct Block {
                         cp_async_mbarrier_arrive(full() + stage);
                     }
                 } else {
-                    // (FP32_SPLIT: a chunk's part 1 has its query atoms on the way since part 0.)
                     if constexpr (STREAM_QUERY) {
-                        if ((SPLIT_DOCS || producer_warp == 0) && lane == 0 && !(FP32_SPLIT && k_atom % 3 == 1)) {
+                        if ((SPLIT_DOCS || producer_warp == 0) && lane == 0) {  // (splitting: each ring's)
                             mbarrier_arrive_expect_tx(full() + stage, SLOT_QUERY_BYTES - query_box_shortfall());
                             load_query_atoms<T>(tile_map, tile, k_atom, stage);
                         }
@@ -1124,12 +1123,6 @@ struct Block {
                         const int part = k_atom % 3, next = stage + 1 == ring_end ? ring_first : stage + 1;
                         if (part == 0) {
                             if (t + 1 >= RING) mbarrier_wait(empty() + next, next == ring_first ? phase : phase ^ 1);
-                            // Part 1's query atoms as soon as its slot is free, not after this
-                            // conversion: a query TMA takes about two slot-times to land.
-                            if (producer_warp == 0 && lane == 0) {
-                                mbarrier_arrive_expect_tx(full() + next, SLOT_QUERY_BYTES - query_box_shortfall());
-                                load_query_atoms<T>(tile_map, sD() + next * TILE_BYTES, k_atom + 1, next);
-                            }
                             cp_async_wait<SPLIT_STAGES - 1>();  // this lane's pieces of the chunk landed,
                             __syncwarp();  // and (seen once its rows' first lanes have waited) their exponents
                             if (k_atom == 0) split_exponents(split_buf, rows_left, my_row, exponents);
