@@ -39,6 +39,7 @@ class ForwardPlan(typing.NamedTuple):
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
     query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
     split_queries: bool = False  # Hopper kernel's fp32 split build: q is read as its fp16 halves (_split_queries)
+    split_documents: bool = False  # ... presplit (MAXSIM_FP32_SPLIT 2): d too, by TMA (_split_documents)
 
 
 def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
@@ -64,7 +65,8 @@ def _plan_of(key: tuple) -> ForwardPlan | None:
                                *planner.geometry(shape, choice, resident, properties),
                                query_box=config.query_box(shape.num_queries, shape.query_length)
                                if getattr(config, "stream_query", 0) else 0,
-                               split_queries=bool(getattr(config, "fp32_split", 0)))
+                               split_queries=bool(getattr(config, "fp32_split", 0)),
+                               split_documents=getattr(config, "fp32_split", 0) == 2)
         _plans.put(key, plan)
     return plan
 
@@ -221,6 +223,21 @@ def _split_exponents(problem: ScoreProblem, stream):
     return exponents, 0 if packed else doc_length, 1
 
 
+def _split_documents(problem: ScoreProblem, stream):
+    """d as the fp32 split's presplit build reads it (launch.split_documents: fp16 halves [rows,
+    192 * ceil(D / 64)] and the rows' float32 scales, contiguous, rows as d's: padded documents
+    of doc_length rows, or packed tokens), on ``stream``."""
+    from ._gpu.launch import split_documents
+
+    d, d_mask = problem.d, problem.d_mask
+    packed = problem.offsets is not None
+    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
+    with gpu_device.on_stream(stream):
+        return split_documents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]), d.shape[-1],
+                               0 if d_mask is None else d_mask.ptr,
+                               (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+
+
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
     q, d, q_mask = problem.q, problem.d, problem.q_mask
     num_queries, query_length, dim = q.shape
@@ -247,24 +264,39 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             width = halves.shape[-1]
             values.update(q=halves.data.ptr, q_query_stride=query_length * width, q_row_stride=width, q_dim_stride=1,
                           q_scale=split_scales.data.ptr, q_scale_query_stride=query_length, q_scale_row_stride=1)
-            exponents, doc_stride, row_stride = _split_exponents(problem, stream)
-            split += (exponents,)
-            values.update(d_scale=exponents.data.ptr, d_scale_doc_stride=doc_stride, d_scale_row_stride=row_stride)
+            packed = problem.offsets is not None
+            if plan.split_documents:  # (its halves read by TMA, its scales as int8's)
+                d_halves, d_scales = _split_documents(problem, stream)
+                split += (d_halves, d_scales)
+                doc_rows = 0 if packed else problem.doc_length
+                values.update(d=d_halves.data.ptr, d_doc_stride=doc_rows * d_halves.shape[-1],
+                              d_row_stride=d_halves.shape[-1], d_dim_stride=1, d_scale=d_scales.data.ptr,
+                              d_scale_doc_stride=doc_rows, d_scale_row_stride=1)
+            else:  # (its producer splits d, by the rows' exponents)
+                exponents, doc_stride, row_stride = _split_exponents(problem, stream)
+                split += (exponents,)
+                values.update(d_scale=exponents.data.ptr, d_scale_doc_stride=doc_stride, d_scale_row_stride=row_stride)
         q_base, q_query_bytes = values["q"], values["q_query_stride"] * (2 if split is not None else ITEMSIZE[q.dtype])
         scale_base, scale_query_bytes = values["q_scale"], values["q_scale_query_stride"] * 4
         tile_map = map_shape = scales = query_shape = None
-        use_tma = tunables.use_tma and split is None  # (the split build's producer splits the documents itself)
+        # (the staged split build's producer splits the documents itself: no map of d)
+        use_tma = tunables.use_tma and (split is None or plan.split_documents)
+        d_ptr = values["d"]
         if plan.tile_rows:
             map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
-            if split is not None:  # (only q's map is made: its halves' element size and dim)
-                map_shape = (2, split[0].shape[-1]) + map_shape[2:]
+            if split is not None:  # (the halves' element size and dim; presplit: the documents' halves' strides)
+                width = split[0].shape[-1]
+                strides = (2 * width, 2 * values["d_doc_stride"]) if plan.split_documents else map_shape[4:6]
+                map_shape = (2, width) + map_shape[2:4] + strides + map_shape[6:]
             d_scale = problem.d_scale
             # int8 scales by TMA only for padded corpora: a packed tile starts at any token,
             # and a box whose first float is off 16 bytes is an illegal instruction.
             scales = None if d_scale is None or problem.offsets is not None else (
                 d_scale.ptr, d_scale.strides[-1] * 4, d_scale.strides[0] * 4 if d_scale.ndim > 1 else 0)
+            if plan.split_documents and problem.offsets is None:  # (the presplit documents' scales)
+                scales = (values["d_scale"], 4, 4 * values["d_scale_doc_stride"])
             query_shape = query_map_shape(problem, plan, split=split) if plan.query_box else None
-            tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=use_tma,
+            tile_map = tma.doc_tile_map(d_ptr, *map_shape, scales=scales, use_tma=use_tma,
                                         queries=None if query_shape is None else (q_base,) + query_shape)
         # Replays run only where q and d sit on 16 bytes (_replay.Replay): a plan whose rows were
         # cut to smaller pieces by these pointers (not by the strides, which the key holds) is
@@ -286,7 +318,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             if winners is not None:
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)
             if plan.query_box and first:  # q's map from this launch's first query
-                tile_map = tma.doc_tile_map(d.ptr, *map_shape, scales=scales, use_tma=use_tma,
+                tile_map = tma.doc_tile_map(d_ptr, *map_shape, scales=scales, use_tma=use_tma,
                                             queries=(values["q"],) + query_map_shape(problem, plan, first_query, split))
             args = forward_args(**values)
             gpu_launch.launch(plan.kernel, (plan.grid_x, min(65535, plan.groups - first)), (plan.threads,),

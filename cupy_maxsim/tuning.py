@@ -81,6 +81,14 @@ class Tunables:
     #: mma.sync kernel's 3xTF32, which False keeps, took 48-61 (1.7-2.5x the split on an H100 in
     #: one run: cliffs-2026-12-05-split-staged-h100.txt).
     wgmma_fp32_split: bool = True
+    #: The split's documents split before the forward, by one launch (launch.split_documents:
+    #: fp16 halves and their rows' scales, 1.5x the float32 bytes), and copied by TMA as 16-bit
+    #: tiles are, instead of split by the forward's producer from float32 it stages: for corpora
+    #: of rows on 16 bytes whose halves take at most ``fp32_presplit_max_bytes``. Off until
+    #: measured (the forty-second session built it; its producer-split build waits on its slots:
+    #: bench/results/ab-split-producer-2026-12-05-h100-h200.txt).
+    wgmma_fp32_presplit: bool = False
+    fp32_presplit_max_bytes: int = 8 << 30
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).

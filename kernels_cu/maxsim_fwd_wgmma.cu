@@ -138,8 +138,9 @@ constexpr int THREADS = 32 * WARPS;
 template <typename T> __host__ __device__ constexpr int producer_registers() {
     // Splitting documents, a producer warp copies whole tiles (more addresses in flight) for
     // consumers with one accumulator set.
-    // The fp32 split build's producer splits the documents itself (FP32_SPLIT): 88 (its two
-    // consumer warpgroups keep 208, with the flushes' sums).
+    // The fp32 split builds: 88 (the staged producer splits the documents itself; the presplit
+    // one's TMA producer spilled at 56), their two consumer warpgroups keep 208, with the
+    // flushes' sums.
     return MAXSIM_FP32_SPLIT ? 88 : SPLIT_DOCS ? 80 : Codec<T>::SCALED && WARPGROUPS > 2 ? 32 : 56;
 }
 template <typename T> __host__ __device__ constexpr int consumer_registers() {
@@ -240,6 +241,11 @@ constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 // the bf16 rate, so three products are 1.5 times the MMA work of a bf16 cell of the same bytes,
 // where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
 constexpr bool FP32_SPLIT = MAXSIM_FP32_SPLIT != 0;
+// MAXSIM_FP32_SPLIT 1: the producer splits the documents' float32 rows itself (staged, below);
+// 2: the documents come split already (launch.split_documents: fp16 halves [big_c, small_c,
+// big_c] per 64 elements and their rows' float scales, as the queries come), copied by TMA as
+// 16-bit tiles are, their scales as int8's: the consumers' side is the same build.
+constexpr bool SPLIT_STAGED = MAXSIM_FP32_SPLIT == 1;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -304,7 +310,7 @@ constexpr int QUERY_ATOM_BYTES = QUERY_COLS * 128, QUERY_BLOCK_BYTES = ATOMS * Q
 constexpr int SLOT_QUERY_BYTES = !STREAM_QUERY ? 0 : SPLIT_DOCS ? 32 * 128 : WARPGROUPS * QUERY_ATOM_BYTES;
 constexpr int TILE_BYTES = SLOT_ATOMS * ATOM_BYTES + SLOT_QUERY_BYTES;
 // TF32 (split document): each warpgroup's two of small halves; FP32_SPLIT: the producer's stages.
-constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : FP32_SPLIT ? SPLIT_STAGES * SPLIT_STAGE_BYTES : 0;
+constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : SPLIT_STAGED ? SPLIT_STAGES * SPLIT_STAGE_BYTES : 0;
 // The query region: rows of LDS elements (ldmatrix), or DOCS_ON_M the warpgroups' swizzled
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
 // STREAM_K keeps only the 32 real rows (HALF_ROWS) of the 64.
@@ -714,7 +720,7 @@ struct Block {
         u32 dynamic_bytes;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
         if (blockDim.x != THREADS || dynamic_bytes < SHARED_BYTES || (STREAM_QUERY && !tile_map.use_query_tma) ||
-            (FP32_SPLIT && tile_map.use_tma))  // (the split build's producer converts the documents itself)
+            (FP32_SPLIT && tile_map.use_tma != !SPLIT_STAGED))  // (staged: the producer splits the documents itself)
             __trap();
         tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
         scales_by_tma = scaled && tile_map.use_tma && tile_map.use_scale_tma;
@@ -804,7 +810,7 @@ struct Block {
             // STREAM_QUERY with cp.async documents: the lane issuing the query atoms arrives too.
             // FP32_SPLIT: a producer warp's lanes fence their stores, and its first lane arrives.
             mbarrier_init(full() + s, tile_map.use_tma ? 1 + (scales_by_lanes ? 32 : 0)
-                                                       : (FP32_SPLIT ? 1 : 32) * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
+                                                       : (SPLIT_STAGED ? 1 : 32) * COPY_WARPS + SPLIT_DOCS + STREAM_QUERY);
             mbarrier_init(empty() + s, SPLIT_DOCS ? 4 : CONSUMER_WARPS);  // the warps that read the tile
         }
         *sNextDoc() = 0;
@@ -1064,7 +1070,7 @@ struct Block {
             stage_split_chunk(args, staged, staged_chunk, buf, my_row, my_chunk, ptid);
             if (++staged_chunk == split_chunks) staged_chunk = 0, next_tile(staged);
         };
-        if constexpr (FP32_SPLIT)
+        if constexpr (SPLIT_STAGED)
             for (int buf = 0; buf < SPLIT_STAGES; ++buf) stage_next(buf);
         auto produce = [&](const bool tma) {
         int t = 0;  // slots filled
@@ -1116,7 +1122,7 @@ struct Block {
                             load_query_atoms<T>(tile_map, tile, k_atom, stage);
                         }
                     }
-                    if constexpr (FP32_SPLIT) {
+                    if constexpr (SPLIT_STAGED) {
                         // A chunk's three slots: part 0 (big) and part 1 (small) written at part 0
                         // from one read of the chunk's elements (the next slot waited for early),
                         // part 2 (big again) copied from part 0's slot.

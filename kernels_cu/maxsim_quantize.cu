@@ -60,20 +60,26 @@ MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_bf16, bf16_t)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp32, float)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp64, double)
 
-// float32 queries split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t), one
+// float32 tokens split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t), one
 // warp a token: the token scaled by 2^k (split_exponent of its largest magnitude) and written
-// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] (192 halves; zeros past
-// the dim), against the documents' [big_c, small_c, big_c]; its scale 2^-k, NaN if the token
-// holds NaN or inf (its elements then zeros); masked tokens zeros, scale 0.
-__device__ __forceinline__ void split_rows(const float* x, i64 rows, int dim, const unsigned char* mask, u16* halves,
-                                           float* scales) {
+// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] for queries, [big_c,
+// small_c, big_c] for DOCUMENTS (192 halves; zeros past the dim); its scale 2^-k, NaN if the
+// token holds NaN or inf (its elements then zeros); masked tokens zeros, scale 0 (a query's) or
+// 1 (a document's, as its producer-split build writes a masked row: the fold skips it). Rows
+// as split_exponent_rows takes them: `rows` of documents of doc_length rows at doc_stride and
+// row_stride elements (mask likewise); the halves come out contiguous, [rows][192 atoms].
+template <bool DOCUMENTS>
+__device__ __forceinline__ void split_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride, i64 row_stride,
+                                           int dim, const unsigned char* mask, i64 mask_doc_stride,
+                                           i64 mask_row_stride, u16* halves, float* scales) {
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     const int atoms = (dim + 63) / 64;
     for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
-        const float* in = x + row * dim;
+        const i64 doc = row / doc_length, token = row % doc_length;
+        const float* in = x + doc * doc_stride + token * row_stride;
         u32* out = (u32*)(halves + row * 192 * atoms);  // pairs of halves
-        const bool real = mask == nullptr || mask[row];
+        const bool real = mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride];
         u32 magnitude = 0u;
         for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
         const int code = split_row_code(real, magnitude);
@@ -86,17 +92,26 @@ __device__ __forceinline__ void split_rows(const float* x, i64 rows, int dim, co
             u32 big, small;
             split_halves(a, b, big, small);
 #pragma unroll
-            for (int part = 0; part < 3; ++part) out[c * 96 + part * 32 + o] = split_atom_is_small_query(part) ? small : big;
+            for (int part = 0; part < 3; ++part)
+                out[c * 96 + part * 32 + o] =
+                    (DOCUMENTS ? split_atom_is_small_document(part) : split_atom_is_small_query(part)) ? small : big;
         }
-        if (lane == 0) scales[row] = !real ? 0.f : bad ? __int_as_float(0x7fc00000) : power_of_two(-k);
+        if (lane == 0) scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : bad ? __int_as_float(0x7fc00000) : power_of_two(-k);
     }
 }
-#define MAXSIM_SPLIT_ENTRY(NAME, T)                                                                    \
-    extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS)                                     \
-        NAME(const T* x, i64 rows, int dim, const unsigned char* mask, u16* halves, float* scales) {   \
-        split_rows(x, rows, dim, mask, halves, scales);                                                \
-    }
-MAXSIM_SPLIT_ENTRY(maxsim_quantize_fp32_split, float)
+// Queries: contiguous tokens (q is small: made contiguous first).
+extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS)
+    maxsim_quantize_fp32_split(const float* x, i64 rows, int dim, const unsigned char* mask, u16* halves, float* scales) {
+    split_rows<false>(x, rows, rows, 0, dim, dim, mask, 0, 1, halves, scales);
+}
+// Documents: docs x doc_length rows (packed: one document of every token) where they lie.
+extern "C" __global__ void __launch_bounds__(QUANTIZE_THREADS)
+    maxsim_split_documents(const float* x, i64 docs, i64 doc_length, i64 doc_stride, i64 row_stride, int dim,
+                           const unsigned char* mask, i64 mask_doc_stride, i64 mask_row_stride, u16* halves,
+                           float* scales) {
+    split_rows<true>(x, docs * doc_length, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,
+                     mask_row_stride, halves, scales);
+}
 
 // The fp32 split build's document exponents (maxsim_fwd_wgmma.cu, FP32_SPLIT), read as the
 // tiles' scales are: for each row of `docs` documents of `doc_length` rows (packed: one

@@ -16,13 +16,17 @@ from test_no_cliffs import _on_hopper, _spy_on_kernels
 pytestmark = pytest.mark.gpu
 
 SPLIT = dict(wgmma_fp32_split=True)
+#: The presplit build (Tunables.wgmma_fp32_presplit): documents split by a launch, read by TMA.
+PRESPLIT = dict(wgmma_fp32_split=True, wgmma_fp32_presplit=True)
 
 
 @pytest.fixture
 def builds(monkeypatch):
-    """The names of the Hopper builds the forwards of a test fetch (MAXSIM_FP32_SPLIT or not)."""
+    """The names of the Hopper builds the forwards of a test fetch (MAXSIM_FP32_SPLIT 1: "split",
+    2: "presplit", or the family)."""
+    names = {"-DMAXSIM_FP32_SPLIT=1": "split", "-DMAXSIM_FP32_SPLIT=2": "presplit"}
     return _spy_on_kernels(monkeypatch, lambda family, defines: [
-        "split" if "-DMAXSIM_FP32_SPLIT=1" in defines else family] if family.startswith("maxsim_fwd") else [])
+        next((names[d] for d in defines if d in names), family)] if family.startswith("maxsim_fwd") else [])
 
 
 def numpy_exponents(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -35,10 +39,11 @@ def numpy_exponents(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where((magnitude == 0) | bad, 0, np.minimum(15 - exponent, 126)), bad
 
 
-def numpy_split(rows: np.ndarray, mask) -> tuple[np.ndarray, np.ndarray]:
+def numpy_split(rows: np.ndarray, mask, documents: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """split_rows in NumPy: per token 2^k (its largest |x| in [2^14, 2^15), k <= 126), fp16 big
-    and small halves of x 2^k laid out per 64 elements as [big, big, small]; scales 2^-k, NaN
-    for a token holding NaN or inf (its halves zeros), 0 for a masked one (zeros)."""
+    and small halves of x 2^k laid out per 64 elements as [big, big, small] (``documents``:
+    [big, small, big], the atoms each query atom meets); scales 2^-k, NaN for a token holding NaN
+    or inf (its halves zeros), 0 for a masked one (zeros; documents: 1)."""
     count, dim = rows.shape
     atoms = -(-dim // 64)
     real = np.ones(count, bool) if mask is None else mask.astype(bool)
@@ -48,10 +53,11 @@ def numpy_split(rows: np.ndarray, mask) -> tuple[np.ndarray, np.ndarray]:
     y[:, :dim] = np.where((bad | ~real)[:, None], 0.0, rows.astype(np.float64) * np.ldexp(1.0, k)[:, None])
     big = y.astype(np.float16)
     small = (y - big.astype(np.float32)).astype(np.float16)
-    parts = [big.reshape(count, atoms, 64)] * 2 + [small.reshape(count, atoms, 64)]
+    big, small = big.reshape(count, atoms, 64), small.reshape(count, atoms, 64)
+    parts = [big, small, big] if documents else [big, big, small]
     halves = np.stack(parts, axis=2).reshape(count, 192 * atoms).view(np.uint16)
     scales = np.where(bad, np.nan, np.ldexp(1.0, -k)).astype(np.float32)
-    return halves, np.where(real, scales, np.float32(0))
+    return halves, np.where(real, scales, np.float32(1 if documents else 0))
 
 
 @pytest.mark.parametrize("dim", [1, 63, 64, 100, 130])
@@ -73,6 +79,37 @@ def test_split_queries_match_numpy(dim):
         want_halves, want_scales = numpy_split(rows, m)
         np.testing.assert_array_equal(halves.get(), want_halves)
         np.testing.assert_array_equal(scales.get(), want_scales)
+
+
+@pytest.mark.parametrize("dim", [1, 63, 100, 300])
+def test_split_documents_match_numpy(dim):
+    """The presplit build's documents (maxsim_quantize.cu maxsim_split_documents) of padded
+    documents under a strided view and a mask, and of packed ones, bit for bit as NumPy's."""
+    import cupy
+
+    from cupy_maxsim._gpu.launch import split_documents
+
+    rng = np.random.default_rng(dim)
+    docs = (rng.standard_normal((7, 11, dim)) * 10.0 ** rng.uniform(-30, 30, (7, 11, 1))).astype(np.float32)
+    docs[0, 3] = 0.0
+    docs[1, 5, dim // 2] = np.nan
+    docs[2, 6, 0] = -np.inf
+    docs[3, 7] = np.float32(1e-40)
+    mask = rng.random((7, 11)) < 0.8
+    mask[4, 2], docs[4, 2, 0] = False, np.nan  # masked: its NaN does not count
+    wide = cupy.zeros((9, 13, dim + 3), cupy.float32)  # a strided view: (doc, row) strides 13 (D + 3), D + 3
+    wide[:7, :11, :dim] = cupy.asarray(docs)
+    view = wide[:7, :11, :dim]
+    masks = cupy.zeros((7, 12), bool)
+    masks[:, :11] = cupy.asarray(mask)
+    strides = (view.strides[0] // 4, view.strides[1] // 4)
+    flat = docs.reshape(-1, dim)
+    for m, got in ((mask, split_documents(view.data.ptr, 0, 7, 11, strides, dim, masks.data.ptr, masks.strides)),
+                   (None, split_documents(view.data.ptr, 0, 7, 11, strides, dim)),
+                   (None, split_documents(cupy.asarray(flat).data.ptr, 0, 1, 77, (0, dim), dim))):
+        want = numpy_split(flat, None if m is None else m.reshape(-1), documents=True)
+        np.testing.assert_array_equal(got[0].get(), want[0])
+        np.testing.assert_array_equal(got[1].get(), want[1])
 
 
 @pytest.mark.parametrize("dim", [1, 64, 100, 300])
@@ -110,15 +147,16 @@ def test_split_exponents_match_numpy(dim):
     np.testing.assert_array_equal(got.get(), want.reshape(-1))
 
 
-def _check_scores(q, d, q_mask, d_mask, packed=True):
-    """Scores (and winners) under the split against float64 (1e-5 of the largest score) and
-    against the 3xTF32 path; bitwise reproducible; packed documents with an empty one."""
+def _check_scores(q, d, q_mask, d_mask, packed=True, settings=SPLIT):
+    """Scores (and winners) under the split (``settings``: SPLIT or PRESPLIT) against float64
+    (1e-5 of the largest score) and against the 3xTF32 path; bitwise reproducible; packed
+    documents with an empty one."""
     import cupy
 
     expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), q_mask, d_mask)
     finite = np.isfinite(expected)
     masks = dict(q_mask=cupy.asarray(q_mask), d_mask=cupy.asarray(d_mask))
-    with tuning.override(**SPLIT):
+    with tuning.override(**settings):
         got, winners = cm.score(cupy.asarray(q), cupy.asarray(d), **masks, return_argmax=True)
         got = to_numpy(got)
         again = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d), **masks))
@@ -142,7 +180,7 @@ def _check_scores(q, d, q_mask, d_mask, packed=True):
         lengths = np.array([d.shape[1], 0, 1, 33, 64, 65, 20])[:d.shape[0]]
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         tokens = np.concatenate([d[n, :lengths[n]] for n in range(len(lengths))])
-        with tuning.override(**SPLIT):
+        with tuning.override(**settings):
             got = to_numpy(cm.score_packed(cupy.asarray(q), cupy.asarray(tokens), cupy.asarray(offsets),
                                            q_mask=masks["q_mask"]))
         want = reference.maxsim_packed_reference(q.astype(np.float64), tokens.astype(np.float64), offsets, q_mask)
@@ -153,7 +191,8 @@ def _check_scores(q, d, q_mask, d_mask, packed=True):
 
 @pytest.mark.parametrize("nq, lq, dim", [(2, 32, 128), (3, 20, 768), (5, 32, 48), (9, 32, 100), (8, 32, 128),
                                          (13, 27, 320), (40, 16, 1000), (9, 32, 2560), (8, 32, 4104)])
-def test_fp32_split_matches_float64(nq, lq, dim, builds):
+@pytest.mark.parametrize("build", ["split", "presplit"])
+def test_fp32_split_matches_float64(nq, lq, dim, build, builds):
     """Padded and packed corpora, masks with holes (an empty document and query), winners; 2 to
     40 queries (a group's last box short where the count is no multiple of 8 queries of 32);
     dims past 512 flush the accumulators into rounding sums (the tensor cores' truncation), 4104
@@ -161,30 +200,34 @@ def test_fp32_split_matches_float64(nq, lq, dim, builds):
     rng = np.random.default_rng(dim + nq)
     q = unit_rows(rng, (nq, lq, dim), np.float32)
     d = unit_rows(rng, (7, 90, dim), np.float32)
-    _check_scores(q, d, holey_mask(rng, (nq, lq), 0.8), holey_mask(rng, (7, 90), 0.7))
+    _check_scores(q, d, holey_mask(rng, (nq, lq), 0.8), holey_mask(rng, (7, 90), 0.7),
+                  settings=PRESPLIT if build == "presplit" else SPLIT)
     if _on_hopper():
-        assert "split" in builds, builds
+        assert build in builds, builds
 
 
-def test_fp32_split_wide_magnitudes_and_near_ties(builds):
+@pytest.mark.parametrize("build", ["split", "presplit"])
+def test_fp32_split_wide_magnitudes_and_near_ties(build, builds):
     """Tokens scaled by 10^-15 to 10^15 (each token's own power of two keeps it in fp16's range),
     elements of 2^-40 to 1 (small halves in fp16's subnormals), documents whose every other token
     is its neighbour one ulp apart."""
+    settings = PRESPLIT if build == "presplit" else SPLIT
     rng = np.random.default_rng(7)
     q = unit_rows(rng, (9, 32, 128), np.float32) * (10.0 ** rng.uniform(-15, 15, (9, 32, 1))).astype(np.float32)
     d = unit_rows(rng, (6, 70, 128), np.float32) * (10.0 ** rng.uniform(-15, 15, (6, 70, 1))).astype(np.float32)
     ones = np.ones((9, 32), bool), np.ones((6, 70), bool)
-    _check_scores(q, d, *ones, packed=False)
+    _check_scores(q, d, *ones, packed=False, settings=settings)
     q = (np.sign(rng.standard_normal((9, 32, 96))) * 2.0 ** rng.uniform(-40, 0, (9, 32, 96))).astype(np.float32)
     d = (np.sign(rng.standard_normal((6, 70, 96))) * 2.0 ** rng.uniform(-40, 0, (6, 70, 96))).astype(np.float32)
-    _check_scores(q, d, np.ones((9, 32), bool), ones[1], packed=False)
+    _check_scores(q, d, np.ones((9, 32), bool), ones[1], packed=False, settings=settings)
     d[:, 1::2] = np.nextafter(d[:, 0::2], np.float32(np.inf))
-    _check_scores(q, d, np.ones((9, 32), bool), ones[1], packed=False)
+    _check_scores(q, d, np.ones((9, 32), bool), ones[1], packed=False, settings=settings)
     if _on_hopper():
-        assert "split" in builds, builds
+        assert build in builds, builds
 
 
-def test_fp32_split_non_finite_tokens():
+@pytest.mark.parametrize("settings", [SPLIT, PRESPLIT], ids=["split", "presplit"])
+def test_fp32_split_non_finite_tokens(settings):
     """A real document token holding NaN or inf makes its document's scores NaN, a real query
     token its query's (against documents with a real token); masked ones are ignored."""
     import cupy
@@ -200,7 +243,7 @@ def test_fp32_split_non_finite_tokens():
     q[5, 3, 2] = -np.inf
     q[6, 4, 2] = np.nan
     q_mask[6, 4] = False
-    with tuning.override(**SPLIT):
+    with tuning.override(**settings):
         got = to_numpy(cm.score(cupy.asarray(q), cupy.asarray(d), q_mask=cupy.asarray(q_mask),
                                 d_mask=cupy.asarray(d_mask)))
     expected = reference.maxsim_reference(q.astype(np.float64), d.astype(np.float64), q_mask, d_mask)

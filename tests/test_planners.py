@@ -667,10 +667,13 @@ def test_fp32_split_on_the_planner():
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES
 
-    def name(nq, dim=128, lq=32, argmax=0, load_bytes=16, pairs=False, arch="sm_90", **changes):
+    def choose(nq, dim=128, lq=32, argmax=0, load_bytes=16, pairs=False, arch="sm_90", **changes):
         tunables = tuning.Tunables(**dict(dict(wgmma_fp32_split=True), **changes))
-        choice = choose_kernel(ForwardShape("fp32", nq, lq, dim, 1000, pairs, argmax, 300.0, False, load_bytes),
-                               ARCH_PROPERTIES[arch], tunables)
+        return choose_kernel(ForwardShape("fp32", nq, lq, dim, 1000, pairs, argmax, 300.0, False, load_bytes),
+                             ARCH_PROPERTIES[arch], tunables)
+
+    def name(*args, **kwargs):
+        choice = choose(*args, **kwargs)
         return choice and (choice.name, getattr(choice.config, "stream_query", None), choice.config.load_bytes)
 
     assert name(32) == ("maxsim_fwd_wgmma_fp32_split", 1, 16)
@@ -683,3 +686,10 @@ def test_fp32_split_on_the_planner():
     for other in (name(1), name(2, lq=16), name(9, argmax=32), name(9, pairs=True), name(9, arch="sm_80"),
                   name(9, float32_precision="high"), name(9, wgmma_fp32_split=False), name(9, use_tma=False)):
         assert other is None or other[0] != "maxsim_fwd_wgmma_fp32_split", other
+    # Tunables.wgmma_fp32_presplit: the documents split before (build 2) for rows on 16 bytes
+    # whose halves (1000 x 300 rows x 384 bytes per 64 of the dim) fit fp32_presplit_max_bytes.
+    assert choose(9).config.fp32_split == 1
+    assert choose(9, wgmma_fp32_presplit=True).config.fp32_split == 2
+    assert choose(9, 2560, wgmma_fp32_presplit=True).config.fp32_split == 2
+    assert choose(9, 100, load_bytes=8, wgmma_fp32_presplit=True).config.fp32_split == 1
+    assert choose(9, 128, wgmma_fp32_presplit=True, fp32_presplit_max_bytes=1000 * 300 * 768 - 1).config.fp32_split == 1

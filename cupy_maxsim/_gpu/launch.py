@@ -132,6 +132,8 @@ SMALL_KERNEL_PARAMETERS = {
     "maxsim_topk_merge": "QQiQQiiQQQ",  # a_scores, a_ids, ka, b_scores, b_ids, kb, k, order, out_scores, out_ids
     "maxsim_quantize": "QqiQQQ",        # x, rows, dim, mask, values, scales (every maxsim_quantize_<suffix>)
     "maxsim_quantize_fp32_split": "QqiQQQ",  # x, rows, dim, mask, halves, scales
+    # x, docs, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride, mask_row_stride, halves, scales
+    "maxsim_split_documents": "QqqqqiQqqQQ",
     # x, docs, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride, mask_row_stride, exponents
     "maxsim_split_exponents": "QqqqqiQqqQ",
 }
@@ -333,6 +335,26 @@ def split_queries(rows, mask):
 
     halves = allocated((rows.shape[0], 192 * -(-rows.shape[1] // 64)), cupy.uint16)
     return halves, _token_warps("maxsim_quantize_fp32_split", "maxsim_quantize_fp32_split", rows, mask, halves)
+
+
+def split_documents(x: int, device: int, docs: int, doc_length: int, strides: tuple[int, int], dim: int,
+                    mask: int = 0, mask_strides: tuple[int, int] = (0, 0)):
+    """One launch of maxsim_split_documents on the current device and stream: float32 document
+    rows at ``x`` (as split_exponents takes them) as split_queries splits queries, but per 64
+    elements the atoms big, small, big: (halves as uint16 (docs * doc_length, 192 * ceil(dim /
+    64)), float32 scales (docs * doc_length,): 2^-k, 1 for a masked row, NaN for one holding NaN
+    or inf), what the Hopper kernel's presplit build (MAXSIM_FP32_SPLIT 2) copies by TMA as its
+    documents and their tiles' scales."""
+    import cupy
+
+    rows = docs * doc_length
+    halves = allocated((rows, 192 * -(-dim // 64)), cupy.uint16)
+    scales = allocated((rows,), cupy.float32)
+    if rows:
+        launch(get_kernel(device, "maxsim_quantize", "maxsim_split_documents"), (_row_blocks(device, rows),),
+               (QUANTIZE_THREADS,), scalars("maxsim_split_documents", x, docs, doc_length, *strides, dim, mask,
+                                            *mask_strides, halves.data.ptr, scales.data.ptr), 0, None)
+    return halves, scales
 
 
 #: Rows a warp of maxsim_split_exponents takes at once (SPLIT_EXPONENT_ROWS in maxsim_quantize.cu).

@@ -33,7 +33,8 @@ FORMATS = {
 }
 #: float32 as the Hopper kernel's fp32 split build reads it (fp16 halves of power-of-two-scaled
 #: tokens: codecs.cuh, fp32_split_t): not a dtype of its own, but a format of the kernels' all
-#: the same (its queries are split into it by maxsim_quantize_fp32_split).
+#: the same (its queries are split into it by maxsim_quantize_fp32_split, its documents by its
+#: producer or, presplit, by maxsim_split_documents).
 FP32_SPLIT = Format("fp32_split", "fp32_split_t", 16, True, False, True)
 #: dtype name -> the suffix of its kernels' names, and back.
 DTYPE_SUFFIX = {dtype: f.suffix for dtype, f in FORMATS.items()}
@@ -64,7 +65,7 @@ FAMILIES = {
                                      "maxsim_topk_merge")),
     "maxsim_quantize": ("maxsim_quantize.cu",
                         tuple(f"maxsim_quantize_{s}" for s in ("fp16", "bf16", "fp32", "fp64", "fp32_split"))
-                        + ("maxsim_split_exponents",)),
+                        + ("maxsim_split_exponents", "maxsim_split_documents")),
 }
 
 

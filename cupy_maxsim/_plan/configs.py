@@ -156,7 +156,7 @@ class WgmmaConfig:
             slot_bytes, query_bytes = slot_bytes + (32 if self.split_docs else self.warpgroups * 128) * 128, 0
         # TF32 split documents: two buffers of small halves a warpgroup; fp32 split: the producer's
         # SPLIT_STAGES stages of a float32 chunk (n rows x 64) and the tile's n exponents.
-        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 3 * (n * 256 + n * 4) if self.fp32_split else 0
+        small_bytes = 2 * self.warpgroups * n * 128 if self.tf32 == 1 else 3 * (n * 256 + n * 4) if self.fp32_split == 1 else 0
         return (1024 + self.stages * slot_bytes + small_bytes + query_bytes
                 + 4 * (self.stages * n + 3 * query_rows + (1 + self.argmax) * max_slots + 4 * warps)
                 + 16 * self.stages + 16 * self.stages + 8)
@@ -303,13 +303,15 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
     return None
 
 
-def wgmma_fp32_split_config(argmax: bool = False) -> WgmmaConfig | None:
+def wgmma_fp32_split_config(argmax: bool = False, presplit: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel's fp32 split build (fp32 at fp32 accuracy for several queries, any
     dim: three fp16 atoms per 64 elements of it, counted at run time): the 16-bit build that
     streams the query atoms too, in two warpgroups; ksteps is the stream-query capacity's (the
-    build reads no query block, so it bounds nothing)."""
+    build reads no query block, so it bounds nothing). ``presplit``: the documents come split
+    (fp32_split 2: copied by TMA, no staging, so a slot more), else its producer splits them."""
     config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                 argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1, fp32_split=1))
+                                 argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1,
+                                 fp32_split=2 if presplit else 1))
     return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
 

@@ -142,6 +142,9 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
         for load_bytes in (16, 8, 4):  # (the producer's loads: 16-byte vectors where the rows allow)
             add("maxsim_fwd_wgmma", replace(split, load_bytes=load_bytes))
             add("maxsim_fwd_wgmma", replace(within_q_boxes(split, 1, 32), load_bytes=load_bytes))
+        presplit = wgmma_fp32_split_config(argmax, presplit=True)  # (Tunables.wgmma_fp32_presplit: TMA, 16-byte rows)
+        add("maxsim_fwd_wgmma", presplit)
+        add("maxsim_fwd_wgmma", within_q_boxes(presplit, 1, 32))
     for load_bytes in (4, 8):  # rows off 16 bytes on the Hopper kernel (cp.async pieces): dim 100-ish
         for ksteps in (4, 8):
             # (many queries only: one query's split rings keep 16-byte rows, forward.choose_kernel)
