@@ -81,13 +81,12 @@ def test_split_queries_match_numpy(dim):
         np.testing.assert_array_equal(scales.get(), want_scales)
 
 
-@pytest.mark.parametrize("dim", [1, 63, 100, 300])
-def test_split_documents_match_numpy(dim):
-    """The presplit build's documents (maxsim_quantize.cu maxsim_split_documents) of padded
-    documents under a strided view and a mask, and of packed ones, bit for bit as NumPy's."""
+def _documents(dim: int):
+    """7 documents of 11 float32 rows of magnitudes 10^-30 to 10^30 (a zero row, real rows
+    holding NaN and -inf, a subnormal one, a masked one holding NaN, which does not count), their
+    mask, and on the GPU: a strided view of them ((doc, row) strides 13 (D + 3), D + 3), its
+    strides in elements, and the mask in a wider array (its row stride 12)."""
     import cupy
-
-    from cupy_maxsim._gpu.launch import split_documents
 
     rng = np.random.default_rng(dim)
     docs = (rng.standard_normal((7, 11, dim)) * 10.0 ** rng.uniform(-30, 30, (7, 11, 1))).astype(np.float32)
@@ -96,13 +95,25 @@ def test_split_documents_match_numpy(dim):
     docs[2, 6, 0] = -np.inf
     docs[3, 7] = np.float32(1e-40)
     mask = rng.random((7, 11)) < 0.8
-    mask[4, 2], docs[4, 2, 0] = False, np.nan  # masked: its NaN does not count
-    wide = cupy.zeros((9, 13, dim + 3), cupy.float32)  # a strided view: (doc, row) strides 13 (D + 3), D + 3
+    mask[1, 5] = mask[2, 6] = True
+    mask[4, 2], docs[4, 2, 0] = False, np.nan
+    wide = cupy.zeros((9, 13, dim + 3), cupy.float32)
     wide[:7, :11, :dim] = cupy.asarray(docs)
     view = wide[:7, :11, :dim]
     masks = cupy.zeros((7, 12), bool)
     masks[:, :11] = cupy.asarray(mask)
-    strides = (view.strides[0] // 4, view.strides[1] // 4)
+    return docs, mask, view, (view.strides[0] // 4, view.strides[1] // 4), masks
+
+
+@pytest.mark.parametrize("dim", [1, 63, 100, 300])
+def test_split_documents_match_numpy(dim):
+    """The presplit build's documents (maxsim_quantize.cu maxsim_split_documents) of padded
+    documents under a strided view and a mask, and of packed ones, bit for bit as NumPy's."""
+    import cupy
+
+    from cupy_maxsim._gpu.launch import split_documents
+
+    docs, mask, view, strides, masks = _documents(dim)
     flat = docs.reshape(-1, dim)
     for m, got in ((mask, split_documents(view.data.ptr, 0, 7, 11, strides, dim, masks.data.ptr, masks.strides)),
                    (None, split_documents(view.data.ptr, 0, 7, 11, strides, dim)),
@@ -121,23 +132,9 @@ def test_split_exponents_match_numpy(dim):
 
     from cupy_maxsim._gpu.launch import split_exponents
 
-    rng = np.random.default_rng(dim)
-    docs = (rng.standard_normal((7, 11, dim)) * 10.0 ** rng.uniform(-30, 30, (7, 11, 1))).astype(np.float32)
-    docs[0, 3] = 0.0
-    docs[1, 5, dim // 2] = np.nan
-    docs[2, 6, 0] = -np.inf
-    docs[3, 7] = np.float32(1e-40)
-    mask = rng.random((7, 11)) < 0.8
-    mask[1, 5] = mask[2, 6] = True
-    mask[4, 2], docs[4, 2, 0] = False, np.nan  # masked: its NaN does not count
+    docs, mask, view, strides, masks = _documents(dim)
     k, bad = numpy_exponents(docs.reshape(-1, dim))
     want = np.where(bad, 1001, k).reshape(7, 11)
-    wide = cupy.zeros((9, 13, dim + 3), cupy.float32)  # a strided view: (doc, row) strides 13 (D + 3), D + 3
-    wide[:7, :11, :dim] = cupy.asarray(docs)
-    view = wide[:7, :11, :dim]
-    masks = cupy.zeros((7, 12), bool)
-    masks[:, :11] = cupy.asarray(mask)
-    strides = (view.strides[0] // 4, view.strides[1] // 4)
     got = split_exponents(view.data.ptr, 0, 7, 11, strides, dim, masks.data.ptr, masks.strides)
     np.testing.assert_array_equal(got.get().reshape(7, 11), np.where(mask, want, 1000))
     got = split_exponents(view.data.ptr, 0, 7, 11, strides, dim)
