@@ -17,11 +17,21 @@ from support import stub_driver
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: A kernel defined outright, not through an ENTRY macro (the macros' own lines left out:
+#: their NAME, or __launch_bounds__ before a line's end).
+DEFINED = r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\('
+
+
+def _defined(text: str) -> set[str]:
+    return set(re.findall(DEFINED, text)) - {"NAME", "__launch_bounds__"}
+
+
 def test_every_kernel_name_exists_in_its_source():
     for family, (filename, names) in registry.FAMILIES.items():
         text = registry.source(family)
         for name in names:
-            assert re.search(rf"ENTRY\({name},", text), f"{name} missing from kernels_cu/{filename}"
+            assert re.search(rf"ENTRY\({name},", text) or name in _defined(text), \
+                f"{name} missing from kernels_cu/{filename}"
 
 
 def test_registry_is_complete():
@@ -36,8 +46,9 @@ def test_registry_is_complete():
     files = {path.name for path in (ROOT / "kernels_cu").glob("*.cu")}
     assert files == {filename for filename, _ in registry.FAMILIES.values()}
     for family, (filename, names) in registry.FAMILIES.items():
-        entries = set(re.findall(r"^ENTRY\((\w+),", (ROOT / "kernels_cu" / filename).read_text(), re.M))
-        entries |= set(re.findall(r"^\s*MAXSIM_\w*ENTRY\((\w+),", (ROOT / "kernels_cu" / filename).read_text(), re.M))
+        text = (ROOT / "kernels_cu" / filename).read_text()
+        entries = set(re.findall(r"^ENTRY\((\w+),", text, re.M)) | _defined(text)
+        entries |= set(re.findall(r"^\s*MAXSIM_\w*ENTRY\((\w+),", text, re.M))
         assert entries <= set(names), f"{filename} defines unregistered kernels {entries - set(names)}"
     assert {family for family, _ in compile_variants()} == set(registry.FAMILIES)
     declared = {name for _, names in registry.FAMILIES.values() for name in names}
@@ -112,6 +123,7 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
     ("maxsim_topk_wide", "maxsim_topk.cu"),
     ("maxsim_topk_finish", "maxsim_topk.cu"), ("maxsim_topk_merge", "maxsim_topk.cu"),
     ("maxsim_quantize", "maxsim_quantize.cu"), ("maxsim_quantize_fp32_split", "maxsim_quantize.cu"),
+    ("maxsim_split_documents", "maxsim_quantize.cu"), ("maxsim_split_exponents", "maxsim_quantize.cu"),
 ])
 def test_small_kernels_parameters_match_their_entries(kernel, filename):
     """launch.SMALL_KERNEL_PARAMETERS packs what each small kernel's entry declares, in order:
@@ -120,9 +132,12 @@ def test_small_kernels_parameters_match_their_entries(kernel, filename):
     helper = {"maxsim_topk_select": "topk_select", "maxsim_topk_wide": "topk_wide",
               "maxsim_topk_finish": "topk_finish", "maxsim_topk_merge": "topk_merge",
               "maxsim_offsets_summary": "offsets_summary", "maxsim_quantize": "quantize_rows<T>",
-              "maxsim_quantize_fp32_split": "split_rows"}[kernel]
-    # Each entry is `NAME(parameters) { helper(arguments); }` inside its macro.
-    entry = re.search(r"NAME\(([^)]*)\)\s*\{\s*\\?\s*" + re.escape(helper) + r"\(", source.replace("\\\n", " "), re.S)
+              "maxsim_quantize_fp32_split": "split_rows<false>", "maxsim_split_documents": "split_rows<true>",
+              "maxsim_split_exponents": "split_exponent_rows"}[kernel]
+    # Each entry is `NAME(parameters) { helper(arguments); }` inside its macro, or the same
+    # under its own name where it is defined outright.
+    entry = re.search(rf"(?:NAME|{kernel})\(([^)]*)\)\s*\{{\s*\\?\s*" + re.escape(helper) + r"\(",
+                      source.replace("\\\n", " "), re.S)
     assert entry, kernel
     codes = ""
     for parameter in entry.group(1).replace("\\", " ").split(","):
