@@ -225,7 +225,7 @@ def _split_exponents(problem: ScoreProblem, stream):
 
 def _split_documents(problem: ScoreProblem, stream):
     """d as the fp32 split's presplit build reads it (launch.split_documents: fp16 halves [rows,
-    192 * ceil(D / 64)] and the rows' float32 scales, contiguous, rows as d's: padded documents
+    128 * ceil(D / 64)] and the rows' float32 scales, contiguous, rows as d's: padded documents
     of doc_length rows, or packed tokens), on ``stream``."""
     from ._gpu.launch import split_documents
 
@@ -284,8 +284,8 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         d_ptr = values["d"]
         if plan.tile_rows:
             map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
-            if split is not None:  # (the halves' element size and dim; presplit: the documents' halves' strides)
-                width = split[0].shape[-1]
+            if split is not None:  # (halves: their element size; presplit, the documents' halves' dim and strides)
+                width = split[2].shape[-1] if plan.split_documents else split[0].shape[-1]
                 strides = (2 * width, 2 * values["d_doc_stride"]) if plan.split_documents else map_shape[4:6]
                 map_shape = (2, width) + map_shape[2:4] + strides + map_shape[6:]
             d_scale = problem.d_scale

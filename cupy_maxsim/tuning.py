@@ -82,7 +82,7 @@ class Tunables:
     #: one run: cliffs-2026-12-05-split-staged-h100.txt).
     wgmma_fp32_split: bool = True
     #: The split's documents split before the forward, by one launch (launch.split_documents:
-    #: fp16 halves and their rows' scales, 1.5x the float32 bytes), and copied by TMA as 16-bit
+    #: fp16 halves and their rows' scales, the float32 bytes again), and copied by TMA as 16-bit
     #: tiles are, instead of split by the forward's producer from float32 it stages: for corpora
     #: of rows on 16 bytes whose halves take at most ``fp32_presplit_max_bytes``. Off until
     #: measured (the forty-second session built it; its producer-split build waits on its slots:

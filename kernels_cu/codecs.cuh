@@ -72,11 +72,13 @@ __device__ __forceinline__ void split_halves(float a, float b, u32& big, u32& sm
 }
 // Which product a split k-atom holds. Per 64 elements c of the dim (one fp16 atom of 128
 // bytes) the documents' atoms are [big_c, small_c, big_c] (the Hopper kernel's producer writes
-// the first two from one read and copies the third, or maxsim_split_documents writes all three)
-// and the queries' [big_c, big_c, small_c]: atom 3c + p of the split row pairs with atom 3c + p
-// of the split query.
+// the first two from one read and copies the third) and the queries' [big_c, big_c, small_c]:
+// atom 3c + p of the split row pairs with atom 3c + p of the split query.
 __device__ __forceinline__ bool split_atom_is_small_query(int atom) { return atom % 3 == 2; }
-__device__ __forceinline__ bool split_atom_is_small_document(int atom) { return atom % 3 == 1; }
+// Documents split before (maxsim_split_documents) are stored [big_c, small_c] (a third fewer
+// bytes than the three atoms): k-atom 3c + p is stored atom 2c + (p == 1), big_c read twice.
+__device__ __forceinline__ int split_document_atom(int atom) { return atom / 3 * 2 + (atom % 3 == 1); }
+constexpr int SPLIT_DOCUMENT_PARTS = 2, SPLIT_QUERY_PARTS = 3;  // stored atoms per 64 elements
 
 // Conversion of one element to the accumulator type (Codec<T>::Acc).
 template <typename A, typename T> __device__ __forceinline__ A convert(T x);

@@ -62,41 +62,68 @@ MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp64, double)
 
 // float32 tokens split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t), one
 // warp a token: the token scaled by 2^k (split_exponent of its largest magnitude) and written
-// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] for queries, [big_c,
-// small_c, big_c] for DOCUMENTS (192 halves; zeros past the dim); its scale 2^-k, NaN if the
-// token holds NaN or inf (its elements then zeros); masked tokens zeros, scale 0 (a query's) or
-// 1 (a document's, as its producer-split build writes a masked row: the fold skips it). Rows
-// as split_exponent_rows takes them: `rows` of documents of doc_length rows at doc_stride and
-// row_stride elements (mask likewise); the halves come out contiguous, [rows][192 atoms].
+// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] for queries (192 halves),
+// [big_c, small_c] for DOCUMENTS (128: the kernel reads big_c twice, split_document_atom);
+// zeros past the dim. Its scale 2^-k, NaN if the token holds NaN or inf (its elements then
+// zeros); masked tokens zeros, scale 0 (a query's) or 1 (a document's, as its producer-split
+// build writes a masked row: the fold skips it). Rows as split_exponent_rows takes them: `rows`
+// of documents of doc_length rows at doc_stride and row_stride elements (mask likewise); the
+// halves come out contiguous, [rows][PARTS * 64 * atoms]. Rows on 16 bytes with a dim of a
+// multiple of 4 (the presplit build's: TMA rows) are read as 16-byte vectors, a lane's four
+// elements in one 64 of the dim, and written as pairs of words; others a pair at a time.
 template <bool DOCUMENTS>
 __device__ __forceinline__ void split_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride, i64 row_stride,
                                            int dim, const unsigned char* mask, i64 mask_doc_stride,
                                            i64 mask_row_stride, u16* halves, float* scales) {
+    constexpr int PARTS = DOCUMENTS ? SPLIT_DOCUMENT_PARTS : SPLIT_QUERY_PARTS;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     const int atoms = (dim + 63) / 64;
+    // The word of part `part` of chunk c's pair o (elements 2 o, 2 o + 1 of the 64).
+    auto word = [](int c, int part, int o) { return c * 32 * PARTS + part * 32 + o; };
+    auto is_small = [](int part) { return DOCUMENTS ? part == 1 : split_atom_is_small_query(part); };
     for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
         const i64 doc = row / doc_length, token = row % doc_length;
         const float* in = x + doc * doc_stride + token * row_stride;
-        u32* out = (u32*)(halves + row * 192 * atoms);  // pairs of halves
+        u32* out = (u32*)(halves + row * PARTS * 64 * atoms);  // pairs of halves
         const bool real = mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride];
+        const bool vectors = dim % 4 == 0 && ((size_t)in & 15) == 0;  // (the same for the warp's lanes)
         u32 magnitude = 0u;
-        for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
+        if (real && vectors) {
+#pragma unroll 4
+            for (int c = 4 * lane; c < dim; c += 128) {
+                const float4 v = *(const float4*)(in + c);
+                magnitude = max(magnitude, max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
+                                               max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu)));
+            }
+        } else if (real) {
+#pragma unroll 4
+            for (int c = lane; c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
+        }
         const int code = split_row_code(real, magnitude);
         const bool bad = code == SPLIT_BAD, zero = code >= SPLIT_ZERO;
-        const int k = zero ? 0 : code;
-        const float scale = power_of_two(k);
-        for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
-            const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
-            const float a = !zero && e < dim ? in[e] * scale : 0.f, b = !zero && e + 1 < dim ? in[e + 1] * scale : 0.f;
-            u32 big, small;
-            split_halves(a, b, big, small);
+        const float scale = power_of_two(zero ? 0 : code);
+        if (vectors) {
+            for (int e = 4 * lane; e < 64 * atoms; e += 128) {  // elements e..e + 3: pairs o, o + 1 of chunk c
+                const float4 v = !zero && e < dim ? *(const float4*)(in + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+                uint2 big, small;
+                split_halves(v.x * scale, v.y * scale, big.x, small.x);
+                split_halves(v.z * scale, v.w * scale, big.y, small.y);
+                const int c = e / 64, o = (e % 64) / 2;
 #pragma unroll
-            for (int part = 0; part < 3; ++part)
-                out[c * 96 + part * 32 + o] =
-                    (DOCUMENTS ? split_atom_is_small_document(part) : split_atom_is_small_query(part)) ? small : big;
+                for (int part = 0; part < PARTS; ++part) *(uint2*)(out + word(c, part, o)) = is_small(part) ? small : big;
+            }
+        } else {
+            for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
+                const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
+                const float a = !zero && e < dim ? in[e] * scale : 0.f, b = !zero && e + 1 < dim ? in[e + 1] * scale : 0.f;
+                u32 big, small;
+                split_halves(a, b, big, small);
+#pragma unroll
+                for (int part = 0; part < PARTS; ++part) out[word(c, part, o)] = is_small(part) ? small : big;
+            }
         }
-        if (lane == 0) scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : bad ? __int_as_float(0x7fc00000) : power_of_two(-k);
+        if (lane == 0) scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : bad ? __int_as_float(0x7fc00000) : power_of_two(-code);
     }
 }
 // Queries: contiguous tokens (q is small: made contiguous first).

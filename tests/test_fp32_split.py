@@ -42,8 +42,8 @@ def numpy_exponents(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def numpy_split(rows: np.ndarray, mask, documents: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """split_rows in NumPy: per token 2^k (its largest |x| in [2^14, 2^15), k <= 126), fp16 big
     and small halves of x 2^k laid out per 64 elements as [big, big, small] (``documents``:
-    [big, small, big], the atoms each query atom meets); scales 2^-k, NaN for a token holding NaN
-    or inf (its halves zeros), 0 for a masked one (zeros; documents: 1)."""
+    [big, small], the kernel reading big twice); scales 2^-k, NaN for a token holding NaN or inf
+    (its halves zeros), 0 for a masked one (zeros; documents: 1)."""
     count, dim = rows.shape
     atoms = -(-dim // 64)
     real = np.ones(count, bool) if mask is None else mask.astype(bool)
@@ -54,8 +54,8 @@ def numpy_split(rows: np.ndarray, mask, documents: bool = False) -> tuple[np.nda
     big = y.astype(np.float16)
     small = (y - big.astype(np.float32)).astype(np.float16)
     big, small = big.reshape(count, atoms, 64), small.reshape(count, atoms, 64)
-    parts = [big, small, big] if documents else [big, big, small]
-    halves = np.stack(parts, axis=2).reshape(count, 192 * atoms).view(np.uint16)
+    parts = [big, small] if documents else [big, big, small]
+    halves = np.stack(parts, axis=2).reshape(count, 64 * len(parts) * atoms).view(np.uint16)
     scales = np.where(bad, np.nan, np.ldexp(1.0, -k)).astype(np.float32)
     return halves, np.where(real, scales, np.float32(1 if documents else 0))
 
