@@ -15,8 +15,9 @@ from test_no_cliffs import _on_hopper, _spy_on_kernels
 
 pytestmark = pytest.mark.gpu
 
-SPLIT = dict(wgmma_fp32_split=True)
-#: The presplit build (Tunables.wgmma_fp32_presplit): documents split by a launch, read by TMA.
+#: The staged build (the producer splits float32 documents) and the presplit one
+#: (Tunables.wgmma_fp32_presplit: documents split by a launch, read by TMA).
+SPLIT = dict(wgmma_fp32_split=True, wgmma_fp32_presplit=False)
 PRESPLIT = dict(wgmma_fp32_split=True, wgmma_fp32_presplit=True)
 
 
