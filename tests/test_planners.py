@@ -688,8 +688,7 @@ def test_fp32_split_on_the_planner():
         assert other is None or other[0] != "maxsim_fwd_wgmma_fp32_split", other
     # Tunables.wgmma_fp32_presplit: the documents split before (build 2) for rows on 16 bytes
     # whose halves (1000 x 300 rows x 256 bytes per 64 of the dim) fit fp32_presplit_max_bytes.
-    assert choose(9).config.fp32_split == 1
-    assert choose(9, wgmma_fp32_presplit=True).config.fp32_split == 2
-    assert choose(9, 2560, wgmma_fp32_presplit=True).config.fp32_split == 2
-    assert choose(9, 100, load_bytes=8, wgmma_fp32_presplit=True).config.fp32_split == 1
-    assert choose(9, 128, wgmma_fp32_presplit=True, fp32_presplit_max_bytes=1000 * 300 * 512 - 1).config.fp32_split == 1
+    assert choose(9, wgmma_fp32_presplit=False).config.fp32_split == 1
+    assert choose(9).config.fp32_split == 2 and choose(9, 2560).config.fp32_split == 2
+    assert choose(9, 100, load_bytes=8).config.fp32_split == 1
+    assert choose(9, 128, fp32_presplit_max_bytes=1000 * 300 * 512 - 1).config.fp32_split == 1
