@@ -7,6 +7,7 @@ the launch goes through the GPU layer on the caller's stream.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 from . import _arrays
@@ -266,7 +267,11 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                           q_scale=split_scales.data.ptr, q_scale_query_stride=query_length, q_scale_row_stride=1)
             packed = problem.offsets is not None
             if plan.split_documents:  # (its halves read by TMA, its scales as int8's)
-                d_halves, d_scales = _split_documents(problem, stream)
+                try:
+                    d_halves, d_scales = _split_documents(problem, stream)
+                except MemoryError:  # (CuPy's OutOfMemoryError) no room for the halves: the staged build needs none
+                    staged = dataclasses.replace(tunables, wgmma_fp32_presplit=False)
+                    return _launch(problem, staged, out_ptr, winners, stream, record)
                 split += (d_halves, d_scales)
                 doc_rows = 0 if packed else problem.doc_length
                 values.update(d=d_halves.data.ptr, d_doc_stride=doc_rows * d_halves.shape[-1],

@@ -84,8 +84,8 @@ class Tunables:
     #: The split's documents split before the forward, by one launch (launch.split_documents:
     #: fp16 halves and their rows' scales, the float32 bytes again), and copied by TMA as 16-bit
     #: tiles are, instead of split by the forward's producer from float32 it stages: for corpora
-    #: of rows on 16 bytes whose halves take at most ``fp32_presplit_max_bytes`` (else the
-    #: staged build, which False keeps). On: 1.18-1.48x the staged build on an H100's 32-query
+    #: of rows on 16 bytes whose halves take at most ``fp32_presplit_max_bytes`` (else, or where
+    #: the halves cannot be allocated, the staged build, which False keeps). On: 1.18-1.48x the staged build on an H100's 32-query
     #: 4 GB cells, its 1.5x-bytes form (bench/results/ab-presplit-2026-12-06-5be13b7-h100.txt);
     #: the staged build's consumers wait on its slots (ab-split-producer-2026-12-05-h100-h200.txt).
     wgmma_fp32_presplit: bool = True
