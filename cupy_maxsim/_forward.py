@@ -208,20 +208,26 @@ def _split_queries(problem: ScoreProblem, stream) -> tuple:
         return split_queries(cupy.ascontiguousarray(rows), None if mask is None else cupy.ascontiguousarray(mask))
 
 
+def _document_rows(problem: ScoreProblem) -> tuple:
+    """d's float32 rows as the split launches take them (launch.split_exponents,
+    split_documents): pointer, device, documents, rows a document (packed: one document of every
+    token), (doc, row) strides, dim, the mask's pointer (0: none) and its (doc, row) strides."""
+    d, d_mask = problem.d, problem.d_mask
+    docs, doc_length = (1, d.shape[0]) if problem.offsets is not None else (problem.num_docs, problem.doc_length)
+    return (d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]), d.shape[-1],
+            0 if d_mask is None else d_mask.ptr, (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+
+
 def _split_exponents(problem: ScoreProblem, stream):
     """The documents' exponents as the fp32 split build reads them in the int8 scales' place
     (launch.split_exponents: int32, one a row of d, SPLIT_ZERO where d_mask drops it), on
     ``stream``, with their (doc, row) strides: (exponents, doc_stride, row_stride)."""
     from ._gpu.launch import split_exponents
 
-    d, d_mask = problem.d, problem.d_mask
-    packed = problem.offsets is not None
-    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
+    rows = _document_rows(problem)
     with gpu_device.on_stream(stream):
-        exponents = split_exponents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]),
-                                    d.shape[-1], 0 if d_mask is None else d_mask.ptr,
-                                    (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
-    return exponents, 0 if packed else doc_length, 1
+        exponents = split_exponents(*rows)
+    return exponents, 0 if problem.offsets is not None else rows[3], 1
 
 
 def _split_documents(problem: ScoreProblem, stream):
@@ -230,13 +236,8 @@ def _split_documents(problem: ScoreProblem, stream):
     of doc_length rows, or packed tokens), on ``stream``."""
     from ._gpu.launch import split_documents
 
-    d, d_mask = problem.d, problem.d_mask
-    packed = problem.offsets is not None
-    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
     with gpu_device.on_stream(stream):
-        return split_documents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]), d.shape[-1],
-                               0 if d_mask is None else d_mask.ptr,
-                               (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+        return split_documents(*_document_rows(problem))
 
 
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
