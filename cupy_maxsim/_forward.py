@@ -176,7 +176,8 @@ def tile_map_shape(problem: ScoreProblem, tile_rows: int, l2_promotion: int | No
 
 def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int = 0, split=None) -> tuple:
     """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
-    ``queries`` after the pointer) for a plan whose build streams the query atoms: a box holds
+    ``queries`` after the pointer: q's own row width, which the fp32 presplit build's documents
+    do not share) for a plan whose build streams the query atoms: a box holds
     plan.query_box queries (one warpgroup's 128 rows, whole queries; splitting documents the
     group's), or all of them where fewer (the build that keeps every box within q:
     Block::query_box_first; whole groups and the split group never have fewer). ``split``: the
@@ -186,10 +187,10 @@ def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int =
     count = num_queries - first_query
     per_box = min(plan.query_box, count)
     if split is not None:
-        row_bytes = split[0].shape[-1] * 2
-        return (query_length, count, row_bytes, query_length * row_bytes, per_box)
+        width = split[0].shape[-1]
+        return (width, query_length, count, 2 * width, query_length * 2 * width, per_box)
     item = ITEMSIZE[q.dtype]
-    return (query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
+    return (q.shape[-1], query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
 
 
 def _split_queries(problem: ScoreProblem, stream) -> tuple:

@@ -116,9 +116,10 @@ def test_split_documents_match_numpy(dim):
 
     docs, mask, view, strides, masks = _documents(dim)
     flat = docs.reshape(-1, dim)
+    packed = cupy.asarray(flat)  # (held: a temporary's memory would go back to the pool before the launch)
     for m, got in ((mask, split_documents(view.data.ptr, 0, 7, 11, strides, dim, masks.data.ptr, masks.strides)),
                    (None, split_documents(view.data.ptr, 0, 7, 11, strides, dim)),
-                   (None, split_documents(cupy.asarray(flat).data.ptr, 0, 1, 77, (0, dim), dim))):
+                   (None, split_documents(packed.data.ptr, 0, 1, 77, (0, dim), dim))):
         want = numpy_split(flat, None if m is None else m.reshape(-1), documents=True)
         np.testing.assert_array_equal(got[0].get(), want[0])
         np.testing.assert_array_equal(got[1].get(), want[1])

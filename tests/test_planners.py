@@ -88,7 +88,7 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
         assert tma.doc_tile_map(256, 4, 128, 300, 10, 512, 153600, False) != none  # fp32 (TF32 builds)
     assert tma.doc_tile_map(256, 2, 128, 2**31, 1, 256, 0, True) == none  # past 32-bit rows
     with pytest.raises(ValueError, match="q's rows"):  # a build streaming queries needs q's map
-        tma.doc_tile_map(256, 2, 1024, 300, 10, 2048, 614400, False, queries=(8, 32, 4, 2048, 65536, 4))
+        tma.doc_tile_map(256, 2, 1024, 300, 10, 2048, 614400, False, queries=(8, 1024, 32, 4, 2048, 65536, 4))
     monkeypatch.setattr(tma, "_cuda_driver", lambda: None)
     tma._doc_tile_maps.clear()
     assert tma.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
