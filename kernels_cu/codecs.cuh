@@ -54,10 +54,11 @@ constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
 // A row's exponent code from its lanes' largest magnitudes (each lane's max of its elements'
 // bits, sign cleared), reduced over the warp: SPLIT_ZERO if not `real` (masked), SPLIT_BAD if it
 // holds NaN or inf, else split_exponent. The one decision of the queries' split and the
-// documents' exponents.
+// documents' exponents. LANES: lanes a row (a warp of 16-lane rows reduces each half apart).
+template <int LANES = 32>
 __device__ __forceinline__ int split_row_code(bool real, u32 magnitude) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
     return !real ? SPLIT_ZERO : magnitude >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD : split_exponent(magnitude);
 }
 __device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((u32)(127 + k) << 23); }

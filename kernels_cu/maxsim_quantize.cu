@@ -60,70 +60,121 @@ MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_bf16, bf16_t)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp32, float)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp64, double)
 
-// float32 tokens split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t), one
-// warp a token: the token scaled by 2^k (split_exponent of its largest magnitude) and written
-// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] for queries (192 halves),
-// [big_c, small_c] for DOCUMENTS (128: the kernel reads big_c twice, split_document_atom);
-// zeros past the dim. Its scale 2^-k, NaN if the token holds NaN or inf (its elements then
-// zeros); masked tokens zeros, scale 0 (a query's) or 1 (a document's, as its producer-split
-// build writes a masked row: the fold skips it). Rows as split_exponent_rows takes them: `rows`
-// of documents of doc_length rows at doc_stride and row_stride elements (mask likewise); the
-// halves come out contiguous, [rows][PARTS * 64 * atoms]. Rows on 16 bytes with a dim of a
-// multiple of 4 (the presplit build's: TMA rows) are read as 16-byte vectors, a lane's four
-// elements in one 64 of the dim, and written as pairs of words; others a pair at a time.
+// float32 tokens split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t): the
+// token scaled by 2^k (split_exponent of its largest magnitude) and written as fp16 halves, per
+// 64 elements c the atoms [big_c, big_c, small_c] for queries (192 halves), [big_c, small_c]
+// for DOCUMENTS (128: the kernel reads big_c twice, split_document_atom); zeros past the dim.
+// Its scale 2^-k, NaN if the token holds NaN or inf (its elements then zeros); masked tokens
+// zeros, scale 0 (a query's) or 1 (a document's, as its producer-split build writes a masked
+// row: the fold skips it). Rows as split_exponent_rows takes them: `rows` of documents of
+// doc_length rows at doc_stride and row_stride elements (mask likewise); the halves come out
+// contiguous, [rows][PARTS * 64 * atoms]. A launch whose rows all lie on 16 bytes with a dim
+// of a multiple of 4 (the presplit build's: TMA rows) reads 16-byte vectors, a lane's four
+// elements in one 64 of the dim, keeps rows of up to SPLIT_HELD_ELEMS in registers between
+// the magnitude and the split (one read of HBM), puts two rows of up to 64 on a warp (half the
+// lanes idle otherwise), and writes pairs of words; other launches go a pair at a time, a
+// warp a row.
+constexpr int SPLIT_HELD_VECTORS = 8, SPLIT_HELD_ELEMS = 32 * 4 * SPLIT_HELD_VECTORS;  // 1024
+template <bool DOCUMENTS, int LANES>
+__device__ __forceinline__ void split_vector_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride,
+                                                  i64 row_stride, int dim, const unsigned char* mask,
+                                                  i64 mask_doc_stride, i64 mask_row_stride, u16* halves, float* scales) {
+    constexpr int PARTS = DOCUMENTS ? SPLIT_DOCUMENT_PARTS : SPLIT_QUERY_PARTS, ROWS = 32 / LANES;
+    constexpr int HELD = LANES == 32 ? SPLIT_HELD_VECTORS : 1;  // (16-lane rows: dims up to 64)
+    const int lane = (threadIdx.x & 31) % LANES, sub = (threadIdx.x & 31) / LANES;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const int atoms = (dim + 63) / 64;
+    const bool held = dim <= 4 * LANES * HELD;  // (the same for the launch)
+    for (i64 first = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * ROWS; first < rows;
+         first += warps * ROWS) {
+        const i64 row = first + sub, doc = row / doc_length, token = row % doc_length;
+        const bool live = row < rows;  // (a warp's second row past the end: its lanes still reduce)
+        const float* in = x + doc * doc_stride + token * row_stride;
+        u32* out = (u32*)(halves + row * PARTS * 64 * atoms);  // pairs of halves
+        const bool real = live && (mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride]);
+        float4 v[HELD];
+        u32 magnitude = 0u;
+#pragma unroll
+        for (int i = 0; i < HELD; ++i) {
+            const int c = 4 * lane + 4 * LANES * i;
+            v[i] = real && held && c < dim ? *(const float4*)(in + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            magnitude = max(magnitude, max(max(__float_as_uint(v[i].x) & 0x7fffffffu, __float_as_uint(v[i].y) & 0x7fffffffu),
+                                           max(__float_as_uint(v[i].z) & 0x7fffffffu, __float_as_uint(v[i].w) & 0x7fffffffu)));
+        }
+        if (real && !held) {
+#pragma unroll 4
+            for (int c = 4 * lane; c < dim; c += 4 * LANES) {
+                const float4 u = *(const float4*)(in + c);
+                magnitude = max(magnitude, max(max(__float_as_uint(u.x) & 0x7fffffffu, __float_as_uint(u.y) & 0x7fffffffu),
+                                               max(__float_as_uint(u.z) & 0x7fffffffu, __float_as_uint(u.w) & 0x7fffffffu)));
+            }
+        }
+        const int code = split_row_code<LANES>(real, magnitude);
+        const bool zero = code >= SPLIT_ZERO;
+        const float scale = power_of_two(zero ? 0 : code);
+        // Elements e..e + 3 (pairs o, o + 1 of chunk c) from u: every part's pair of words.
+        auto write = [&](int e, float4 u) {
+            if (zero) u = make_float4(0.f, 0.f, 0.f, 0.f);
+            uint2 big, small;
+            split_halves(u.x * scale, u.y * scale, big.x, small.x);
+            split_halves(u.z * scale, u.w * scale, big.y, small.y);
+            const int c = e / 64, o = (e % 64) / 2;
+#pragma unroll
+            for (int part = 0; part < PARTS; ++part)
+                *(uint2*)(out + c * 32 * PARTS + part * 32 + o) =
+                    (DOCUMENTS ? part == 1 : split_atom_is_small_query(part)) ? small : big;
+        };
+        if (live && held) {
+#pragma unroll
+            for (int i = 0; i < HELD; ++i)
+                if (4 * lane + 4 * LANES * i < 64 * atoms) write(4 * lane + 4 * LANES * i, v[i]);
+        } else if (live) {
+            for (int e = 4 * lane; e < 64 * atoms; e += 4 * LANES)
+                write(e, !zero && e < dim ? *(const float4*)(in + e) : make_float4(0.f, 0.f, 0.f, 0.f));
+        }
+        if (live && lane == 0)
+            scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
+    }
+}
 template <bool DOCUMENTS>
 __device__ __forceinline__ void split_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride, i64 row_stride,
                                            int dim, const unsigned char* mask, i64 mask_doc_stride,
                                            i64 mask_row_stride, u16* halves, float* scales) {
+    if (dim % 4 == 0 && ((size_t)x & 15) == 0 && doc_stride % 4 == 0 && row_stride % 4 == 0) {  // (uniform)
+        if (dim <= 64)
+            split_vector_rows<DOCUMENTS, 16>(x, rows, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,
+                                             mask_row_stride, halves, scales);
+        else
+            split_vector_rows<DOCUMENTS, 32>(x, rows, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,
+                                             mask_row_stride, halves, scales);
+        return;
+    }
     constexpr int PARTS = DOCUMENTS ? SPLIT_DOCUMENT_PARTS : SPLIT_QUERY_PARTS;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     const int atoms = (dim + 63) / 64;
-    // The word of part `part` of chunk c's pair o (elements 2 o, 2 o + 1 of the 64).
-    auto word = [](int c, int part, int o) { return c * 32 * PARTS + part * 32 + o; };
-    auto is_small = [](int part) { return DOCUMENTS ? part == 1 : split_atom_is_small_query(part); };
     for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
         const i64 doc = row / doc_length, token = row % doc_length;
         const float* in = x + doc * doc_stride + token * row_stride;
         u32* out = (u32*)(halves + row * PARTS * 64 * atoms);  // pairs of halves
         const bool real = mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride];
-        const bool vectors = dim % 4 == 0 && ((size_t)in & 15) == 0;  // (the same for the warp's lanes)
         u32 magnitude = 0u;
-        if (real && vectors) {
 #pragma unroll 4
-            for (int c = 4 * lane; c < dim; c += 128) {
-                const float4 v = *(const float4*)(in + c);
-                magnitude = max(magnitude, max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
-                                               max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu)));
-            }
-        } else if (real) {
-#pragma unroll 4
-            for (int c = lane; c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
-        }
+        for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
         const int code = split_row_code(real, magnitude);
-        const bool bad = code == SPLIT_BAD, zero = code >= SPLIT_ZERO;
+        const bool zero = code >= SPLIT_ZERO;
         const float scale = power_of_two(zero ? 0 : code);
-        if (vectors) {
-            for (int e = 4 * lane; e < 64 * atoms; e += 128) {  // elements e..e + 3: pairs o, o + 1 of chunk c
-                const float4 v = !zero && e < dim ? *(const float4*)(in + e) : make_float4(0.f, 0.f, 0.f, 0.f);
-                uint2 big, small;
-                split_halves(v.x * scale, v.y * scale, big.x, small.x);
-                split_halves(v.z * scale, v.w * scale, big.y, small.y);
-                const int c = e / 64, o = (e % 64) / 2;
+        for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
+            const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
+            const float a = !zero && e < dim ? in[e] * scale : 0.f, b = !zero && e + 1 < dim ? in[e + 1] * scale : 0.f;
+            u32 big, small;
+            split_halves(a, b, big, small);
 #pragma unroll
-                for (int part = 0; part < PARTS; ++part) *(uint2*)(out + word(c, part, o)) = is_small(part) ? small : big;
-            }
-        } else {
-            for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
-                const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
-                const float a = !zero && e < dim ? in[e] * scale : 0.f, b = !zero && e + 1 < dim ? in[e + 1] * scale : 0.f;
-                u32 big, small;
-                split_halves(a, b, big, small);
-#pragma unroll
-                for (int part = 0; part < PARTS; ++part) out[word(c, part, o)] = is_small(part) ? small : big;
-            }
+            for (int part = 0; part < PARTS; ++part)
+                out[c * 32 * PARTS + part * 32 + o] = (DOCUMENTS ? part == 1 : split_atom_is_small_query(part)) ? small : big;
         }
-        if (lane == 0) scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : bad ? __int_as_float(0x7fc00000) : power_of_two(-code);
+        if (lane == 0)
+            scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
     }
 }
 // Queries: contiguous tokens (q is small: made contiguous first).
