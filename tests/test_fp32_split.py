@@ -61,7 +61,7 @@ def numpy_split(rows: np.ndarray, mask, documents: bool = False) -> tuple[np.nda
     return halves, np.where(real, scales, np.float32(1 if documents else 0))
 
 
-@pytest.mark.parametrize("dim", [1, 63, 64, 100, 130, 1028])  # (16-byte vectors: two rows a warp, held, re-read)
+@pytest.mark.parametrize("dim", [1, 63, 64, 100, 130, 320, 1028])  # (vectors: two rows side by side, several held, one, re-read)
 def test_split_queries_match_numpy(dim):
     import cupy
 
@@ -106,12 +106,12 @@ def _documents(dim: int):
     return docs, mask, view, (view.strides[0] // 4, view.strides[1] // 4), masks
 
 
-@pytest.mark.parametrize("dim", [1, 63, 64, 100, 300, 1028])
+@pytest.mark.parametrize("dim", [1, 63, 64, 100, 300, 1024, 1028])
 def test_split_documents_match_numpy(dim):
     """The presplit build's documents (maxsim_quantize.cu maxsim_split_documents) of padded
     documents under a strided view and a mask, of contiguous ones (rows on 16 bytes where the
-    dim is a multiple of 4: read as vectors, two rows a warp up to 64, held up to 1024, re-read
-    past), and of packed ones, bit for bit as NumPy's."""
+    dim is a multiple of 4: read as vectors, rows side by side up to 64, several or one held in
+    registers up to 1024, re-read past), and of packed ones, bit for bit as NumPy's."""
     import cupy
 
     from cupy_maxsim._gpu.launch import split_documents
