@@ -674,12 +674,6 @@ template <typename T> __device__ __forceinline__ int slots_per_tile(int dim) {
     if constexpr (FP32_SPLIT) return 3 * ((dim + 63) / 64);  // three atoms of halves per 64 fp32 elements
     return STREAM_K ? (dim * (Codec<T>::BITS / 8) + 127) / 128 : 1;
 }
-// FP32_SPLIT: the k-steps of k-atom `k_atom` that hold any of the dim (16 elements each): 4 but
-// in the last 64's three atoms, whose k-steps past the dim multiply zeros (dims 48, 96, 100:
-// a quarter to a half of their last atoms' MMAs).
-__device__ __forceinline__ int split_live_ksteps(int k_atom, int dim) {
-    return min(4, (dim - 64 * (k_atom / 3) + 15) / 16);
-}
 
 // What every warp of a block shares: the arguments, shared memory (as the header comment lays
 // it out), the block's documents and queries. The producer and consumer pieces below are its
@@ -1376,16 +1370,13 @@ struct Consumer : Block {
             const unsigned char* slot = sD() + stage * TILE_BYTES;
             const unsigned char* slot_query = slot + SLOT_ATOMS * ATOM_BYTES + warpgroup * QUERY_ATOM_BYTES;
             const unsigned long long doc_desc = tile_descriptor(slot);
-            const int live = FP32_SPLIT ? split_live_ksteps(k_atom, args.dim) : 4;
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks) {
-                if (FP32_SPLIT && ks == live) break;
+            for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks)
                 WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks),
                                      STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
                                                   : query_desc + query_kstep_offset(4 * k_atom + ks),
                                      (fresh ? 0 : k_atom) + ks);
-            }
             wgmma_commit();
         };
         // FP32_SPLIT: the tile's sums of flushed accumulators (SPLIT_FLUSH_ATOMS), added back at its take.
