@@ -2,7 +2,7 @@
 it stages (MAXSIM_FP32_SPLIT 1, the default) against documents split by one launch before and
 copied by TMA as 16-bit tiles are (MAXSIM_FP32_SPLIT 2, Tunables.wgmma_fp32_presplit), with the
 bf16 cell of the same bytes (the documents twice) beside them (issue 24's line: fp32 at fp32 accuracy at least half
-our bf16 speed) and the pre-split launch alone (launch.split_documents: float32 read, 1.5x its
+our bf16 speed) and the pre-split launch alone (launch.split_documents: float32 read, as many
 bytes written). 32x32 queries against about --corpus-gb of 300-token documents per dim; rounds
 interleaved, CUDA events over back-to-back calls, medians; whether the two builds' scores are
 equal bit for bit, and each one's largest error against float64 on a sample of documents.

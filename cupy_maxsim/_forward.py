@@ -7,6 +7,7 @@ the launch goes through the GPU layer on the caller's stream.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 from . import _arrays
@@ -175,7 +176,8 @@ def tile_map_shape(problem: ScoreProblem, tile_rows: int, l2_promotion: int | No
 
 def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int = 0, split=None) -> tuple:
     """The TMA descriptor's shape of q from query ``first_query`` on (tma.doc_tile_map's
-    ``queries`` after the pointer) for a plan whose build streams the query atoms: a box holds
+    ``queries`` after the pointer: q's own row width, which the fp32 presplit build's documents
+    do not share) for a plan whose build streams the query atoms: a box holds
     plan.query_box queries (one warpgroup's 128 rows, whole queries; splitting documents the
     group's), or all of them where fewer (the build that keeps every box within q:
     Block::query_box_first; whole groups and the split group never have fewer). ``split``: the
@@ -185,10 +187,10 @@ def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int =
     count = num_queries - first_query
     per_box = min(plan.query_box, count)
     if split is not None:
-        row_bytes = split[0].shape[-1] * 2
-        return (query_length, count, row_bytes, query_length * row_bytes, per_box)
+        width = split[0].shape[-1]
+        return (width, query_length, count, 2 * width, query_length * 2 * width, per_box)
     item = ITEMSIZE[q.dtype]
-    return (query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
+    return (q.shape[-1], query_length, count, q.strides[1] * item, q.strides[0] * item, per_box)
 
 
 def _split_queries(problem: ScoreProblem, stream) -> tuple:
@@ -207,35 +209,36 @@ def _split_queries(problem: ScoreProblem, stream) -> tuple:
         return split_queries(cupy.ascontiguousarray(rows), None if mask is None else cupy.ascontiguousarray(mask))
 
 
+def _document_rows(problem: ScoreProblem) -> tuple:
+    """d's float32 rows as the split launches take them (launch.split_exponents,
+    split_documents): pointer, device, documents, rows a document (packed: one document of every
+    token), (doc, row) strides, dim, the mask's pointer (0: none) and its (doc, row) strides."""
+    d, d_mask = problem.d, problem.d_mask
+    docs, doc_length = (1, d.shape[0]) if problem.offsets is not None else (problem.num_docs, problem.doc_length)
+    return (d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]), d.shape[-1],
+            0 if d_mask is None else d_mask.ptr, (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+
+
 def _split_exponents(problem: ScoreProblem, stream):
     """The documents' exponents as the fp32 split build reads them in the int8 scales' place
     (launch.split_exponents: int32, one a row of d, SPLIT_ZERO where d_mask drops it), on
     ``stream``, with their (doc, row) strides: (exponents, doc_stride, row_stride)."""
     from ._gpu.launch import split_exponents
 
-    d, d_mask = problem.d, problem.d_mask
-    packed = problem.offsets is not None
-    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
+    rows = _document_rows(problem)
     with gpu_device.on_stream(stream):
-        exponents = split_exponents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]),
-                                    d.shape[-1], 0 if d_mask is None else d_mask.ptr,
-                                    (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
-    return exponents, 0 if packed else doc_length, 1
+        exponents = split_exponents(*rows)
+    return exponents, 0 if problem.offsets is not None else rows[3], 1
 
 
 def _split_documents(problem: ScoreProblem, stream):
     """d as the fp32 split's presplit build reads it (launch.split_documents: fp16 halves [rows,
-    192 * ceil(D / 64)] and the rows' float32 scales, contiguous, rows as d's: padded documents
+    128 * ceil(D / 64)] and the rows' float32 scales, contiguous, rows as d's: padded documents
     of doc_length rows, or packed tokens), on ``stream``."""
     from ._gpu.launch import split_documents
 
-    d, d_mask = problem.d, problem.d_mask
-    packed = problem.offsets is not None
-    docs, doc_length = (1, d.shape[0]) if packed else (problem.num_docs, problem.doc_length)
     with gpu_device.on_stream(stream):
-        return split_documents(d.ptr, d.device, docs, doc_length, (problem.doc_stride, d.strides[-2]), d.shape[-1],
-                               0 if d_mask is None else d_mask.ptr,
-                               (0, 0) if d_mask is None else (d_mask.strides[0], d_mask.strides[1]))
+        return split_documents(*_document_rows(problem))
 
 
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
@@ -266,7 +269,11 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                           q_scale=split_scales.data.ptr, q_scale_query_stride=query_length, q_scale_row_stride=1)
             packed = problem.offsets is not None
             if plan.split_documents:  # (its halves read by TMA, its scales as int8's)
-                d_halves, d_scales = _split_documents(problem, stream)
+                try:
+                    d_halves, d_scales = _split_documents(problem, stream)
+                except MemoryError:  # (CuPy's OutOfMemoryError) no room for the halves: the staged build needs none
+                    staged = dataclasses.replace(tunables, wgmma_fp32_presplit=False)
+                    return _launch(problem, staged, out_ptr, winners, stream, record)
                 split += (d_halves, d_scales)
                 doc_rows = 0 if packed else problem.doc_length
                 values.update(d=d_halves.data.ptr, d_doc_stride=doc_rows * d_halves.shape[-1],
@@ -284,8 +291,8 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         d_ptr = values["d"]
         if plan.tile_rows:
             map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
-            if split is not None:  # (the halves' element size and dim; presplit: the documents' halves' strides)
-                width = split[0].shape[-1]
+            if split is not None:  # (halves: their element size; presplit, the documents' halves' dim and strides)
+                width = split[2].shape[-1] if plan.split_documents else split[0].shape[-1]
                 strides = (2 * width, 2 * values["d_doc_stride"]) if plan.split_documents else map_shape[4:6]
                 map_shape = (2, width) + map_shape[2:4] + strides + map_shape[6:]
             d_scale = problem.d_scale

@@ -46,7 +46,7 @@ class Index:
     ----------
     dim : int
         Embedding width of every token.
-    dtype : {"float32", "float16", "int8"}
+    dtype : {"float32", "float16", "bfloat16", "int8"}
         The stored format (int8: per-token scales, as :func:`cupy_maxsim.quantize_int8`).
     device : "cpu", "cuda", "cuda:N" or "host"
         Where the store lives: NumPy arrays on the host, CuPy arrays on GPU N; "host": on the

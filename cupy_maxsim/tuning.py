@@ -82,12 +82,13 @@ class Tunables:
     #: one run: cliffs-2026-12-05-split-staged-h100.txt).
     wgmma_fp32_split: bool = True
     #: The split's documents split before the forward, by one launch (launch.split_documents:
-    #: fp16 halves and their rows' scales, 1.5x the float32 bytes), and copied by TMA as 16-bit
+    #: fp16 halves and their rows' scales, the float32 bytes again), and copied by TMA as 16-bit
     #: tiles are, instead of split by the forward's producer from float32 it stages: for corpora
-    #: of rows on 16 bytes whose halves take at most ``fp32_presplit_max_bytes``. Off until
-    #: measured (the forty-second session built it; its producer-split build waits on its slots:
-    #: bench/results/ab-split-producer-2026-12-05-h100-h200.txt).
-    wgmma_fp32_presplit: bool = False
+    #: of rows on 16 bytes whose halves take at most ``fp32_presplit_max_bytes`` (else, or where
+    #: the halves cannot be allocated, the staged build, which False keeps). On: 1.18-1.48x the staged build on an H100's 32-query
+    #: 4 GB cells, its 1.5x-bytes form (bench/results/ab-presplit-2026-12-06-5be13b7-h100.txt);
+    #: the staged build's consumers wait on its slots (ab-split-producer-2026-12-05-h100-h200.txt).
+    wgmma_fp32_presplit: bool = True
     fp32_presplit_max_bytes: int = 8 << 30
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces

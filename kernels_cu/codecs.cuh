@@ -54,10 +54,11 @@ constexpr int SPLIT_ZERO = 1000, SPLIT_BAD = 1001;
 // A row's exponent code from its lanes' largest magnitudes (each lane's max of its elements'
 // bits, sign cleared), reduced over the warp: SPLIT_ZERO if not `real` (masked), SPLIT_BAD if it
 // holds NaN or inf, else split_exponent. The one decision of the queries' split and the
-// documents' exponents.
+// documents' exponents. LANES: lanes a row (a warp of 16-lane rows reduces each half apart).
+template <int LANES = 32>
 __device__ __forceinline__ int split_row_code(bool real, u32 magnitude) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
     return !real ? SPLIT_ZERO : magnitude >= SPLIT_NON_FINITE_BITS ? SPLIT_BAD : split_exponent(magnitude);
 }
 __device__ __forceinline__ float power_of_two(int k) { return __uint_as_float((u32)(127 + k) << 23); }
@@ -72,11 +73,13 @@ __device__ __forceinline__ void split_halves(float a, float b, u32& big, u32& sm
 }
 // Which product a split k-atom holds. Per 64 elements c of the dim (one fp16 atom of 128
 // bytes) the documents' atoms are [big_c, small_c, big_c] (the Hopper kernel's producer writes
-// the first two from one read and copies the third, or maxsim_split_documents writes all three)
-// and the queries' [big_c, big_c, small_c]: atom 3c + p of the split row pairs with atom 3c + p
-// of the split query.
+// the first two from one read and copies the third) and the queries' [big_c, big_c, small_c]:
+// atom 3c + p of the split row pairs with atom 3c + p of the split query.
 __device__ __forceinline__ bool split_atom_is_small_query(int atom) { return atom % 3 == 2; }
-__device__ __forceinline__ bool split_atom_is_small_document(int atom) { return atom % 3 == 1; }
+// Documents split before (maxsim_split_documents) are stored [big_c, small_c] (a third fewer
+// bytes than the three atoms): k-atom 3c + p is stored atom 2c + (p == 1), big_c read twice.
+__device__ __forceinline__ int split_document_atom(int atom) { return atom / 3 * 2 + (atom % 3 == 1); }
+constexpr int SPLIT_DOCUMENT_PARTS = 2, SPLIT_QUERY_PARTS = 3;  // stored atoms per 64 elements
 
 // Conversion of one element to the accumulator type (Codec<T>::Acc).
 template <typename A, typename T> __device__ __forceinline__ A convert(T x);

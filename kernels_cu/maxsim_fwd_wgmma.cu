@@ -242,10 +242,11 @@ constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 // where 3xTF32 is 3 (bench/results/split-study-2026-12-05.txt).
 constexpr bool FP32_SPLIT = MAXSIM_FP32_SPLIT != 0;
 // MAXSIM_FP32_SPLIT 1: the producer splits the documents' float32 rows itself (staged, below);
-// 2: the documents come split already (launch.split_documents: fp16 halves [big_c, small_c,
-// big_c] per 64 elements and their rows' float scales, as the queries come), copied by TMA as
-// 16-bit tiles are, their scales as int8's: the consumers' side is the same build.
-constexpr bool SPLIT_STAGED = MAXSIM_FP32_SPLIT == 1;
+// 2: the documents come split already (launch.split_documents: fp16 halves [big_c, small_c]
+// per 64 elements and their rows' float scales), copied by TMA as 16-bit tiles are (k-atom a
+// from stored atom split_document_atom(a): big_c twice), their scales as int8's: the
+// consumers' side is the same build.
+constexpr bool SPLIT_STAGED = MAXSIM_FP32_SPLIT == 1, SPLIT_BEFORE = MAXSIM_FP32_SPLIT == 2;
 constexpr int QUERY_COLS = 128;
 constexpr int ACC = DOCS_ON_M ? QUERY_COLS / 2 : TILE_N / 2;  // accumulator registers per thread (64 x N / 128)
 // N = 64: two accumulator sets, tile t-1 folded while tile t multiplies. N = 128: one set (the
@@ -1102,8 +1103,10 @@ struct Block {
                         const int y = (int)(tile_map.packed ? load.first_token + first_row : first_row);
                         const int z = tile_map.packed ? 0 : (int)load.doc;
 #pragma unroll
-                        for (int atom = 0; atom < SLOT_ATOMS; ++atom)
-                            tma_load_3d(tile + atom * ATOM_BYTES, tile_map.map, (k_atom + atom) * 8 * ELEMS, y, z, full() + stage);
+                        for (int atom = 0; atom < SLOT_ATOMS; ++atom)  // (FP32_SPLIT: one atom a slot)
+                            tma_load_3d(tile + atom * ATOM_BYTES, tile_map.map,
+                                        (SPLIT_BEFORE ? split_document_atom(k_atom) : k_atom + atom) * 8 * ELEMS, y, z,
+                                        full() + stage);
                         // Rows past the document hold the next document's scales, or zeros past the
                         // tensor: their columns are not real, whatever they hold.
                         if (scales_by_tma && tile_end)

@@ -60,43 +60,150 @@ MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_bf16, bf16_t)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp32, float)
 MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp64, double)
 
-// float32 tokens split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t), one
-// warp a token: the token scaled by 2^k (split_exponent of its largest magnitude) and written
-// as fp16 halves, per 64 elements c the atoms [big_c, big_c, small_c] for queries, [big_c,
-// small_c, big_c] for DOCUMENTS (192 halves; zeros past the dim); its scale 2^-k, NaN if the
-// token holds NaN or inf (its elements then zeros); masked tokens zeros, scale 0 (a query's) or
-// 1 (a document's, as its producer-split build writes a masked row: the fold skips it). Rows
-// as split_exponent_rows takes them: `rows` of documents of doc_length rows at doc_stride and
-// row_stride elements (mask likewise); the halves come out contiguous, [rows][192 atoms].
+// float32 tokens split for the Hopper kernel's fp32 split build (codecs.cuh, fp32_split_t): the
+// token scaled by 2^k (split_exponent of its largest magnitude) and written as fp16 halves, per
+// 64 elements c the atoms [big_c, big_c, small_c] for queries (192 halves), [big_c, small_c]
+// for DOCUMENTS (128: the kernel reads big_c twice, split_document_atom); zeros past the dim.
+// Its scale 2^-k, NaN if the token holds NaN or inf (its elements then zeros); masked tokens
+// zeros, scale 0 (a query's) or 1 (a document's, as its producer-split build writes a masked
+// row: the fold skips it). Rows as split_exponent_rows takes them: `rows` of documents of
+// doc_length rows at doc_stride and row_stride elements (mask likewise); the halves come out
+// contiguous, [rows][PARTS * 64 * atoms]. A launch whose rows all lie on 16 bytes with a dim
+// of a multiple of 4 (the presplit build's: TMA rows) reads 16-byte vectors (split_vector_rows);
+// other launches go a pair of elements at a time, a warp a row.
+//
+// split_vector_rows: a row on LANES lanes (16 for dims up to 64: two rows side by side in a
+// warp), each lane's four elements in one 64 of the dim. A lane holds SPLIT_HELD_VECTORS
+// vectors in registers between the magnitude and the split (one read of HBM): of as many rows
+// as fit, one after another (dim 128: 8 rows a warp at once, 4 KB in flight; dim 1024: one),
+// so that a warp's loads keep enough bytes in flight whatever the dim. Rows past 1024 elements
+// are read twice (the second from L2).
+constexpr int SPLIT_HELD_VECTORS = 8;
+template <bool DOCUMENTS, int LANES>
+__device__ __forceinline__ void split_vector_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride,
+                                                  i64 row_stride, int dim, const unsigned char* mask,
+                                                  i64 mask_doc_stride, i64 mask_row_stride, u16* halves, float* scales) {
+    constexpr int PARTS = DOCUMENTS ? SPLIT_DOCUMENT_PARTS : SPLIT_QUERY_PARTS, SIDE = 32 / LANES;
+    constexpr int HELD = DOCUMENTS ? SPLIT_HELD_VECTORS : SPLIT_HELD_VECTORS / 2;  // (queries: three parts spill at 8)
+    const int lane = (threadIdx.x & 31) % LANES, sub = (threadIdx.x & 31) / LANES;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const int atoms = (dim + 63) / 64, per_row = (dim + 4 * LANES - 1) / (4 * LANES);  // a row's vectors a lane
+    const bool held = per_row <= HELD;  // (the same for the launch)
+    const int deep = held ? HELD / per_row : 1;  // rows a lane holds at once
+    // Held vector i: of the lane's row r_of[i] (past `deep`: none), its j_of[i]-th vector.
+    int r_of[HELD], j_of[HELD];
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) r_of[i] = held ? i / per_row : (i == 0 ? 0 : HELD), j_of[i] = held ? i % per_row : 0;
+    const auto bits = [](float4 u) {
+        return max(max(__float_as_uint(u.x) & 0x7fffffffu, __float_as_uint(u.y) & 0x7fffffffu),
+                   max(__float_as_uint(u.z) & 0x7fffffffu, __float_as_uint(u.w) & 0x7fffffffu));
+    };
+    const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (i64 first = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SIDE * deep; first < rows;
+         first += warps * SIDE * deep) {
+        float4 v[HELD];
+        u32 magnitude[HELD];
+        bool real[HELD];
+        const float* in[HELD];
+        // The lane's first row (first + sub) as (doc, token); each next held row SIDE on (one
+        // 64-bit division a group: a division a vector spilled).
+        i64 at = first + sub, doc = at / doc_length, token = at % doc_length;
+#pragma unroll
+        for (int i = 0; i < HELD; ++i) {
+            if (i > 0 && j_of[i] == 0 && r_of[i] < deep) {
+                at += SIDE, token += SIDE;
+                while (token >= doc_length) token -= doc_length, ++doc;
+            }
+            in[i] = x + doc * doc_stride + token * row_stride;
+            real[i] = r_of[i] < deep && at < rows && (mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride]);
+            const int c = 4 * lane + 4 * LANES * j_of[i];
+            v[i] = held && real[i] && c < dim ? *(const float4*)(in[i] + c) : zeros;
+            magnitude[i] = bits(v[i]);
+        }
+        if (!held && real[0])  // (one row a lane: its magnitude over the whole row, v unused)
+            for (int c = 4 * lane; c < dim; c += 4 * LANES) magnitude[0] = max(magnitude[0], bits(*(const float4*)(in[0] + c)));
+#pragma unroll
+        for (int i = 0; i < HELD; ++i)
+#pragma unroll
+            for (int offset = LANES / 2; offset > 0; offset >>= 1)
+                magnitude[i] = max(magnitude[i], __shfl_xor_sync(0xffffffffu, magnitude[i], offset));
+#pragma unroll
+        for (int i = 0; i < HELD; ++i) {
+            const int r = r_of[i];
+            const i64 row = first + sub + SIDE * r;
+            if (r >= deep || row >= rows) continue;
+            u32 row_magnitude = 0u;  // (the row's vectors: those held with the same r)
+#pragma unroll
+            for (int other = 0; other < HELD; ++other)
+                if (r_of[other] == r) row_magnitude = max(row_magnitude, magnitude[other]);
+            const int code = split_row_code<1>(real[i], row_magnitude);  // (reduced over the lanes above)
+            const bool zero = code >= SPLIT_ZERO;
+            const float scale = power_of_two(zero ? 0 : code);
+            u32* out = (u32*)(halves + row * PARTS * 64 * atoms);  // pairs of halves
+            // Elements e..e + 3 (pairs o, o + 1 of chunk c) from u: every part's pair of words.
+            auto write = [&](int e, float4 u) {
+                if (zero) u = zeros;
+                uint2 big, small;
+                split_halves(u.x * scale, u.y * scale, big.x, small.x);
+                split_halves(u.z * scale, u.w * scale, big.y, small.y);
+                const int c = e / 64, o = (e % 64) / 2;
+#pragma unroll
+                for (int part = 0; part < PARTS; ++part)
+                    *(uint2*)(out + c * 32 * PARTS + part * 32 + o) =
+                        (DOCUMENTS ? part == 1 : split_atom_is_small_query(part)) ? small : big;
+            };
+            const int e = 4 * lane + 4 * LANES * j_of[i];
+            if (held) {
+                if (e < 64 * atoms) write(e, v[i]);
+            } else {
+                for (int f = e; f < 64 * atoms; f += 4 * LANES)
+                    write(f, !zero && f < dim ? *(const float4*)(in[i] + f) : zeros);
+            }
+            if (lane == 0 && j_of[i] == 0)
+                scales[row] = !real[i] ? (DOCUMENTS ? 1.f : 0.f)
+                              : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
+        }
+    }
+}
 template <bool DOCUMENTS>
 __device__ __forceinline__ void split_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride, i64 row_stride,
                                            int dim, const unsigned char* mask, i64 mask_doc_stride,
                                            i64 mask_row_stride, u16* halves, float* scales) {
+    if (dim % 4 == 0 && ((size_t)x & 15) == 0 && doc_stride % 4 == 0 && row_stride % 4 == 0) {  // (uniform)
+        if (dim <= 64)
+            split_vector_rows<DOCUMENTS, 16>(x, rows, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,
+                                             mask_row_stride, halves, scales);
+        else
+            split_vector_rows<DOCUMENTS, 32>(x, rows, doc_length, doc_stride, row_stride, dim, mask, mask_doc_stride,
+                                             mask_row_stride, halves, scales);
+        return;
+    }
+    constexpr int PARTS = DOCUMENTS ? SPLIT_DOCUMENT_PARTS : SPLIT_QUERY_PARTS;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     const int atoms = (dim + 63) / 64;
     for (i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
         const i64 doc = row / doc_length, token = row % doc_length;
         const float* in = x + doc * doc_stride + token * row_stride;
-        u32* out = (u32*)(halves + row * 192 * atoms);  // pairs of halves
+        u32* out = (u32*)(halves + row * PARTS * 64 * atoms);  // pairs of halves
         const bool real = mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride];
         u32 magnitude = 0u;
+#pragma unroll 4
         for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
         const int code = split_row_code(real, magnitude);
-        const bool bad = code == SPLIT_BAD, zero = code >= SPLIT_ZERO;
-        const int k = zero ? 0 : code;
-        const float scale = power_of_two(k);
+        const bool zero = code >= SPLIT_ZERO;
+        const float scale = power_of_two(zero ? 0 : code);
         for (int pair = lane; pair < 32 * atoms; pair += 32) {  // elements 2 pair, 2 pair + 1
             const int e = 2 * pair, c = e / 64, o = (e % 64) / 2;
             const float a = !zero && e < dim ? in[e] * scale : 0.f, b = !zero && e + 1 < dim ? in[e + 1] * scale : 0.f;
             u32 big, small;
             split_halves(a, b, big, small);
 #pragma unroll
-            for (int part = 0; part < 3; ++part)
-                out[c * 96 + part * 32 + o] =
-                    (DOCUMENTS ? split_atom_is_small_document(part) : split_atom_is_small_query(part)) ? small : big;
+            for (int part = 0; part < PARTS; ++part)
+                out[c * 32 * PARTS + part * 32 + o] = (DOCUMENTS ? part == 1 : split_atom_is_small_query(part)) ? small : big;
         }
-        if (lane == 0) scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : bad ? __int_as_float(0x7fc00000) : power_of_two(-k);
+        if (lane == 0)
+            scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
     }
 }
 // Queries: contiguous tokens (q is small: made contiguous first).

@@ -198,6 +198,14 @@ def _stub_split_exponents(problem, stream):
     return _stub_device_array((rows,), 0x7c000000), 0 if packed else problem.doc_length, 1
 
 
+def _stub_split_documents(problem, stream):
+    """_forward._split_documents without a GPU: (halves, scales) of d's rows, made-up pointers."""
+    packed = problem.offsets is not None
+    rows = problem.d.shape[0] if packed else problem.num_docs * problem.doc_length
+    return _stub_device_array((rows, 128 * -(-problem.d.shape[-1] // 64)), 0x68000000), \
+        _stub_device_array((rows,), 0x6c000000)
+
+
 @contextlib.contextmanager
 def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launch=None, doc_tile_map=None,
              offsets_summary=None):
@@ -215,6 +223,7 @@ def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launc
     _cache.clear_all()
     monkeypatch.setattr(_forward, "_split_queries", _stub_split_queries)
     monkeypatch.setattr(_forward, "_split_exponents", _stub_split_exponents)
+    monkeypatch.setattr(_forward, "_split_documents", _stub_split_documents)
     monkeypatch.setattr(gpu_device, "device_properties", lambda device: properties)
     monkeypatch.setattr(gpu_device, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(gpu_compile, "get_kernel", get_kernel)

@@ -15,8 +15,9 @@ from test_no_cliffs import _on_hopper, _spy_on_kernels
 
 pytestmark = pytest.mark.gpu
 
-SPLIT = dict(wgmma_fp32_split=True)
-#: The presplit build (Tunables.wgmma_fp32_presplit): documents split by a launch, read by TMA.
+#: The staged build (the producer splits float32 documents) and the presplit one
+#: (Tunables.wgmma_fp32_presplit: documents split by a launch, read by TMA).
+SPLIT = dict(wgmma_fp32_split=True, wgmma_fp32_presplit=False)
 PRESPLIT = dict(wgmma_fp32_split=True, wgmma_fp32_presplit=True)
 
 
@@ -42,8 +43,8 @@ def numpy_exponents(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def numpy_split(rows: np.ndarray, mask, documents: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """split_rows in NumPy: per token 2^k (its largest |x| in [2^14, 2^15), k <= 126), fp16 big
     and small halves of x 2^k laid out per 64 elements as [big, big, small] (``documents``:
-    [big, small, big], the atoms each query atom meets); scales 2^-k, NaN for a token holding NaN
-    or inf (its halves zeros), 0 for a masked one (zeros; documents: 1)."""
+    [big, small], the kernel reading big twice); scales 2^-k, NaN for a token holding NaN or inf
+    (its halves zeros), 0 for a masked one (zeros; documents: 1)."""
     count, dim = rows.shape
     atoms = -(-dim // 64)
     real = np.ones(count, bool) if mask is None else mask.astype(bool)
@@ -54,13 +55,13 @@ def numpy_split(rows: np.ndarray, mask, documents: bool = False) -> tuple[np.nda
     big = y.astype(np.float16)
     small = (y - big.astype(np.float32)).astype(np.float16)
     big, small = big.reshape(count, atoms, 64), small.reshape(count, atoms, 64)
-    parts = [big, small, big] if documents else [big, big, small]
-    halves = np.stack(parts, axis=2).reshape(count, 192 * atoms).view(np.uint16)
+    parts = [big, small] if documents else [big, big, small]
+    halves = np.stack(parts, axis=2).reshape(count, 64 * len(parts) * atoms).view(np.uint16)
     scales = np.where(bad, np.nan, np.ldexp(1.0, -k)).astype(np.float32)
     return halves, np.where(real, scales, np.float32(1 if documents else 0))
 
 
-@pytest.mark.parametrize("dim", [1, 63, 64, 100, 130])
+@pytest.mark.parametrize("dim", [1, 63, 64, 100, 130, 320, 1028])  # (vectors: two rows side by side, several held, one, re-read)
 def test_split_queries_match_numpy(dim):
     import cupy
 
@@ -105,19 +106,24 @@ def _documents(dim: int):
     return docs, mask, view, (view.strides[0] // 4, view.strides[1] // 4), masks
 
 
-@pytest.mark.parametrize("dim", [1, 63, 100, 300])
+@pytest.mark.parametrize("dim", [1, 63, 64, 100, 300, 1024, 1028])
 def test_split_documents_match_numpy(dim):
     """The presplit build's documents (maxsim_quantize.cu maxsim_split_documents) of padded
-    documents under a strided view and a mask, and of packed ones, bit for bit as NumPy's."""
+    documents under a strided view and a mask, of contiguous ones (rows on 16 bytes where the
+    dim is a multiple of 4: read as vectors, rows side by side up to 64, several or one held in
+    registers up to 1024, re-read past), and of packed ones, bit for bit as NumPy's."""
     import cupy
 
     from cupy_maxsim._gpu.launch import split_documents
 
     docs, mask, view, strides, masks = _documents(dim)
     flat = docs.reshape(-1, dim)
+    packed = cupy.asarray(flat)  # (held: a temporary's memory would go back to the pool before the launch)
     for m, got in ((mask, split_documents(view.data.ptr, 0, 7, 11, strides, dim, masks.data.ptr, masks.strides)),
                    (None, split_documents(view.data.ptr, 0, 7, 11, strides, dim)),
-                   (None, split_documents(cupy.asarray(flat).data.ptr, 0, 1, 77, (0, dim), dim))):
+                   (mask, split_documents(packed.data.ptr, 0, 7, 11, (11 * dim, dim), dim, masks.data.ptr,
+                                          masks.strides)),
+                   (None, split_documents(packed.data.ptr, 0, 1, 77, (0, dim), dim))):
         want = numpy_split(flat, None if m is None else m.reshape(-1), documents=True)
         np.testing.assert_array_equal(got[0].get(), want[0])
         np.testing.assert_array_equal(got[1].get(), want[1])

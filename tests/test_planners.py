@@ -88,7 +88,7 @@ def test_doc_tile_map_falls_back_to_copies(monkeypatch):
         assert tma.doc_tile_map(256, 4, 128, 300, 10, 512, 153600, False) != none  # fp32 (TF32 builds)
     assert tma.doc_tile_map(256, 2, 128, 2**31, 1, 256, 0, True) == none  # past 32-bit rows
     with pytest.raises(ValueError, match="q's rows"):  # a build streaming queries needs q's map
-        tma.doc_tile_map(256, 2, 1024, 300, 10, 2048, 614400, False, queries=(8, 32, 4, 2048, 65536, 4))
+        tma.doc_tile_map(256, 2, 1024, 300, 10, 2048, 614400, False, queries=(8, 1024, 32, 4, 2048, 65536, 4))
     monkeypatch.setattr(tma, "_cuda_driver", lambda: None)
     tma._doc_tile_maps.clear()
     assert tma.doc_tile_map(256, 2, 128, 300, 10, 256, 76800, False) == none  # no driver
@@ -687,9 +687,8 @@ def test_fp32_split_on_the_planner():
                   name(9, float32_precision="high"), name(9, wgmma_fp32_split=False), name(9, use_tma=False)):
         assert other is None or other[0] != "maxsim_fwd_wgmma_fp32_split", other
     # Tunables.wgmma_fp32_presplit: the documents split before (build 2) for rows on 16 bytes
-    # whose halves (1000 x 300 rows x 384 bytes per 64 of the dim) fit fp32_presplit_max_bytes.
-    assert choose(9).config.fp32_split == 1
-    assert choose(9, wgmma_fp32_presplit=True).config.fp32_split == 2
-    assert choose(9, 2560, wgmma_fp32_presplit=True).config.fp32_split == 2
-    assert choose(9, 100, load_bytes=8, wgmma_fp32_presplit=True).config.fp32_split == 1
-    assert choose(9, 128, wgmma_fp32_presplit=True, fp32_presplit_max_bytes=1000 * 300 * 768 - 1).config.fp32_split == 1
+    # whose halves (1000 x 300 rows x 256 bytes per 64 of the dim) fit fp32_presplit_max_bytes.
+    assert choose(9, wgmma_fp32_presplit=False).config.fp32_split == 1
+    assert choose(9).config.fp32_split == 2 and choose(9, 2560).config.fp32_split == 2
+    assert choose(9, 100, load_bytes=8).config.fp32_split == 1
+    assert choose(9, 128, fp32_presplit_max_bytes=1000 * 300 * 512 - 1).config.fp32_split == 1

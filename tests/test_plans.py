@@ -283,6 +283,41 @@ def _recorded() -> dict:
     return json.loads(DECISIONS.read_text()) if DECISIONS.is_file() else {}
 
 
+def test_presplit_without_room_takes_the_staged_split(monkeypatch):
+    """The fp32 split's presplit (documents split into a workspace of their bytes) falls back
+    to the staged build, which needs none, where that workspace cannot be allocated."""
+    from cupy_maxsim import _forward
+
+    def no_room(problem, stream):
+        raise MemoryError("out of memory")  # (CuPy's OutOfMemoryError is a MemoryError)
+
+    problem = "fp32-dim1024-32q-argmax"
+    assert "-DMAXSIM_FP32_SPLIT=2" in _recorded()[f"sm90-h200/{problem}"][-1]["defines"]
+    with monkeypatch.context() as patch, stubbed_gpu(patch, DEVICES["sm90-h200"]) as launches:
+        patch.setattr(_forward, "_split_documents", no_room)
+        PROBLEMS[problem](_Arrays())
+    assert [launch["kernel"] for launch in launches] == ["maxsim_fwd_wgmma_fp32_split"]
+    assert "-DMAXSIM_FP32_SPLIT=1" in launches[0]["defines"]
+
+
+def test_presplit_maps_each_their_own_rows(monkeypatch):
+    """The fp32 presplit build's TMA maps: the documents' halves [big, small] per 64 elements
+    (128 halves a 64) and the queries' [big, big, small] (192) are rows of different widths;
+    each map has its own (a query map of the documents' width reads past its rows' ends, and
+    TMA fills zeros there: the small query halves lost)."""
+    from cupy_maxsim._gpu import tma
+
+    maps = []
+    problem = "fp32-dim1024-32q-argmax"
+    with monkeypatch.context() as patch, stubbed_gpu(patch, DEVICES["sm90-h200"]):
+        patch.setattr(tma, "doc_tile_map", lambda *args, **kwargs: maps.append((args, kwargs)) or b"tile map")
+        PROBLEMS[problem](_Arrays())
+    (args, kwargs), = maps
+    atoms = 1024 // 64
+    assert args[1:3] == (2, 128 * atoms)  # the documents: fp16 halves, 128 a 64
+    assert kwargs["queries"][1] == 192 * atoms and kwargs["queries"][4] == 2 * 192 * atoms  # q: 192 a 64
+
+
 def test_enough_problems_are_guarded():
     assert len(CASES) >= 40
     assert set(_recorded()) == {f"{device}/{problem}" for device, problem in CASES}

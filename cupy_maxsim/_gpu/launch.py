@@ -341,14 +341,14 @@ def split_documents(x: int, device: int, docs: int, doc_length: int, strides: tu
                     mask: int = 0, mask_strides: tuple[int, int] = (0, 0)):
     """One launch of maxsim_split_documents on the current device and stream: float32 document
     rows at ``x`` (as split_exponents takes them) as split_queries splits queries, but per 64
-    elements the atoms big, small, big: (halves as uint16 (docs * doc_length, 192 * ceil(dim /
-    64)), float32 scales (docs * doc_length,): 2^-k, 1 for a masked row, NaN for one holding NaN
-    or inf), what the Hopper kernel's presplit build (MAXSIM_FP32_SPLIT 2) copies by TMA as its
-    documents and their tiles' scales."""
+    elements the atoms big, small (the kernel reads big twice): (halves as uint16 (docs *
+    doc_length, 128 * ceil(dim / 64)): the float32 bytes; float32 scales (docs * doc_length,):
+    2^-k, 1 for a masked row, NaN for one holding NaN or inf), what the Hopper kernel's presplit
+    build (MAXSIM_FP32_SPLIT 2) copies by TMA as its documents and their tiles' scales."""
     import cupy
 
     rows = docs * doc_length
-    halves = allocated((rows, 192 * -(-dim // 64)), cupy.uint16)
+    halves = allocated((rows, 128 * -(-dim // 64)), cupy.uint16)
     scales = allocated((rows,), cupy.float32)
     if rows:
         launch(get_kernel(device, "maxsim_quantize", "maxsim_split_documents"), (_row_blocks(device, rows),),

@@ -76,7 +76,8 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
     document scales' (pointer, row stride, document stride), bytes, laid out as the documents'
     rows; their own map where TMA can read them (rows of contiguous float32), else the kernel's
     lanes copy them. ``queries`` (the build streaming queries, WgmmaConfig.stream_query): q's
-    (pointer, tokens, queries, row stride, query stride in bytes, queries a box), whose map the
+    (pointer, elements a row, tokens, queries, row stride, query stride in bytes, queries a
+    box; the fp32 presplit build's query rows are wider than its documents'), whose map the
     kernel needs (ValueError where TMA cannot read q). ``l2_promotion``: Tunables.tma_l2_promotion
     (None: :func:`l2_promotion_of_rows`)."""
     if l2_promotion is None:
@@ -98,11 +99,11 @@ def doc_tile_map(pointer: int, itemsize: int, dim: int, rows: int, docs: int, ro
         if doc_map is not None:
             scale_map = _scale_tile_map(driver, scales, rows, docs, tile_rows)
     if queries is not None:
-        q_pointer, tokens, count, q_row_stride, q_stride, per_box = queries
+        q_pointer, q_dim, tokens, count, q_row_stride, q_stride, per_box = queries
         q_stride = max(q_stride, q_row_stride * tokens) if count == 1 else q_stride  # one query: any stride
         if (driver is not None and q_pointer % 16 == 0 and q_row_stride % 16 == 0 and q_stride % 16 == 0
                 and q_stride >= q_row_stride * tokens and count < 2**31):
-            query_map = _swizzled_map(driver, q_pointer, itemsize, (dim, tokens, count), (q_row_stride, q_stride),
+            query_map = _swizzled_map(driver, q_pointer, itemsize, (q_dim, tokens, count), (q_row_stride, q_stride),
                                       (tokens, per_box), l2_promotion)
         if query_map is None:
             raise ValueError("q's rows cannot be read by TMA (16-byte pointer and strides are needed)")

@@ -198,8 +198,8 @@ def fp32_split_choice(shape: ForwardShape, capability: int, smem_limit: int, tun
             and shape.num_queries * shape.query_length > 32 and shape.argmax_bits != 32):
         return None
     # Presplit (Tunables.wgmma_fp32_presplit): the documents split by a launch before, into
-    # halves of 6 bytes an element (192 halves a 64 of the dim) that TMA copies: rows on 16 bytes.
-    halves_bytes = shape.num_docs * shape.mean_doc_length * 384 * -(-shape.dim // 64)
+    # halves of 4 bytes an element (128 halves a 64 of the dim) that TMA copies: rows on 16 bytes.
+    halves_bytes = shape.num_docs * shape.mean_doc_length * 256 * -(-shape.dim // 64)
     presplit = (tunables.wgmma_fp32_presplit and shape.load_bytes == 16
                 and halves_bytes <= tunables.fp32_presplit_max_bytes)
     config = wgmma_fp32_split_config(bool(shape.argmax_bits), presplit)
