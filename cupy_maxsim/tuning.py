@@ -36,6 +36,10 @@ class Tunables:
     #: one folds while the others multiply (WgmmaConfig.turns). Off until measured against
     #: issuing together (bench/ab_tunables.py).
     wgmma_turns: bool = False
+    #: Documents on M: the last query group's blocks, whose warpgroups past the last query idle
+    #: (maxsim_fwd_wgmma.cu, idle_docs_on_m), take longer document ranges so that one wave's
+    #: blocks finish together (_plan/forward.idle_group_ranges); off: every group's alike.
+    wgmma_idle_groups: bool = True
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a

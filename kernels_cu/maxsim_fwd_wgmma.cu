@@ -726,8 +726,11 @@ struct Block {
         tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
         scales_by_tma = scaled && tile_map.use_tma && tile_map.use_scale_tma;
         scales_by_lanes = scaled && tile_map.use_tma && !tile_map.use_scale_tma;
-        doc_begin = (i64)blockIdx.x * args.docs_per_block;
-        doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
+        // The launch's last query group may take longer ranges (its idle warpgroups: Consumer::
+        // idle_docs_on_m); its blocks past the documents return at once.
+        const i64 docs_per_block = blockIdx.y + 1 == gridDim.y ? args.last_group_docs_per_block : args.docs_per_block;
+        doc_begin = (i64)blockIdx.x * docs_per_block;
+        doc_end = min(doc_begin + docs_per_block, args.num_docs);
         query_length = args.query_length;
         queries_per_warpgroup = GROUP_ROWS / query_length;
         first_query = (i64)blockIdx.y * args.queries_per_group;
@@ -1306,7 +1309,31 @@ struct Consumer : Block {
     // other warpgroups keep the tensor cores busy meanwhile. Every warpgroup reads every tile
     // of the block's single ring. A document's first tile is folded apart (peeled), so that
     // its maxima are dead between documents: nothing resets them.
+    // A warpgroup whose queries all lie past the last (the last query group's, e.g. the third
+    // of 32 queries of 32 tokens in blocks of three warpgroups of four) multiplies nothing: it
+    // frees each slot once filled, as the others take the same tiles, so that the tensor cores
+    // do only the real warpgroups' MMAs (the planner gives that group longer document ranges:
+    // _plan/forward.idle_group_ranges). Not in turns (a turn would wait for it).
+    __device__ __forceinline__ void idle_docs_on_m(int tile_slots) {
+        DocCursor cursor;
+        open_doc(cursor, 0);
+        int stage = 0;
+        u32 phase = 0;
+#pragma unroll 1
+        while (cursor.position < doc_count) {
+#pragma unroll 1
+            for (int s = 0; s < tile_slots; ++s) {
+                mbarrier_wait(full() + stage, phase);
+                __syncwarp();
+                if (lane == 0) mbarrier_arrive(empty() + stage);
+                if (++stage == STAGES) stage = 0, phase ^= 1;
+            }
+            next_tile(cursor);
+        }
+    }
+
     template <typename T> __device__ __forceinline__ void consume_docs_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
+        if (!TURNS && group_count == 0) return idle_docs_on_m(slots_per_tile<T>(args.dim));
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
         DocCursor cursor;
