@@ -259,8 +259,9 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             values.update(rows_per_chunk=simt.rows_per_chunk)
             gpu_launch.launch(kernel, (simt.grid,), (simt.threads,), forward_args(**values), simt.shared, stream)
             return
+        # (a replay records these: one launch, whose last group is the problem's)
         values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation,
-                      last_group_docs_per_block=plan.docs_per_block)
+                      last_group_docs_per_block=plan.last_group_docs_per_block)
         # The fp32 split build reads q as its fp16 halves and their scales (kept alive here to
         # the launch; the memory pool reuses them only in this stream's order).
         split = _split_queries(problem, stream) if plan.split_queries else None
@@ -323,7 +324,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 q_scale=0 if not scale_base else scale_base + first_query * scale_query_bytes,
                 num_queries=num_queries - first_query,
                 out=out_ptr + first_query * out_query_stride * out_item,
-                # (the launch's last group is the problem's only in the last launch)
+                # (the launch's last group is the problem's only in the last launch; before it a whole one)
                 last_group_docs_per_block=plan.last_group_docs_per_block if first + 65535 >= plan.groups
                 else plan.docs_per_block,
             )

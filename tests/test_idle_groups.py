@@ -13,6 +13,7 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import reference, tuning
+from cupy_maxsim._gpu.args import FORWARD_ARGS, ArgTemplate, forward_args
 from support import assert_scores_match, holey_mask, to_numpy, unit_rows
 
 pytestmark = pytest.mark.gpu
@@ -49,6 +50,14 @@ def both(monkeypatch):
             with tuning.override(wgmma_idle_groups=balanced):
                 answer = call()
                 results.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
+                again = call()  # replayed where the call can be: the recorded launch's ranges are the plan's
+                np.testing.assert_array_equal(results[-1][0], to_numpy(again[0] if isinstance(again, tuple) else again))
+            for replay in _replay.replays.values():
+                sent = dict(zip((name for name, _ in FORWARD_ARGS), forward_args.layout.unpack_from(
+                    bytes(replay.launch._args), ArgTemplate.HEADER)))
+                assert sent["last_group_docs_per_block"] == replay.plan.last_group_docs_per_block
+                assert (replay.plan.last_group_docs_per_block > replay.plan.docs_per_block) == (
+                    balanced and replay.plan.groups > 1)
             docs_on_m = [d for d in asked if "-DMAXSIM_DOCS_ON_M=1" in d]
             assert docs_on_m, f"not documents on M: {asked}"
             defines = dict(d.lstrip("-D").split("=") for d in docs_on_m[-1])
