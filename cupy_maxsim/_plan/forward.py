@@ -138,6 +138,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         even_ksteps = ksteps + ksteps % 2
         docs_on_m = tunables.wgmma_docs_on_m and num_queries > 128 // query_length and argmax != 32
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
+        if docs_on_m and tunables.wgmma_docs_on_m_warpgroups:
+            warpgroups = min(warpgroups, tunables.wgmma_docs_on_m_warpgroups)
         tile_rows = 64 if docs_on_m else wgmma_tile_rows(
             mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
             tunables=tunables, argmax=bool(argmax),
