@@ -38,7 +38,7 @@ class ForwardPlan(typing.NamedTuple):
     grid_x: int  # document ranges
     doc_rotation: int
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
-    last_group_docs_per_block: int  # the last query group's ranges (planner.idle_group_ranges)
+    last_group_docs_per_block: int  # the last query group's own ranges (planner.idle_group_ranges), or 0
     query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
     split_queries: bool = False  # Hopper kernel's fp32 split build: q is read as its fp16 halves (_split_queries)
     split_documents: bool = False  # ... presplit (MAXSIM_FP32_SPLIT 2): d too, by TMA (_split_documents)
@@ -147,7 +147,7 @@ def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
         d_mask=0 if d_mask is None else d_mask.ptr,
         d_mask_doc_stride=0 if d_mask is None else d_mask.strides[0],
         d_mask_row_stride=0 if d_mask is None else d_mask.strides[1],
-        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=1, out=out_ptr,
+        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=0, out=out_ptr,
         out_query_stride=0 if problem.pairs else problem.num_docs,
         num_queries=num_queries, query_length=query_length, dim=dim,
         offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
@@ -325,8 +325,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 num_queries=num_queries - first_query,
                 out=out_ptr + first_query * out_query_stride * out_item,
                 # (the launch's last group is the problem's only in the last launch; before it a whole one)
-                last_group_docs_per_block=plan.last_group_docs_per_block if first + 65535 >= plan.groups
-                else plan.docs_per_block,
+                last_group_docs_per_block=plan.last_group_docs_per_block if first + 65535 >= plan.groups else 0,
             )
             if winners is not None:
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)

@@ -36,9 +36,10 @@ class Tunables:
     #: one folds while the others multiply (WgmmaConfig.turns). Off until measured against
     #: issuing together (bench/ab_tunables.py).
     wgmma_turns: bool = False
-    #: Documents on M: the last query group's blocks, whose warpgroups past the last query idle
-    #: (maxsim_fwd_wgmma.cu, idle_docs_on_m), take longer document ranges so that one wave's
-    #: blocks finish together (_plan/forward.idle_group_ranges); off: every group's alike.
+    #: Documents on M: the last query group's warpgroups past the last query idle (maxsim_fwd_
+    #: wgmma.cu, idle_docs_on_m) and its blocks take longer document ranges, so that one wave's
+    #: blocks finish together (_plan/forward.idle_group_ranges); off: every group's ranges alike,
+    #: every warpgroup multiplying.
     wgmma_idle_groups: bool = True
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.

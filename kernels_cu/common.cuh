@@ -87,8 +87,9 @@ struct ForwardArgs {
     i64 d_scale_doc_stride, d_scale_row_stride;
     i64 argmax_query_stride, argmax_doc_stride;  // token stride 1; int16 or int32 elements
     i64 doc_rotation;  // wgmma kernel: query group y starts its document range y * this later
-    // wgmma kernel: the launch's last query group's range (docs_per_block where the groups are
-    // alike; longer where its warpgroups past the last query leave it fewer MMAs a document).
+    // wgmma kernel: the launch's last query group's own ranges, whose warpgroups past the last
+    // query idle (longer ranges: fewer MMAs a document), or 0: its ranges are the others' and
+    // every warpgroup multiplies (they keep reading the documents the others read, from L2).
     i64 last_group_docs_per_block;
     int num_queries, query_length, dim, offsets_are_64bit;
     int queries_per_group, pairs, rows_per_chunk, argmax_is_32bit;

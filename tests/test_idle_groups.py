@@ -1,8 +1,8 @@
 """Documents on M with warpgroups past the last query (maxsim_fwd_wgmma.cu, idle_docs_on_m): a
 warpgroup whose queries all lie past the last only frees the slots the others multiply, and the
 planner gives the last query group longer document ranges (Tunables.wgmma_idle_groups,
-_plan/forward.idle_group_ranges). The scores and winners equal those of ranges alike bit for
-bit (each document is scored by the same MMAs and folds, whichever block takes it) and
+_plan/forward.idle_group_ranges). The scores and winners equal those of ranges alike, where every
+warpgroup multiplies, bit for bit (each document and query by the same MMAs and folds) and
 float64's within tolerance: 16-bit, int8 and fp32 (the split build) builds, resident and
 streamed k, queries of 16 and 32 tokens, one query group with idle warpgroups and several,
 masks, lengths off the tile, packed ragged corpora with empty documents, a non-finite element
@@ -31,8 +31,9 @@ def cupy():
 
 @pytest.fixture
 def both(monkeypatch):
-    """_both(call, num_queries, query_length): (balanced ranges, ranges alike) planned afresh
-    each, equal bit for bit; asserts that the call took documents on M with an idle warpgroup."""
+    """_both(call, num_queries, query_length): (idle warpgroups and their group's own ranges,
+    ranges alike and every warpgroup multiplying) planned afresh each, equal bit for bit;
+    asserts that the call took documents on M with a warpgroup past the last query."""
     from cupy_maxsim import _forward, _replay
 
     asked = []
@@ -56,8 +57,9 @@ def both(monkeypatch):
                 sent = dict(zip((name for name, _ in FORWARD_ARGS), forward_args.layout.unpack_from(
                     bytes(replay.launch._args), ArgTemplate.HEADER)))
                 assert sent["last_group_docs_per_block"] == replay.plan.last_group_docs_per_block
-                assert (replay.plan.last_group_docs_per_block > replay.plan.docs_per_block) == (
-                    balanced and replay.plan.groups > 1)
+                own = replay.plan.last_group_docs_per_block
+                assert (own > replay.plan.docs_per_block if replay.plan.groups > 1 else own == replay.plan.docs_per_block
+                        ) if balanced else own == 0
             docs_on_m = [d for d in asked if "-DMAXSIM_DOCS_ON_M=1" in d]
             assert docs_on_m, f"not documents on M: {asked}"
             defines = dict(d.lstrip("-D").split("=") for d in docs_on_m[-1])

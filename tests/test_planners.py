@@ -698,7 +698,9 @@ def test_the_last_query_group_takes_longer_ranges(h200_planner):
     """Documents on M: where the last query group's warpgroups past the last query idle (32
     queries of 32 tokens in groups of 12: its third), its blocks take longer document ranges in
     proportion to the MMAs they skip, so that one wave of blocks (132 on an H200) finishes
-    together; groups alike (36 queries), several waves, or the tunable off keep one range."""
+    together; groups alike (36 queries), several waves, or the tunable off keep one range (0: the
+    last group's ranges are the others', every warpgroup multiplying); one group with idle
+    warpgroups (the fp32 split's two for four queries) has its own, the same."""
     def plan(num_queries, num_docs=10_000, suffix="fp16", dim=128, query_length=32, tunables=DEFAULT):
         h200_planner.clear()
         _forward._plans.clear()
@@ -715,7 +717,10 @@ def test_the_last_query_group_takes_longer_ranges(h200_planner):
     assert abs(last_blocks * 1.0 / (whole_blocks * share) - 1.0) < 0.05
     for alike in (plan(36), plan(32, tunables=dataclasses.replace(DEFAULT, wgmma_idle_groups=False)),
                   plan(1000)):
-        assert alike.last_group_docs_per_block == alike.docs_per_block
+        assert alike.last_group_docs_per_block == 0
+    one_group = plan(4, suffix="fp32")
+    assert (one_group.groups, one_group.last_group_docs_per_block) == (1, one_group.docs_per_block)
+    assert plan(8, suffix="fp32").last_group_docs_per_block == 0  # (two warpgroups of four: none idles)
     # Queries of 16 tokens, eight a warpgroup: 30 queries leave the second group's six in one.
     short = plan(30, query_length=16)
     assert (short.group, short.groups) == (24, 2) and short.last_group_docs_per_block > short.docs_per_block
@@ -723,4 +728,4 @@ def test_the_last_query_group_takes_longer_ranges(h200_planner):
     # 320 two warpgroups of four queries: 32 queries fill them.
     fat = plan(32, dim=192)
     assert fat.group == 12 and fat.last_group_docs_per_block > fat.docs_per_block
-    assert plan(32, dim=320).group == 8 and plan(32, dim=320).last_group_docs_per_block == plan(32, dim=320).docs_per_block
+    assert plan(32, dim=320).group == 8 and plan(32, dim=320).last_group_docs_per_block == 0

@@ -62,7 +62,7 @@ class ForwardGeometry(typing.NamedTuple):
     grid_x: int  # document ranges
     doc_rotation: int  # query groups of one range start this many documents apart (L2 reuse)
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
-    last_group_docs_per_block: int  # the last query group's ranges (idle_group_ranges)
+    last_group_docs_per_block: int  # the last query group's own ranges (idle_group_ranges), or 0: the others'
 
 
 def load_alignment(suffix: str, dim: int, query_length: int, strides: tuple, pointers: tuple,
@@ -247,10 +247,14 @@ def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, propertie
     corpus_bytes = num_docs * shape.mean_doc_length * shape.dim * ITEMSIZE[shape.suffix]
     corpus_fits = corpus_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if choice.wgmma and groups > 1 and corpus_fits else 0
-    last_docs_per_block = docs_per_block
-    if grid_x * groups <= sm_count * resident:  # (one wave: the last group's blocks set the time too)
+    # Where the last group's warpgroups past the last query idle, it has ranges of its own (one
+    # group: the same; one wave of several: longer, its blocks finishing with the others').
+    last_docs_per_block = 0
+    if grid_x * groups <= sm_count * resident:
         share = idle_group_share(shape, config, group, groups, tunables)
-        if share < 1.0:
+        if share < 1.0 and groups == 1:
+            last_docs_per_block = docs_per_block
+        elif share < 1.0:
             docs_per_block, last_docs_per_block = idle_group_ranges(num_docs, groups, share, sm_count * resident)
             grid_x = -(-num_docs // docs_per_block)
     return ForwardGeometry(group, groups, docs_per_block, grid_x, doc_rotation, config.tile_n if choice.wgmma else 0,
@@ -268,7 +272,7 @@ def idle_group_share(shape: ForwardShape, config, group: int, groups: int, tunab
     the last query idle (documents on M: maxsim_fwd_wgmma.cu, idle_docs_on_m; e.g. 32 queries of
     32 tokens in groups of 12, the last one's third warpgroup): (working k-steps + fold) /
     (all k-steps + fold) a tile; 1.0 where no warpgroup idles or the build issues in turns."""
-    if not (getattr(config, "docs_on_m", 0) and tunables.wgmma_idle_groups) or config.turns or groups < 2:
+    if not (getattr(config, "docs_on_m", 0) and tunables.wgmma_idle_groups) or config.turns:
         return 1.0
     per_warpgroup = config.group_rows // shape.query_length
     working = -(-(shape.num_queries - (groups - 1) * group) // per_warpgroup)
