@@ -1319,6 +1319,9 @@ struct Consumer : Block {
     // multiplies as they do: run ahead, the group's blocks would read from DRAM what the other
     // groups' blocks read a moment later from L2 (5% slower on the H100). Not in turns (a turn
     // would wait for it).
+    // (Chosen before the consumers take their registers: a branch to it inside consume_docs_on_m
+    // made ptxas spill in 21 of the 80 documents-on-M builds and copy the fold, 28 FMNMX and 54
+    // FSEL more at fp16 dim 128.)
     __device__ __forceinline__ void idle_docs_on_m(int tile_slots) {
         DocCursor cursor;
         open_doc(cursor, 0);
@@ -1338,7 +1341,6 @@ struct Consumer : Block {
     }
 
     template <typename T> __device__ __forceinline__ void consume_docs_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
-        if (!TURNS && own_ranges && group_count == 0) return idle_docs_on_m(slots_per_tile<T>(args.dim));
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
         DocCursor cursor;
@@ -1872,6 +1874,10 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
         return;
     }
     // ---- Consumer warpgroups ----------------------------------------------------------------
+    if (DOCS_ON_M && !TURNS && block.own_ranges && block.group_count == 0) {  // (before it takes registers)
+        block.idle_docs_on_m(slots_per_tile<T>(args.dim));
+        return;
+    }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
     if constexpr (DOCS_ON_M) {
         block.consume_docs_on_m<T>(args, tile_map);
