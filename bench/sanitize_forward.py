@@ -2,6 +2,8 @@
 racecheck. CuPy's memory pool is off (inside a pool's slab an out-of-bounds read is invisible
 to memcheck); run with PYTORCH_NO_CUDA_MEMORY_CACHING=1 for torch's allocator likewise."""
 
+import sys
+
 import cupy
 import numpy as np
 
@@ -15,6 +17,29 @@ rng = np.random.default_rng(0)
 def rows(shape, dtype):
     return cupy.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
 
+
+def idle_warpgroups():
+    """Documents on M with warpgroups past the last query (idle_docs_on_m) and the last group's
+    longer ranges: 16 and 32 queries of 32 tokens in groups of 12 (two and one idle), 30 of 16
+    tokens, resident and streamed k, int8, the fp32 split's two warpgroups (4 and 12 queries),
+    masks, winners, packed (``python bench/sanitize_forward.py idle``: this part alone)."""
+    for dtype in (cupy.float16, cupy.float32):
+        for nq, lq, nd, ld, dim in [(32, 32, 300, 70, 128), (16, 32, 200, 33, 64), (30, 16, 150, 40, 96),
+                                    (32, 32, 150, 40, 192), (4, 32, 100, 40, 128), (12, 32, 150, 40, 100)]:
+            q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+            cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7), return_argmax=True)
+            cm.score_packed(q, rows((nd * 20, dim), dtype), cupy.asarray(np.arange(nd + 1) * 20, dtype=cupy.int32))
+            if dtype == cupy.float16:
+                qv, qs = cm.quantize_int8(q.astype(cupy.float32))
+                dv, ds = cm.quantize_int8(d.astype(cupy.float32))
+                cm.score(qv, dv, q_scale=qs, d_scale=ds)
+    cupy.cuda.Device().synchronize()
+
+
+if sys.argv[1:] == ["idle"]:
+    idle_warpgroups()
+    print("sanitize_forward idle: done")
+    sys.exit()
 
 for dtype in (cupy.float16, cupy.float32, cupy.float64):
     for nq, lq, nd, ld, dim in [(1, 31, 5, 70, 128), (6, 32, 9, 33, 96), (3, 20, 4, 17, 64)]:
@@ -217,5 +242,7 @@ except ImportError:
     pass
 cupy.cuda.Device().synchronize()
 print("sanitize_forward: done")
+idle_warpgroups()
+print("sanitize_forward idle: done")
 # Search's selection kernel (maxsim_topk.cu), also alone: python bench/sanitize_search.py
 import sanitize_search  # noqa: E402,F401

@@ -38,6 +38,7 @@ class ForwardPlan(typing.NamedTuple):
     grid_x: int  # document ranges
     doc_rotation: int
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
+    last_group_docs_per_block: int  # the last query group's own ranges (planner.idle_group_ranges), or 0
     query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
     split_queries: bool = False  # Hopper kernel's fp32 split build: q is read as its fp16 halves (_split_queries)
     split_documents: bool = False  # ... presplit (MAXSIM_FP32_SPLIT 2): d too, by TMA (_split_documents)
@@ -63,7 +64,7 @@ def _plan_of(key: tuple) -> ForwardPlan | None:
             kernel = gpu_compile.get_kernel(device, choice.family, choice.name, config.defines(), config.shared_bytes)
             resident = gpu_device.resident_blocks(kernel, config.threads, config.shared_bytes, device)
             plan = ForwardPlan(kernel, config.threads, config.shared_bytes,
-                               *planner.geometry(shape, choice, resident, properties),
+                               *planner.geometry(shape, choice, resident, properties, tunables),
                                query_box=config.query_box(shape.num_queries, shape.query_length)
                                if getattr(config, "stream_query", 0) else 0,
                                split_queries=bool(getattr(config, "fp32_split", 0)),
@@ -146,7 +147,7 @@ def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
         d_mask=0 if d_mask is None else d_mask.ptr,
         d_mask_doc_stride=0 if d_mask is None else d_mask.strides[0],
         d_mask_row_stride=0 if d_mask is None else d_mask.strides[1],
-        num_docs=problem.num_docs, docs_per_block=1, out=out_ptr,
+        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=0, out=out_ptr,
         out_query_stride=0 if problem.pairs else problem.num_docs,
         num_queries=num_queries, query_length=query_length, dim=dim,
         offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
@@ -258,7 +259,9 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             values.update(rows_per_chunk=simt.rows_per_chunk)
             gpu_launch.launch(kernel, (simt.grid,), (simt.threads,), forward_args(**values), simt.shared, stream)
             return
-        values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation)
+        # (a replay records these: one launch, whose last group is the problem's)
+        values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation,
+                      last_group_docs_per_block=plan.last_group_docs_per_block)
         # The fp32 split build reads q as its fp16 halves and their scales (kept alive here to
         # the launch; the memory pool reuses them only in this stream's order).
         split = _split_queries(problem, stream) if plan.split_queries else None
@@ -321,6 +324,8 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
                 q_scale=0 if not scale_base else scale_base + first_query * scale_query_bytes,
                 num_queries=num_queries - first_query,
                 out=out_ptr + first_query * out_query_stride * out_item,
+                # (the launch's last group is the problem's only in the last launch; before it a whole one)
+                last_group_docs_per_block=plan.last_group_docs_per_block if first + 65535 >= plan.groups else 0,
             )
             if winners is not None:
                 values["argmax"] = winners[0] + first_query * winners[1][0] * (4 if winners[2] else 2)

@@ -36,6 +36,14 @@ class Tunables:
     #: one folds while the others multiply (WgmmaConfig.turns). Off until measured against
     #: issuing together (bench/ab_tunables.py).
     wgmma_turns: bool = False
+    #: Documents on M: the last query group's warpgroups past the last query idle (maxsim_fwd_
+    #: wgmma.cu, idle_docs_on_m) and its blocks take longer document ranges, so that one wave's
+    #: blocks finish together (_plan/forward.idle_group_ranges); off: every group's ranges alike,
+    #: every warpgroup multiplying.
+    wgmma_idle_groups: bool = True
+    #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
+    #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
+    wgmma_docs_on_m_warpgroups: int = 0
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a

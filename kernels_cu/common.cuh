@@ -87,10 +87,14 @@ struct ForwardArgs {
     i64 d_scale_doc_stride, d_scale_row_stride;
     i64 argmax_query_stride, argmax_doc_stride;  // token stride 1; int16 or int32 elements
     i64 doc_rotation;  // wgmma kernel: query group y starts its document range y * this later
+    // wgmma kernel: the launch's last query group's own ranges, whose warpgroups past the last
+    // query idle (longer ranges: fewer MMAs a document), or 0: its ranges are the others' and
+    // every warpgroup multiplies (they keep reading the documents the others read, from L2).
+    i64 last_group_docs_per_block;
     int num_queries, query_length, dim, offsets_are_64bit;
     int queries_per_group, pairs, rows_per_chunk, argmax_is_32bit;
 };
-static_assert(sizeof(ForwardArgs) == 30 * 8 + 8 * 4, "ForwardArgs must have no padding");
+static_assert(sizeof(ForwardArgs) == 31 * 8 + 8 * 4, "ForwardArgs must have no padding");
 
 // Saved argmax: the winning token's index within its document, -1 for a masked query token
 // or a document with no real token. int16 when every document is shorter than 32768 tokens.

@@ -79,6 +79,19 @@ MAXSIM_QUANTIZE_ENTRY(maxsim_quantize_fp64, double)
 // so that a warp's loads keep enough bytes in flight whatever the dim. Rows past 1024 elements
 // are read twice (the second from L2).
 constexpr int SPLIT_HELD_VECTORS = 8;
+// A float's magnitude as the split reads it: its bits, sign cleared (split_row_code's input).
+__device__ __forceinline__ u32 magnitude_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+// Both split paths' layout of a row's halves: the word of part `part` of chunk c's pair o
+// (elements 2 o, 2 o + 1 of the 64), which part holds the small halves, and the row's scale.
+template <bool DOCUMENTS> __device__ __forceinline__ int split_word(int c, int part, int o) {
+    return c * 32 * (DOCUMENTS ? SPLIT_DOCUMENT_PARTS : SPLIT_QUERY_PARTS) + part * 32 + o;
+}
+template <bool DOCUMENTS> __device__ __forceinline__ bool split_part_is_small(int part) {
+    return DOCUMENTS ? part == 1 : split_atom_is_small_query(part);
+}
+template <bool DOCUMENTS> __device__ __forceinline__ float split_row_scale(bool real, int code) {
+    return !real ? (DOCUMENTS ? 1.f : 0.f) : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
+}
 template <bool DOCUMENTS, int LANES>
 __device__ __forceinline__ void split_vector_rows(const float* x, i64 rows, i64 doc_length, i64 doc_stride,
                                                   i64 row_stride, int dim, const unsigned char* mask,
@@ -95,8 +108,7 @@ __device__ __forceinline__ void split_vector_rows(const float* x, i64 rows, i64 
 #pragma unroll
     for (int i = 0; i < HELD; ++i) r_of[i] = held ? i / per_row : (i == 0 ? 0 : HELD), j_of[i] = held ? i % per_row : 0;
     const auto bits = [](float4 u) {
-        return max(max(__float_as_uint(u.x) & 0x7fffffffu, __float_as_uint(u.y) & 0x7fffffffu),
-                   max(__float_as_uint(u.z) & 0x7fffffffu, __float_as_uint(u.w) & 0x7fffffffu));
+        return max(max(magnitude_bits(u.x), magnitude_bits(u.y)), max(magnitude_bits(u.z), magnitude_bits(u.w)));
     };
     const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
     for (i64 first = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SIDE * deep; first < rows;
@@ -149,8 +161,7 @@ __device__ __forceinline__ void split_vector_rows(const float* x, i64 rows, i64 
                 const int c = e / 64, o = (e % 64) / 2;
 #pragma unroll
                 for (int part = 0; part < PARTS; ++part)
-                    *(uint2*)(out + c * 32 * PARTS + part * 32 + o) =
-                        (DOCUMENTS ? part == 1 : split_atom_is_small_query(part)) ? small : big;
+                    *(uint2*)(out + split_word<DOCUMENTS>(c, part, o)) = split_part_is_small<DOCUMENTS>(part) ? small : big;
             };
             const int e = 4 * lane + 4 * LANES * j_of[i];
             if (held) {
@@ -159,9 +170,7 @@ __device__ __forceinline__ void split_vector_rows(const float* x, i64 rows, i64 
                 for (int f = e; f < 64 * atoms; f += 4 * LANES)
                     write(f, !zero && f < dim ? *(const float4*)(in[i] + f) : zeros);
             }
-            if (lane == 0 && j_of[i] == 0)
-                scales[row] = !real[i] ? (DOCUMENTS ? 1.f : 0.f)
-                              : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
+            if (lane == 0 && j_of[i] == 0) scales[row] = split_row_scale<DOCUMENTS>(real[i], code);
         }
     }
 }
@@ -189,7 +198,7 @@ __device__ __forceinline__ void split_rows(const float* x, i64 rows, i64 doc_len
         const bool real = mask == nullptr || mask[doc * mask_doc_stride + token * mask_row_stride];
         u32 magnitude = 0u;
 #pragma unroll 4
-        for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, __float_as_uint(in[c]) & 0x7fffffffu);
+        for (int c = lane; real && c < dim; c += 32) magnitude = max(magnitude, magnitude_bits(in[c]));
         const int code = split_row_code(real, magnitude);
         const bool zero = code >= SPLIT_ZERO;
         const float scale = power_of_two(zero ? 0 : code);
@@ -200,10 +209,9 @@ __device__ __forceinline__ void split_rows(const float* x, i64 rows, i64 doc_len
             split_halves(a, b, big, small);
 #pragma unroll
             for (int part = 0; part < PARTS; ++part)
-                out[c * 32 * PARTS + part * 32 + o] = (DOCUMENTS ? part == 1 : split_atom_is_small_query(part)) ? small : big;
+                out[split_word<DOCUMENTS>(c, part, o)] = split_part_is_small<DOCUMENTS>(part) ? small : big;
         }
-        if (lane == 0)
-            scales[row] = !real ? (DOCUMENTS ? 1.f : 0.f) : code == SPLIT_BAD ? __int_as_float(0x7fc00000) : power_of_two(-code);
+        if (lane == 0) scales[row] = split_row_scale<DOCUMENTS>(real, code);
     }
 }
 // Queries: contiguous tokens (q is small: made contiguous first).
@@ -249,7 +257,7 @@ __device__ __forceinline__ void split_exponent_rows(const float* x, i64 docs, i6
         for (int c = lane; c < dim; c += 32)
 #pragma unroll
             for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r)
-                if (real[r]) magnitude[r] = max(magnitude[r], __float_as_uint(in[r][c]) & 0x7fffffffu);
+                if (real[r]) magnitude[r] = max(magnitude[r], magnitude_bits(in[r][c]));
 #pragma unroll
         for (int r = 0; r < SPLIT_EXPONENT_ROWS; ++r) {
             const int code = split_row_code(real[r], magnitude[r]);

@@ -692,3 +692,40 @@ def test_fp32_split_on_the_planner():
     assert choose(9).config.fp32_split == 2 and choose(9, 2560).config.fp32_split == 2
     assert choose(9, 100, load_bytes=8).config.fp32_split == 1
     assert choose(9, 128, fp32_presplit_max_bytes=1000 * 300 * 512 - 1).config.fp32_split == 1
+
+
+def test_the_last_query_group_takes_longer_ranges(h200_planner):
+    """Documents on M: where the last query group's warpgroups past the last query idle (32
+    queries of 32 tokens in groups of 12: its third), its blocks take longer document ranges in
+    proportion to the MMAs they skip, so that one wave of blocks (132 on an H200) finishes
+    together; groups alike (36 queries), several waves, or the tunable off keep one range (0: the
+    last group's ranges are the others', every warpgroup multiplying); one group with idle
+    warpgroups (the fp32 split's two for four queries) has its own, the same."""
+    def plan(num_queries, num_docs=10_000, suffix="fp16", dim=128, query_length=32, tunables=DEFAULT):
+        h200_planner.clear()
+        _forward._plans.clear()
+        shape = _forward.planner.ForwardShape(suffix, num_queries, query_length, dim, num_docs, False, 0, 1030, False)
+        return _forward.mma_plan(0, shape, tunables)
+
+    balanced = plan(32)
+    assert (balanced.group, balanced.groups) == (12, 3)
+    whole, last = balanced.docs_per_block, balanced.last_group_docs_per_block
+    whole_blocks, last_blocks = -(-10_000 // whole), -(-10_000 // last)
+    assert 2 * whole_blocks + last_blocks <= 132 and last > whole and balanced.grid_x == whole_blocks
+    # The model: per tile, a warpgroup's 8 k-steps of MMAs and the fold's 14 (FOLD_KSTEPS).
+    share = (2 * 8 + 14) / (3 * 8 + 14)
+    assert abs(last_blocks * 1.0 / (whole_blocks * share) - 1.0) < 0.05
+    for alike in (plan(36), plan(32, tunables=dataclasses.replace(DEFAULT, wgmma_idle_groups=False)),
+                  plan(1000)):
+        assert alike.last_group_docs_per_block == 0
+    one_group = plan(4, suffix="fp32")
+    assert (one_group.groups, one_group.last_group_docs_per_block) == (1, one_group.docs_per_block)
+    assert plan(8, suffix="fp32").last_group_docs_per_block == 0  # (two warpgroups of four: none idles)
+    # Queries of 16 tokens, eight a warpgroup: 30 queries leave the second group's six in one.
+    short = plan(30, query_length=16)
+    assert (short.group, short.groups) == (24, 2) and short.last_group_docs_per_block > short.docs_per_block
+    # Streaming k at dim 192 (documents on M, three warpgroups of resident query blocks); at
+    # 320 two warpgroups of four queries: 32 queries fill them.
+    fat = plan(32, dim=192)
+    assert fat.group == 12 and fat.last_group_docs_per_block > fat.docs_per_block
+    assert plan(32, dim=320).group == 8 and plan(32, dim=320).last_group_docs_per_block == 0

@@ -62,6 +62,7 @@ class ForwardGeometry(typing.NamedTuple):
     grid_x: int  # document ranges
     doc_rotation: int  # query groups of one range start this many documents apart (L2 reuse)
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
+    last_group_docs_per_block: int  # the last query group's own ranges (idle_group_ranges), or 0: the others'
 
 
 def load_alignment(suffix: str, dim: int, query_length: int, strides: tuple, pointers: tuple,
@@ -137,6 +138,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         even_ksteps = ksteps + ksteps % 2
         docs_on_m = tunables.wgmma_docs_on_m and num_queries > 128 // query_length and argmax != 32
         warpgroups = -(-num_queries // ((128 if docs_on_m else 64) // query_length))
+        if docs_on_m and tunables.wgmma_docs_on_m_warpgroups:
+            warpgroups = min(warpgroups, tunables.wgmma_docs_on_m_warpgroups)
         tile_rows = 64 if docs_on_m else wgmma_tile_rows(
             mean_doc_length, scaled, warpgroups < 2, even_ksteps, 0 if packed else corpus_elements,
             tunables=tunables, argmax=bool(argmax),
@@ -224,7 +227,8 @@ def persistent_chunks(num_docs: int, groups: int, resident: int) -> int:
     return best
 
 
-def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, properties: tuple) -> ForwardGeometry:
+def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, properties: tuple,
+             tunables: Tunables) -> ForwardGeometry:
     """The grid of ``choice`` for ``shape``, with ``resident`` of its blocks per SM."""
     sm_count, l2_bytes = properties[0], properties[4]
     config, pairs, num_queries, num_docs = choice.config, shape.pairs, shape.num_queries, shape.num_docs
@@ -243,7 +247,55 @@ def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, propertie
     corpus_bytes = num_docs * shape.mean_doc_length * shape.dim * ITEMSIZE[shape.suffix]
     corpus_fits = corpus_bytes <= l2_bytes // 2
     doc_rotation = -(-docs_per_block // groups) if choice.wgmma and groups > 1 and corpus_fits else 0
-    return ForwardGeometry(group, groups, docs_per_block, grid_x, doc_rotation, config.tile_n if choice.wgmma else 0)
+    # Where the last group's warpgroups past the last query idle, it has ranges of its own (one
+    # group: the same; one wave of several: longer, its blocks finishing with the others').
+    last_docs_per_block = 0
+    if grid_x * groups <= sm_count * resident:
+        share = idle_group_share(shape, config, group, groups, tunables)
+        if share < 1.0 and groups == 1:
+            last_docs_per_block = docs_per_block
+        elif share < 1.0:
+            docs_per_block, last_docs_per_block = idle_group_ranges(num_docs, groups, share, sm_count * resident)
+            grid_x = -(-num_docs // docs_per_block)
+    return ForwardGeometry(group, groups, docs_per_block, grid_x, doc_rotation, config.tile_n if choice.wgmma else 0,
+                           last_docs_per_block)
+
+
+#: A documents-on-M tile's fold and close, in one warpgroup's MMA k-steps (m64n128k16, 64 clocks
+#: at the tensor rate): about 920 clocks an SM a tile past the MMAs at fp16 dim 64 (the
+#: thirty-third session's profile), the cost model of idle_group_share.
+FOLD_KSTEPS = 14
+
+
+def idle_group_share(shape: ForwardShape, config, group: int, groups: int, tunables: Tunables) -> float:
+    """The last query group's cost a document against a whole group's, where its warpgroups past
+    the last query idle (documents on M: maxsim_fwd_wgmma.cu, idle_docs_on_m; e.g. 32 queries of
+    32 tokens in groups of 12, the last one's third warpgroup): (working k-steps + fold) /
+    (all k-steps + fold) a tile; 1.0 where no warpgroup idles or the build issues in turns."""
+    if not (getattr(config, "docs_on_m", 0) and tunables.wgmma_idle_groups) or config.turns:
+        return 1.0
+    per_warpgroup = config.group_rows // shape.query_length
+    working = -(-(shape.num_queries - (groups - 1) * group) // per_warpgroup)
+    if working >= config.warpgroups:
+        return 1.0
+    # The MMA k-steps (32 bytes each) of a tile: the build's, or streaming k the dim's atoms
+    # (fp32 split: three 16-bit atoms a 64 of the dim).
+    if config.fp32_split:
+        ksteps = 12 * -(-shape.dim // 64)
+    elif config.stream_k:
+        ksteps = 4 * -(-shape.dim * ITEMSIZE[shape.suffix] // 128)
+    else:
+        ksteps = config.ksteps
+    return (working * ksteps + FOLD_KSTEPS) / (config.warpgroups * ksteps + FOLD_KSTEPS)
+
+
+def idle_group_ranges(num_docs: int, groups: int, share: float, blocks: int) -> tuple[int, int]:
+    """Documents a block of the whole groups and of the last one, such that ``blocks`` resident
+    blocks (one wave) finish together: the last group's blocks, ``share`` of a whole group's
+    work a document, take longer ranges in proportion."""
+    whole = max(1, round(blocks / (groups - 1 + share)))
+    last = max(1, blocks - (groups - 1) * whole)
+    return -(-num_docs // whole), -(-num_docs // last)
 
 
 class SimtPlan(typing.NamedTuple):
