@@ -127,6 +127,52 @@ def holey_mask(rng, shape, keep=0.7) -> np.ndarray:
     return mask
 
 
+def masked_gpu_corpus(rng, dtype: str, nq: int, lq: int, nd: int, length: int, dim: int):
+    """A GPU problem of padded documents with holes in their masks, a NaN in document 5's real
+    token 3 and document 7 empty: (q, d, mask, extra score arguments, q and d as float64 of what
+    the kernels read, the mask on the host). ``dtype`` float16, bfloat16 (torch tensors), float32
+    or int8 (float16 quantized per token: ``extra`` holds the scales)."""
+    import cupy
+
+    import cupy_maxsim as cm
+
+    q64, d64 = unit_rows(rng, (nq, lq, dim), np.float64), unit_rows(rng, (nd, length, dim), np.float64)
+    d64[5, 3, 1] = np.nan
+    d_mask = holey_mask(rng, (nd, length), 0.8)
+    d_mask[5, 3] = True  # the NaN's token is real (a masked one is ignored)
+    d_mask[7] = False  # an empty document
+    source = "float16" if dtype == "int8" else dtype
+    if source == "bfloat16":
+        import torch
+
+        q = torch.from_numpy(q64).to("cuda", torch.bfloat16)
+        d = torch.from_numpy(d64).to("cuda", torch.bfloat16)
+        q64, d64, mask = q.double().cpu().numpy(), d.double().cpu().numpy(), torch.from_numpy(d_mask).cuda()
+    else:
+        q, d = cupy.asarray(q64.astype(source)), cupy.asarray(d64.astype(source))
+        q64, d64, mask = q64.astype(source).astype(np.float64), d64.astype(source).astype(np.float64), cupy.asarray(d_mask)
+    extra = {}
+    if dtype == "int8":
+        (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
+        q64, d64 = to_numpy(q) * to_numpy(q_scale)[..., None], to_numpy(d) * to_numpy(d_scale)[..., None]
+        extra = dict(q_scale=q_scale, d_scale=d_scale)
+    return q, d, mask, extra, q64, d64, d_mask
+
+
+def ragged_gpu_corpus(rng, nq: int):
+    """nq fp16 queries of 32 tokens and 700 packed documents of 0-149 tokens (two empty) at dim
+    128: (q, tokens, offsets on the GPU, q and the tokens as float64, the host offsets)."""
+    import cupy
+
+    lengths = rng.integers(0, 150, 700)
+    lengths[[3, 699]] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    q64 = unit_rows(rng, (nq, 32, 128), np.float64).astype(np.float16).astype(np.float64)
+    t64 = unit_rows(rng, (int(offsets[-1]), 128), np.float64).astype(np.float16).astype(np.float64)
+    return (cupy.asarray(q64.astype(np.float16)), cupy.asarray(t64.astype(np.float16)), cupy.asarray(offsets),
+            q64, t64, offsets)
+
+
 def replay_device(framework: str):
     """For tests of replayed launches (_replay.py): a function putting a NumPy
     array on the GPU as a torch tensor or a CuPy array; skips where launches are not recorded

@@ -14,40 +14,24 @@ import pytest
 import cupy_maxsim as cm
 from cupy_maxsim import reference, tuning
 from cupy_maxsim._gpu.args import FORWARD_ARGS, ArgTemplate, forward_args
-from support import assert_scores_match, holey_mask, to_numpy, unit_rows
+from support import assert_scores_match, masked_gpu_corpus, ragged_gpu_corpus, to_numpy
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def cupy():
-    cupy = pytest.importorskip("cupy")
-    from cupy_maxsim._gpu.device import device_properties
-
-    if device_properties(cupy.cuda.runtime.getDevice())[3] != 90:
-        pytest.skip("the warpgroup-MMA kernel runs on sm_90 only")
-    return cupy
-
-
-@pytest.fixture
-def both(monkeypatch):
+def both(kernels_asked):
     """_both(call, num_queries, query_length): (idle warpgroups and their group's own ranges,
     ranges alike and every warpgroup multiplying) planned afresh each, equal bit for bit;
     asserts that the call took documents on M with a warpgroup past the last query."""
     from cupy_maxsim import _forward, _replay
-
-    asked = []
-    get_kernel = _forward.gpu_compile.get_kernel
-    monkeypatch.setattr(_forward.gpu_compile, "get_kernel",
-                        lambda device, family, name, defines=(), *a: asked.append(defines) or
-                        get_kernel(device, family, name, defines, *a))
 
     def _both(call, num_queries, query_length):
         results = []
         for balanced in (True, False):
             _forward._plans.clear()
             _replay.replays.clear()
-            asked.clear()
+            kernels_asked.clear()
             with tuning.override(wgmma_idle_groups=balanced):
                 answer = call()
                 results.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
@@ -60,8 +44,8 @@ def both(monkeypatch):
                 own = replay.plan.last_group_docs_per_block
                 assert (own > replay.plan.docs_per_block if replay.plan.groups > 1 else own == replay.plan.docs_per_block
                         ) if balanced else own == 0
-            docs_on_m = [d for d in asked if "-DMAXSIM_DOCS_ON_M=1" in d]
-            assert docs_on_m, f"not documents on M: {asked}"
+            docs_on_m = [d for d in kernels_asked if "-DMAXSIM_DOCS_ON_M=1" in d]
+            assert docs_on_m, f"not documents on M: {kernels_asked}"
             defines = dict(d.lstrip("-D").split("=") for d in docs_on_m[-1])
             per_warpgroup, warpgroups = 128 // query_length, int(defines["MAXSIM_WARPGROUPS"])
             group = per_warpgroup * warpgroups
@@ -78,28 +62,11 @@ def both(monkeypatch):
     ("float16", 128, 300, 32, 32, False), ("float16", 64, 130, 16, 32, True), ("bfloat16", 96, 70, 30, 16, True),
     ("int8", 128, 130, 32, 32, False), ("int8", 64, 200, 12, 32, True), ("float16", 192, 100, 32, 32, True),
     ("float32", 100, 90, 12, 32, True), ("float32", 128, 64, 4, 32, False)])
-def test_padded_masked_corpora(cupy, both, dtype, dim, length, nq, lq, winners):
+def test_padded_masked_corpora(hopper_cupy, both, dtype, dim, length, nq, lq, winners):
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
     rng = np.random.default_rng(dim + length + nq)
-    nd = 600
-    q64, d64 = unit_rows(rng, (nq, lq, dim), np.float64), unit_rows(rng, (nd, length, dim), np.float64)
-    d64[5, 3, 1] = np.nan
-    d_mask = holey_mask(rng, (nd, length), 0.8)
-    d_mask[5, 3] = True  # the NaN's token is real (a masked one is ignored)
-    d_mask[7] = False  # an empty document
-    source = "float16" if dtype == "int8" else dtype
-    if source == "bfloat16":
-        torch = pytest.importorskip("torch")
-        q = torch.from_numpy(q64).to("cuda", torch.bfloat16)
-        d = torch.from_numpy(d64).to("cuda", torch.bfloat16)
-        q64, d64, mask = q.double().cpu().numpy(), d.double().cpu().numpy(), torch.from_numpy(d_mask).cuda()
-    else:
-        q, d = cupy.asarray(q64.astype(source)), cupy.asarray(d64.astype(source))
-        q64, d64, mask = q64.astype(source).astype(np.float64), d64.astype(source).astype(np.float64), cupy.asarray(d_mask)
-    extra = {}
-    if dtype == "int8":
-        (q, q_scale), (d, d_scale) = cm.quantize_int8(q), cm.quantize_int8(d)
-        q64, d64 = to_numpy(q) * to_numpy(q_scale)[..., None], to_numpy(d) * to_numpy(d_scale)[..., None]
-        extra = dict(q_scale=q_scale, d_scale=d_scale)
+    q, d, mask, extra, q64, d64, d_mask = masked_gpu_corpus(rng, dtype, nq, lq, 600, length, dim)
     answer = both(lambda: cm.score(q, d, d_mask=mask, return_argmax=winners, **extra), nq, lq)
     expected = reference.maxsim_reference(q64, d64, None, d_mask)
     finite = np.isfinite(expected)
@@ -117,13 +84,7 @@ def test_padded_masked_corpora(cupy, both, dtype, dim, length, nq, lq, winners):
         assert (won[rows] >= 0).all() and (sims.max(-1)[rows] - chosen[rows]).max() <= atol / lq
 
 
-def test_packed_ragged_corpus(cupy, both):
-    rng = np.random.default_rng(8)
-    lengths = rng.integers(0, 150, 700)
-    lengths[[3, 699]] = 0
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    q64 = unit_rows(rng, (32, 32, 128), np.float64).astype(np.float16).astype(np.float64)
-    t64 = unit_rows(rng, (int(offsets[-1]), 128), np.float64).astype(np.float16).astype(np.float64)
-    q, tokens = cupy.asarray(q64.astype(np.float16)), cupy.asarray(t64.astype(np.float16))
-    answer = both(lambda: cm.score_packed(q, tokens, cupy.asarray(offsets), return_argmax=True), 32, 32)
-    assert_scores_match(answer[0], reference.maxsim_packed_reference(q64, t64, offsets), atol=5e-3)
+def test_packed_ragged_corpus(hopper_cupy, both):
+    q, tokens, offsets, q64, t64, host_offsets = ragged_gpu_corpus(np.random.default_rng(8), 32)
+    answer = both(lambda: cm.score_packed(q, tokens, offsets, return_argmax=True), 32, 32)
+    assert_scores_match(answer[0], reference.maxsim_packed_reference(q64, t64, host_offsets), atol=5e-3)
