@@ -44,6 +44,12 @@ class Tunables:
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
     wgmma_docs_on_m_warpgroups: int = 0
+    #: Documents on M streaming k (many queries at fat dims, 16-bit): from this many k-steps of
+    #: 32 bytes on (fp16 dim 2048), a warpgroup multiplies 128 document rows a slot against one
+    #: query atom (two halves, two accumulator sets: maxsim_fwd_wgmma.cu, M_HALVES), not 64; 0:
+    #: never. H100, 32x32 queries vs 4 GB fp16: dim 2560 8.607 -> 7.582 ms (1.135x), 1024 1.004x,
+    #: 256 0.990x (bench/results/ab-docs-rows-2026-12-06-94b6602-h100.txt).
+    wgmma_docs_on_m_halves_ksteps: int = 128
     #: The Hopper kernel's document tiles by TMA; False copies them with cp.async.
     use_tma: bool = True
     #: The L2 promotion of the Hopper kernel's TMA maps, in bytes (0, 64, 128 or 256: how much a

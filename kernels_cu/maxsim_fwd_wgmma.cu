@@ -165,6 +165,15 @@ constexpr int TILE_N = MAXSIM_TILE_N;        // document rows per tile (the wgmm
 // tile's MMAs before it would overlap the two, but ptxas then serializes every wgmma of the
 // kernel (a wgmma in flight across the close's divergent code: C7518), which measured slower.
 constexpr bool DOCS_ON_M = MAXSIM_DOCS_ON_M != 0;
+// M_HALVES (documents on M streaming k, TILE_N 128: fat dims, 16-bit): each warpgroup multiplies
+// a slot's 128 document rows as two m64 halves into two accumulator sets against the same query
+// atom, so that a query atom read from L2 (streamed: 16 KB a warpgroup a slot) serves 128 rows
+// instead of 64. The streaming builds moved 32-71 GB through L2 at 80-83% of its throughput for
+// 32 queries (bench/results/ncu-32q-l2-2026-12-06-e0deff3-h100.txt). Its price: 64 more
+// accumulator registers a thread (two warpgroups' 224 hold them), slots of 16 KB of documents.
+// (The second half's code sits under `if constexpr`: written as loops over the halves, the
+// 64-row builds' code changed and the fp32 split's staged build spilled.)
+constexpr int M_HALVES = DOCS_ON_M ? MAXSIM_TILE_N / 64 : 1;
 // TURNS (documents on M, k resident): the warpgroups hand a tile's MMAs to the tensor cores in
 // turns, warpgroup 0, 1, 2, 0, ... (a named barrier each: a warpgroup waits for its turn, issues,
 // and passes the turn on), so that the first one's MMAs finish first and it folds while the
@@ -327,7 +336,8 @@ constexpr int SHARED_BYTES = 1024 + STAGES * TILE_BYTES + SMALL_BYTES + QUERY_BY
 static_assert(SHARED_BYTES == MAXSIM_EXPECT_SHARED_BYTES, "_plan.configs.WgmmaConfig.shared_bytes disagrees");
 #endif
 static_assert(!HALF_ROWS || SPLIT_DOCS, "half rows: one query group of at most 32 rows");
-static_assert(!DOCS_ON_M || (!SPLIT_DOCS && TILE_N == 64), "documents on M: many queries, 64-row tiles");
+static_assert(!DOCS_ON_M || (!SPLIT_DOCS && (TILE_N == 64 || (STREAM_K && !FP32_SPLIT && !TF32))),
+              "documents on M: many queries, 64-row tiles (128 streaming k, 16-bit: M_HALVES)");
 static_assert(!TURNS || (DOCS_ON_M && !STREAM_K), "turns: documents on M, k resident");
 // Warpgroup row of the query group's row f (query j's token i: f = j * Lq + i).
 __device__ __forceinline__ int query_row_of(int f) { return HALF_ROWS ? 16 * (f / 8) + f % 8 : f; }
@@ -1356,18 +1366,18 @@ struct Consumer : Block {
         // shorter than 32768 tokens); packed, they leave registers for three warpgroups.
         u32 winners[ACC / 4];  // (unused without the argmax: no registers)
         // The witness: every real row of the document against query column 2 quad, summed.
-        Acc acc[ACC];
+        Acc acc[M_HALVES][ACC];  // (M_HALVES 2: the tile's rows 64 to 127 in acc[1])
         // Rows that are not real (padding, masked, past the document: a TMA tile holds whatever
         // memory is there) become -FLT_MAX, never added to (called with a constant, as above).
         // FIRST (a document's first tile): the maxima start from this tile, so that they are
         // dead between documents (no reset; registers free for the close).
-        auto fold_rows = [&](bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
+        auto fold_rows = [&](const int h, bool real0, bool real1, float s0, float s1, int first_row, const bool BIASED,
                              const bool FIRST) {
 #pragma unroll
             for (int i = 0; i < ACC / 2; ++i) {
                 const int j = i / 2, c = i % 2;
-                float v0 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + c]);
-                float v1 = accumulator_to_float<KSTEPS * 32>(acc[4 * j + 2 + c]);
+                float v0 = accumulator_to_float<KSTEPS * 32>(acc[h][4 * j + c]);
+                float v1 = accumulator_to_float<KSTEPS * 32>(acc[h][4 * j + 2 + c]);
                 if constexpr (SCALED) v0 *= s0, v1 *= s1;
                 if constexpr (STREAM_QUERY && !SCALED) v0 = nan_if_infinite(v0), v1 = nan_if_infinite(v1);
                 if (BIASED) v0 = real0 ? v0 : -MAXSIM_FLT_MAX, v1 = real1 ? v1 : -MAXSIM_FLT_MAX;
@@ -1390,8 +1400,9 @@ struct Consumer : Block {
         struct TileFold {
             i64 doc;
             int first_row, slot;
-            bool biased, last, real0, real1;
-            float s0, s1;
+            bool biased, last;
+            bool real[2 * M_HALVES];  // rows r0, r0 + 8 (and r0 + 64, r0 + 72)
+            float s[2 * M_HALVES];
         };
         // Hand the current slot (the cursor's tile's atom k_atom; without STREAM_K all of its k)
         // to the tensor cores.
@@ -1406,11 +1417,17 @@ struct Consumer : Block {
             const unsigned long long doc_desc = tile_descriptor(slot);
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks)
-                WgmmaDocsOnM<T>::run(acc, doc_desc + kstep_offset(ks),
+            for (int ks = 0; ks < (STREAM_K ? 4 : KSTEPS); ++ks) {
+                WgmmaDocsOnM<T>::run(acc[0], doc_desc + kstep_offset(ks),
                                      STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
                                                   : query_desc + query_kstep_offset(4 * k_atom + ks),
                                      (fresh ? 0 : k_atom) + ks);
+                if constexpr (M_HALVES == 2)  // rows 64 on: 8 KB on in the atom, whole swizzle periods
+                    WgmmaDocsOnM<T>::run(acc[M_HALVES - 1], doc_desc + ((64 * 128) >> 4) + kstep_offset(ks),
+                                         STREAM_QUERY ? tile_descriptor(slot_query) + query_kstep_offset(ks)
+                                                      : query_desc + query_kstep_offset(4 * k_atom + ks),
+                                         (fresh ? 0 : k_atom) + ks);
+            }
             wgmma_commit();
         };
         // FP32_SPLIT: the tile's sums of flushed accumulators (SPLIT_FLUSH_ATOMS), added back at its take.
@@ -1442,9 +1459,9 @@ struct Consumer : Block {
                     if constexpr (FP32_SPLIT) {
                         if (k_atom % SPLIT_FLUSH_ATOMS == 0) {  // (uniform: every warpgroup the same atoms)
                             wgmma_wait<0>();
-                            pin(acc);
+                            pin(acc[0]);
 #pragma unroll
-                            for (int i = 0; i < ACC; ++i) sums[i] += acc[i];
+                            for (int i = 0; i < ACC; ++i) sums[i] += acc[0][i];
                             fresh = true;
                         }
                     }
@@ -1457,36 +1474,52 @@ struct Consumer : Block {
             tile.slot = stage;
             next_slot();
             next_tile(cursor);
-            tile.real0 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
-            tile.real1 = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
-            tile.s0 = tile.s1 = 1.f;
-            if constexpr (SCALED) tile.s0 = sScale()[tile.slot * TILE_N + r0], tile.s1 = sScale()[tile.slot * TILE_N + r0 + 8];
+            tile.real[0] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0);
+            tile.real[1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 8);
+            tile.s[0] = tile.s[1] = 1.f;
+            if constexpr (SCALED) tile.s[0] = sScale()[tile.slot * TILE_N + r0], tile.s[1] = sScale()[tile.slot * TILE_N + r0 + 8];
+            if constexpr (M_HALVES == 2) {  // (16-bit: no scales)
+                tile.real[M_HALVES] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 64);
+                tile.real[M_HALVES + 1] = !tile.biased || token_real(args, tile.doc, tile.first_row, rows, r0 + 72);
+                tile.s[M_HALVES] = tile.s[M_HALVES + 1] = 1.f;
+            }
             return tile;
         };
         // The tile's MMAs are done: free its slot and fold it (FIRST: a constant, as BIASED).
         auto take = [&](const TileFold& tile, const bool FIRST) {
             wgmma_wait<0>();
-            pin(acc);
+            pin(acc[0]);
+            if constexpr (M_HALVES == 2) pin(acc[M_HALVES - 1]);
             if constexpr (FP32_SPLIT) {
                 if (tile_slots > SPLIT_FLUSH_ATOMS) {  // (the tile had flushes: its sums join its last stretch)
 #pragma unroll
-                    for (int i = 0; i < ACC; ++i) acc[i] += sums[i], sums[i] = 0.f;
+                    for (int i = 0; i < ACC; ++i) acc[0][i] += sums[i], sums[i] = 0.f;
                 }
             }
             __syncwarp();
             if (lane == 0) mbarrier_arrive(empty() + tile.slot);  // the slot is free (scales already read)
-            const bool real0 = tile.real0, real1 = tile.real1;
+            const bool real0 = tile.real[0], real1 = tile.real[1];
             has_row |= real0 | real1;
             // The witness: a non-finite document element makes its row's similarities non-finite
             // (int8: only a non-finite scale can; 0 * x is 0 unless x is inf or NaN).
             if constexpr (SCALED)
-                witness += (real0 ? 0.f * tile.s0 : 0.f) + (real1 ? 0.f * tile.s1 : 0.f);
+                witness += (real0 ? 0.f * tile.s[0] : 0.f) + (real1 ? 0.f * tile.s[1] : 0.f);
             else if constexpr (!STREAM_QUERY)  // (streaming queries: through every similarity, fold_rows)
-                witness += (real0 ? (float)acc[0] : 0.f) + (real1 ? (float)acc[2] : 0.f);
+                witness += (real0 ? (float)acc[0][0] : 0.f) + (real1 ? (float)acc[0][2] : 0.f);
             if (tile.biased)
-                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, true, FIRST);
+                fold_rows(0, real0, real1, tile.s[0], tile.s[1], tile.first_row, true, FIRST);
             else
-                fold_rows(real0, real1, tile.s0, tile.s1, tile.first_row, false, FIRST);
+                fold_rows(0, real0, real1, tile.s[0], tile.s[1], tile.first_row, false, FIRST);
+            if constexpr (M_HALVES == 2) {  // rows 64 to 127, into the maxima the first half left
+                const bool real2 = tile.real[M_HALVES], real3 = tile.real[M_HALVES + 1];
+                has_row |= real2 | real3;
+                if constexpr (!STREAM_QUERY)
+                    witness += (real2 ? acc[M_HALVES - 1][0] : 0.f) + (real3 ? acc[M_HALVES - 1][2] : 0.f);
+                if (tile.biased)
+                    fold_rows(M_HALVES - 1, real2, real3, 1.f, 1.f, tile.first_row + 64, true, false);
+                else
+                    fold_rows(M_HALVES - 1, real2, real3, 1.f, 1.f, tile.first_row + 64, false, false);
+            }
         };
         // TURNS: warpgroup 0 has the first turn (the last one passes it), and takes one more at
         // the end, so that every turn passed is taken (the barriers end complete).

@@ -729,3 +729,22 @@ def test_the_last_query_group_takes_longer_ranges(h200_planner):
     fat = plan(32, dim=192)
     assert fat.group == 12 and fat.last_group_docs_per_block > fat.docs_per_block
     assert plan(32, dim=320).group == 8 and plan(32, dim=320).last_group_docs_per_block == 0
+
+
+def test_fat_dims_take_128_document_rows_a_slot(h200_planner):
+    """Documents on M streaming the query atoms: 128 document rows a slot (two halves against one
+    query atom, M_HALVES) from Tunables.wgmma_docs_on_m_halves_ksteps on (fp16 dim 2048), 16-bit
+    only; 64 below it, for int8, and with the tunable at 0."""
+    def tile_rows(suffix, dim, tunables=DEFAULT):
+        h200_planner.clear()
+        _forward._plans.clear()
+        shape = _forward.planner.ForwardShape(suffix, 32, 32, dim, 2_000, False, 0, 300, False)
+        plan = _forward.mma_plan(0, shape, tunables)
+        defines = dict(d.lstrip("-D").split("=") for d in h200_planner[-1][2])
+        assert defines["MAXSIM_DOCS_ON_M"] == "1" and defines["MAXSIM_TILE_N"] == str(plan.tile_rows)
+        return plan.tile_rows
+
+    assert [tile_rows("fp16", dim) for dim in (1024, 2000, 2048, 2560, 8192)] == [64, 64, 128, 128, 128]
+    assert tile_rows("bf16", 4096) == 128 and tile_rows("int8", 4096) == 64
+    assert tile_rows("fp16", 2560, dataclasses.replace(DEFAULT, wgmma_docs_on_m_halves_ksteps=0)) == 64
+    assert tile_rows("fp16", 256, dataclasses.replace(DEFAULT, wgmma_docs_on_m_halves_ksteps=1)) == 128

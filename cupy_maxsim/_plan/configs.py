@@ -276,14 +276,19 @@ WGMMA_DOCS_ON_M_STREAM_CAPACITIES = (12, 16, 20)
 
 
 def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_wanted: int = 3,
-                                  int8: bool = False, stream_queries: bool = True, tf32: int = 0) -> WgmmaConfig | None:
+                                  int8: bool = False, stream_queries: bool = True, tf32: int = 0,
+                                  tile_n: int = 64) -> WgmmaConfig | None:
     """The Hopper kernel with documents on M streaming the documents' atoms (a slot each) at
     ``ksteps`` past WGMMA_MAX_KSTEPS, in the most warpgroups (at most ``warpgroups_wanted``)
     whose query blocks fit with a ring of at least four slots; past the largest capacity, with
     ``stream_queries`` (q's rows readable by TMA), the query atoms streamed too (stream_query 1:
     whole groups' build; within_q_boxes gives the other); else None. ``tf32`` 2: fp32 under
     precision "high" (both operands as TF32; a k-step of 32 bytes is 8 elements, so the
-    capacities are fp32 dims 96 / 128 / 160, and 4096 streaming the query atoms)."""
+    capacities are fp32 dims 96 / 128 / 160, and 4096 streaming the query atoms). ``tile_n`` 128
+    (16-bit only; maxsim_fwd_wgmma.cu, M_HALVES): each warpgroup multiplies 128 document rows a
+    slot as two halves against one query atom; 64 where that does not fit."""
+    if tile_n != 64 and (int8 or tf32):
+        tile_n = 64  # (int8's entry takes 64-row tiles with documents on M; TF32 builds likewise)
     if warpgroups_wanted < 2:
         return None
     capacity = next((c for c in WGMMA_DOCS_ON_M_STREAM_CAPACITIES if c >= ksteps), None)
@@ -291,16 +296,20 @@ def wgmma_docs_on_m_stream_config(ksteps: int, argmax: bool = False, warpgroups_
         if not stream_queries or ksteps > WGMMA_STREAM_QUERY_CAPACITY:
             return None
         config = _fitted(WgmmaConfig(warpgroups=2, ksteps=WGMMA_STREAM_QUERY_CAPACITY, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, stream_query=1,
+                                     argmax=int(argmax), tile_n=tile_n, docs_on_m=1, stream_k=1, stream_query=1,
                                      tf32=tf32))
-        return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
+        if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages >= 4:
+            return config
+        return wgmma_docs_on_m_stream_config(ksteps, argmax, warpgroups_wanted, int8, stream_queries, tf32) \
+            if tile_n != 64 else config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
     most = min(warpgroups_wanted, int8_docs_on_m_warpgroups(argmax, capacity) if int8 else 3)
     for warpgroups in range(most, 1, -1):
         config = _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=WGMMA_SHAPE["stages"],
-                                     argmax=int(argmax), tile_n=64, docs_on_m=1, stream_k=1, tf32=tf32))
+                                     argmax=int(argmax), tile_n=tile_n, docs_on_m=1, stream_k=1, tf32=tf32))
         if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages >= 4:
             return config
-    return None
+    return wgmma_docs_on_m_stream_config(ksteps, argmax, warpgroups_wanted, int8, stream_queries, tf32) \
+        if tile_n != 64 else None
 
 
 def wgmma_fp32_split_config(argmax: bool = False, presplit: bool = False) -> WgmmaConfig | None:

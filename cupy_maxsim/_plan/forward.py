@@ -163,7 +163,9 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             # Many queries at a fat dim: the documents' atoms streamed past resident query blocks,
             # or at fatter dims beside the query atoms (by TMA from q: 16-byte rows).
             config = wgmma_docs_on_m_stream_config(even_ksteps, bool(argmax), max(warpgroups, 2), scaled,
-                                                   stream_queries=load_bytes == 16 and tunables.use_tma, tf32=tf32)
+                                                   stream_queries=load_bytes == 16 and tunables.use_tma, tf32=tf32,
+                                                   tile_n=128 if 0 < tunables.wgmma_docs_on_m_halves_ksteps <= ksteps
+                                                   else 64)
             if config is not None:
                 config = within_q_boxes(config, num_queries, query_length)
         if config is not None and config.shared_bytes <= smem_limit:

@@ -137,6 +137,13 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tf32=tf32)
             add("maxsim_fwd_wgmma", whole_groups)
             add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))  # (one query: a box short)
+    for argmax in (False, True):  # 16-bit, 128 document rows a slot (Tunables.wgmma_docs_on_m_halves_ksteps)
+        for capacity in WGMMA_DOCS_ON_M_STREAM_CAPACITIES:
+            for warpgroups in (2, 3):
+                add("maxsim_fwd_wgmma", wgmma_docs_on_m_stream_config(capacity, argmax, warpgroups, tile_n=128))
+        whole_groups = wgmma_docs_on_m_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tile_n=128)
+        add("maxsim_fwd_wgmma", whole_groups)
+        add("maxsim_fwd_wgmma", within_q_boxes(whole_groups, 1, 32))
     for argmax in (False, True):  # fp32 at fp32 accuracy, several queries: three fp16 products (Tunables.wgmma_fp32_split)
         split = wgmma_fp32_split_config(argmax)
         for load_bytes in (16, 8, 4):  # (the producer's loads: 16-byte vectors where the rows allow)

@@ -1,0 +1,67 @@
+"""Documents on M streaming k with 128 document rows a slot (maxsim_fwd_wgmma.cu, M_HALVES;
+Tunables.wgmma_docs_on_m_halves_ksteps: from fp16 dim 2048 on, here 1: every such build): each
+warpgroup multiplies the slot's two 64-row halves into two accumulator sets against one query
+atom. The scores and winners equal those of 64-row slots bit for bit (every similarity from the
+same MMAs over k in the same order; the halves fold in row order) and float64's within
+tolerance: fat 16-bit dims with resident query blocks (192, 256) and streamed query atoms
+(2560), masks and lengths off the tile, a non-finite element, an empty document, packed ragged
+corpora, winners, an idle warpgroup (12 queries). GPU only (sm_90)."""
+
+import numpy as np
+import pytest
+
+import cupy_maxsim as cm
+from cupy_maxsim import reference, tuning
+from support import assert_scores_match, masked_gpu_corpus, to_numpy, unit_rows
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def both(kernels_asked):
+    """_both(call): (128 rows a slot, 64) planned afresh each, equal bit for bit; asserts that
+    the 128-row build ran (-DMAXSIM_TILE_N=128 with documents on M) only where asked."""
+    from cupy_maxsim import _forward, _replay
+
+    def _both(call):
+        results = []
+        for rows, threshold in ((128, 1), (64, 0)):
+            _forward._plans.clear()
+            _replay.replays.clear()
+            kernels_asked.clear()
+            with tuning.override(wgmma_docs_on_m_halves_ksteps=threshold):
+                answer = call()
+                results.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
+            halves = any("-DMAXSIM_DOCS_ON_M=1" in d and "-DMAXSIM_TILE_N=128" in d for d in kernels_asked)
+            assert halves == (rows == 128), kernels_asked
+        for a, b in zip(*results):
+            np.testing.assert_array_equal(a, b)
+        return results[0]
+
+    return _both
+
+
+@pytest.mark.parametrize("dtype,dim,length,nq,winners", [
+    ("float16", 192, 300, 32, False), ("bfloat16", 256, 130, 12, True), ("float16", 2560, 70, 32, True),
+    ("float16", 256, 64, 8, False)])
+def test_padded_masked_corpora(hopper_cupy, both, dtype, dim, length, nq, winners):
+    if dtype == "bfloat16":
+        pytest.importorskip("torch")
+    rng = np.random.default_rng(dim + length + nq)
+    q, d, mask, extra, q64, d64, d_mask = masked_gpu_corpus(rng, dtype, nq, 32, 90, length, dim)
+    answer = both(lambda: cm.score(q, d, d_mask=mask, return_argmax=winners, **extra))
+    expected = reference.maxsim_reference(q64, d64, None, d_mask)
+    assert_scores_match(answer[0], expected, atol=3e-2 if dtype == "bfloat16" else 5e-3)
+    assert np.isnan(answer[0][:, 5]).all() and (answer[0][:, 7] == -np.inf).all()
+
+
+def test_packed_ragged_corpus(hopper_cupy, both):
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(0, 300, 200)
+    lengths[[3, 199]] = 0
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    q64 = unit_rows(rng, (32, 32, 256), np.float64).astype(np.float16).astype(np.float64)
+    t64 = unit_rows(rng, (int(offsets[-1]), 256), np.float64).astype(np.float16).astype(np.float64)
+    q, tokens = hopper_cupy.asarray(q64.astype(np.float16)), hopper_cupy.asarray(t64.astype(np.float16))
+    answer = both(lambda: cm.score_packed(q, tokens, hopper_cupy.asarray(offsets), return_argmax=True))
+    assert_scores_match(answer[0], reference.maxsim_packed_reference(q64, t64, offsets), atol=5e-3)
