@@ -721,6 +721,10 @@ def test_the_last_query_group_takes_longer_ranges(h200_planner):
     one_group = plan(4, suffix="fp32")
     assert (one_group.groups, one_group.last_group_docs_per_block) == (1, one_group.docs_per_block)
     assert plan(8, suffix="fp32").last_group_docs_per_block == 0  # (two warpgroups of four: none idles)
+    # Many groups in one wave (500 queries, 42 groups): every range of every group within the grid.
+    many = plan(500, num_docs=200)
+    for per_block in (many.docs_per_block, many.last_group_docs_per_block or many.docs_per_block):
+        assert many.grid_x * per_block >= 200 and many.grid_x * many.groups <= 2 * 132
     # Queries of 16 tokens, eight a warpgroup: 30 queries leave the second group's six in one.
     short = plan(30, query_length=16)
     assert (short.group, short.groups) == (24, 2) and short.last_group_docs_per_block > short.docs_per_block
@@ -748,3 +752,19 @@ def test_fat_dims_take_128_document_rows_a_slot(h200_planner):
     assert tile_rows("bf16", 4096) == 128 and tile_rows("int8", 4096) == 64
     assert tile_rows("fp16", 2560, dataclasses.replace(DEFAULT, wgmma_docs_on_m_halves_ksteps=0)) == 64
     assert tile_rows("fp16", 256, dataclasses.replace(DEFAULT, wgmma_docs_on_m_halves_ksteps=1)) == 128
+
+
+@pytest.mark.parametrize("groups", [2, 3, 5, 17, 40, 43])
+def test_idle_group_ranges_cover_every_document(groups):
+    """Whatever the rounding, every group's blocks (the grid's x, sized by the larger count) cover
+    every document, the last group's ranges are at least a whole group's, and one wave holds them."""
+    from cupy_maxsim._plan.forward import idle_group_ranges
+
+    for blocks in (132, 264):
+        for num_docs in (1, 7, 130, 999, 10_000, 1_000_003):
+            for share in (0.3, 0.69, 0.79, 0.95):
+                whole, last = idle_group_ranges(num_docs, groups, share, blocks)
+                grid_x = max(-(-num_docs // whole), -(-num_docs // last))
+                assert last >= whole and grid_x * whole >= num_docs and grid_x * last >= num_docs
+                assert (groups - 1) * -(-num_docs // whole) + -(-num_docs // last) <= max(blocks, groups), (
+                    num_docs, share, whole, last)

@@ -258,7 +258,7 @@ def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, propertie
             last_docs_per_block = docs_per_block
         elif share < 1.0:
             docs_per_block, last_docs_per_block = idle_group_ranges(num_docs, groups, share, sm_count * resident)
-            grid_x = -(-num_docs // docs_per_block)
+            grid_x = max(-(-num_docs // docs_per_block), -(-num_docs // last_docs_per_block))
     return ForwardGeometry(group, groups, docs_per_block, grid_x, doc_rotation, config.tile_n if choice.wgmma else 0,
                            last_docs_per_block)
 
@@ -295,8 +295,11 @@ def idle_group_ranges(num_docs: int, groups: int, share: float, blocks: int) -> 
     """Documents a block of the whole groups and of the last one, such that ``blocks`` resident
     blocks (one wave) finish together: the last group's blocks, ``share`` of a whole group's
     work a document, take longer ranges in proportion."""
-    whole = max(1, round(blocks / (groups - 1 + share)))
-    last = max(1, blocks - (groups - 1) * whole)
+    # (whole rounded down, so that the groups' blocks stay within one wave; the last group never
+    # more blocks than a whole one's, else its ranges would be the shorter and a grid sized by
+    # the whole groups' would miss documents)
+    whole = max(1, int(blocks / (groups - 1 + share)))
+    last = min(whole, max(1, blocks - (groups - 1) * whole))
     return -(-num_docs // whole), -(-num_docs // last)
 
 
