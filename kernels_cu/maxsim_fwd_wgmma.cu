@@ -739,7 +739,9 @@ struct Block {
         scales_by_lanes = scaled && tile_map.use_tma && !tile_map.use_scale_tma;
         // The launch's last query group may have ranges of its own (its idle warpgroups:
         // Consumer::idle_docs_on_m); its blocks past the documents return at once.
-        own_ranges = blockIdx.y + 1 == gridDim.y && args.last_group_docs_per_block > 0;
+        // (Documents on M only: in the others' code the flag cost a register, and one query's
+        // builds with the argmax spilled.)
+        own_ranges = DOCS_ON_M && blockIdx.y + 1 == gridDim.y && args.last_group_docs_per_block > 0;
         const i64 docs_per_block = own_ranges ? args.last_group_docs_per_block : args.docs_per_block;
         doc_begin = (i64)blockIdx.x * docs_per_block;
         doc_end = min(doc_begin + docs_per_block, args.num_docs);
