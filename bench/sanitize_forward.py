@@ -36,9 +36,28 @@ def idle_warpgroups():
     cupy.cuda.Device().synchronize()
 
 
+def document_halves():
+    """Documents on M with 128 document rows a slot (M_HALVES; forced down to the resident query
+    blocks' builds): fp16 dims 192, 256 and 2560, masks and lengths off the tile, winners,
+    an idle warpgroup (12 queries), packed (``python bench/sanitize_forward.py halves``)."""
+    from cupy_maxsim import tuning
+
+    with tuning.override(wgmma_docs_on_m_halves_ksteps=1):
+        for dtype in (cupy.float16,):  # (bf16 takes the same code: CuPy has no bfloat16)
+            for nq, lq, nd, ld, dim in [(32, 32, 40, 150, 192), (12, 32, 30, 70, 256), (32, 32, 20, 130, 2560)]:
+                q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
+                cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7), return_argmax=True)
+                cm.score_packed(q, rows((nd * 37, dim), dtype), cupy.asarray(np.arange(nd + 1) * 37, dtype=cupy.int32))
+    cupy.cuda.Device().synchronize()
+
+
 if sys.argv[1:] == ["idle"]:
     idle_warpgroups()
     print("sanitize_forward idle: done")
+    sys.exit()
+if sys.argv[1:] == ["halves"]:
+    document_halves()
+    print("sanitize_forward halves: done")
     sys.exit()
 
 for dtype in (cupy.float16, cupy.float32, cupy.float64):
@@ -244,5 +263,7 @@ cupy.cuda.Device().synchronize()
 print("sanitize_forward: done")
 idle_warpgroups()
 print("sanitize_forward idle: done")
+document_halves()
+print("sanitize_forward halves: done")
 # Search's selection kernel (maxsim_topk.cu), also alone: python bench/sanitize_search.py
 import sanitize_search  # noqa: E402,F401
