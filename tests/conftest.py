@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from support import gpu_available
 
@@ -35,3 +36,35 @@ def kernels_asked(monkeypatch):
                         lambda device, family, name, defines=(), *a: asked.append(defines) or
                         get_kernel(device, family, name, defines, *a))
     return asked
+
+
+@pytest.fixture
+def tunable_ab(kernels_asked):
+    """tunable_ab(call, tunable, values, check=None): ``call`` once under each of ``values`` of the
+    Tunables field ``tunable``, planned afresh each time (plans, replays and kernels_asked
+    cleared); ``check(value, answer)`` runs inside the override after each call (kernels_asked
+    then holds that call's builds). Asserts every value's answers (scores, winners) equal bit for
+    bit and returns the first value's, as float64 NumPy arrays."""
+    from cupy_maxsim import _forward, _replay, tuning
+    from support import to_numpy
+
+    def arrays(answer):
+        return [to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))]
+
+    def run(call, tunable, values, check=None):
+        results = []
+        for value in values:
+            _forward._plans.clear()
+            _replay.replays.clear()
+            kernels_asked.clear()
+            with tuning.override(**{tunable: value}):
+                answer = arrays(call())
+                if check is not None:
+                    check(value, answer)
+            results.append(answer)
+        for other in results[1:]:
+            for a, b in zip(results[0], other):
+                np.testing.assert_array_equal(a, b)
+        return results[0]
+
+    return run

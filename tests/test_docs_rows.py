@@ -11,34 +11,21 @@ import numpy as np
 import pytest
 
 import cupy_maxsim as cm
-from cupy_maxsim import reference, tuning
-from support import assert_scores_match, masked_gpu_corpus, to_numpy, unit_rows
+from cupy_maxsim import reference
+from support import assert_scores_match, masked_gpu_corpus, unit_rows
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def both(kernels_asked):
-    """_both(call): (128 rows a slot, 64) planned afresh each, equal bit for bit; asserts that
-    the 128-row build ran (-DMAXSIM_TILE_N=128 with documents on M) only where asked."""
-    from cupy_maxsim import _forward, _replay
+def both(tunable_ab, kernels_asked):
+    """_both(call): (128 rows a slot, 64), equal bit for bit; asserts that the 128-row build ran
+    (-DMAXSIM_TILE_N=128 with documents on M) only where asked."""
+    def check(threshold, answer):
+        halves = any("-DMAXSIM_DOCS_ON_M=1" in d and "-DMAXSIM_TILE_N=128" in d for d in kernels_asked)
+        assert halves == (threshold == 1), kernels_asked
 
-    def _both(call):
-        results = []
-        for rows, threshold in ((128, 1), (64, 0)):
-            _forward._plans.clear()
-            _replay.replays.clear()
-            kernels_asked.clear()
-            with tuning.override(wgmma_docs_on_m_halves_ksteps=threshold):
-                answer = call()
-                results.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
-            halves = any("-DMAXSIM_DOCS_ON_M=1" in d and "-DMAXSIM_TILE_N=128" in d for d in kernels_asked)
-            assert halves == (rows == 128), kernels_asked
-        for a, b in zip(*results):
-            np.testing.assert_array_equal(a, b)
-        return results[0]
-
-    return _both
+    return lambda call: tunable_ab(call, "wgmma_docs_on_m_halves_ksteps", (1, 0), check)
 
 
 @pytest.mark.parametrize("dtype,dim,length,nq,winners", [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import cupy_maxsim as cm
-from cupy_maxsim import reference, tuning
+from cupy_maxsim import reference
 from cupy_maxsim._gpu.args import FORWARD_ARGS, ArgTemplate, forward_args
 from support import assert_scores_match, masked_gpu_corpus, ragged_gpu_corpus, to_numpy, unit_rows
 
@@ -20,23 +20,17 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def both(kernels_asked):
+def both(tunable_ab, kernels_asked):
     """_both(call, num_queries, query_length): (idle warpgroups and their group's own ranges,
-    ranges alike and every warpgroup multiplying) planned afresh each, equal bit for bit;
-    asserts that the call took documents on M with a warpgroup past the last query."""
-    from cupy_maxsim import _forward, _replay
+    ranges alike and every warpgroup multiplying), equal bit for bit; asserts that the call took
+    documents on M with a warpgroup past the last query, and that a replayed call's launch
+    carries the plan's ranges."""
+    from cupy_maxsim import _replay
 
     def _both(call, num_queries, query_length):
-        results = []
-        for balanced in (True, False):
-            _forward._plans.clear()
-            _replay.replays.clear()
-            kernels_asked.clear()
-            with tuning.override(wgmma_idle_groups=balanced):
-                answer = call()
-                results.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
-                again = call()  # replayed where the call can be: the recorded launch's ranges are the plan's
-                np.testing.assert_array_equal(results[-1][0], to_numpy(again[0] if isinstance(again, tuple) else again))
+        def check(balanced, answer):
+            again = call()  # replayed where the call can be: the recorded launch's ranges are the plan's
+            np.testing.assert_array_equal(answer[0], to_numpy(again[0] if isinstance(again, tuple) else again))
             for replay in _replay.replays.values():
                 sent = dict(zip((name for name, _ in FORWARD_ARGS), forward_args.layout.unpack_from(
                     bytes(replay.launch._args), ArgTemplate.HEADER)))
@@ -50,9 +44,8 @@ def both(kernels_asked):
             group = per_warpgroup * warpgroups
             last = num_queries - (-(-num_queries // group) - 1) * group
             assert -(-last // per_warpgroup) < warpgroups, "no warpgroup idles in this problem"
-        for a, b in zip(*results):
-            np.testing.assert_array_equal(a, b)
-        return results[0]
+
+        return tunable_ab(call, "wgmma_idle_groups", (True, False), check)
 
     return _both
 

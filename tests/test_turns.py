@@ -10,32 +10,19 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import reference, tuning
-from support import assert_scores_match, masked_gpu_corpus, ragged_gpu_corpus, to_numpy, unit_rows
+from support import assert_scores_match, masked_gpu_corpus, ragged_gpu_corpus, unit_rows
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def both(kernels_asked):
-    """_both(call): (in turns, together) planned afresh each, equal bit for bit, the turns'
-    build kernels_asked for only under the tunable."""
-    from cupy_maxsim import _forward, _replay
+def both(tunable_ab, kernels_asked):
+    """_both(call): (in turns, together), equal bit for bit, the turns' build asked for only
+    under the tunable; the scores."""
+    def check(turns, answer):
+        assert any("-DMAXSIM_TURNS=1" in d for d in kernels_asked) == turns, kernels_asked
 
-    def _both(call):
-        results = []
-        for turns in (True, False):
-            _forward._plans.clear()
-            _replay.replays.clear()
-            kernels_asked.clear()
-            with tuning.override(wgmma_turns=turns):
-                answer = call()
-                results.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
-            assert any("-DMAXSIM_TURNS=1" in d for d in kernels_asked) == turns, kernels_asked
-        for a, b in zip(*results):
-            np.testing.assert_array_equal(a, b)
-        return results[0][0]
-
-    return _both
+    return lambda call: tunable_ab(call, "wgmma_turns", (True, False), check)[0]
 
 
 @pytest.mark.parametrize("dtype,dim,length,nq,winners", [

@@ -141,6 +141,16 @@ class WgmmaConfig:
             return min(num_queries, self.queries_per_block(query_length))
         return self.group_rows // query_length
 
+    def tile_ksteps(self, dim: int, itemsize: int) -> int:
+        """The MMA k-steps (32 bytes of each row) a warpgroup issues over one document tile at
+        embedding ``dim``: the build's, or streaming k four an atom of the tile's slots
+        (maxsim_fwd_wgmma.cu, slots_per_tile: the fp32 split three 16-bit atoms a 64 of the dim)."""
+        if self.fp32_split:
+            return 12 * -(-dim // 64)
+        if self.stream_k:
+            return 4 * -(-dim * itemsize // 128)
+        return self.ksteps
+
     @property
     def shared_bytes(self) -> int:
         # maxsim_fwd_wgmma.cu's SHARED_BYTES (the compile checks assert the two are equal).

@@ -280,14 +280,7 @@ def idle_group_share(shape: ForwardShape, config, group: int, groups: int, tunab
     working = -(-(shape.num_queries - (groups - 1) * group) // per_warpgroup)
     if working >= config.warpgroups:
         return 1.0
-    # The MMA k-steps (32 bytes each) of a tile: the build's, or streaming k the dim's atoms
-    # (fp32 split: three 16-bit atoms a 64 of the dim).
-    if config.fp32_split:
-        ksteps = 12 * -(-shape.dim // 64)
-    elif config.stream_k:
-        ksteps = 4 * -(-shape.dim * ITEMSIZE[shape.suffix] // 128)
-    else:
-        ksteps = config.ksteps
+    ksteps = config.tile_ksteps(shape.dim, ITEMSIZE[shape.suffix])
     return (working * ksteps + FOLD_KSTEPS) / (config.warpgroups * ksteps + FOLD_KSTEPS)
 
 
