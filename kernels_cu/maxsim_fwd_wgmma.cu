@@ -1615,12 +1615,17 @@ struct Consumer : Block {
     __device__ __forceinline__ void split_atom(int stage, int buffer) {
         const uint4* atom = (const uint4*)(sD() + stage * TILE_BYTES);
         uint4* small = (uint4*)(sSmall() + (2 * warpgroup + buffer) * ATOM_BYTES);
+        // Every load first, then the stores: written as one loop, ptxas kept each load after the
+        // store before it (the two may alias, as far as it knows), so the thread's four shared
+        // loads ran one round trip each (bench/results/ncu-fp32-one-query-2026-12-06-c8022da-h100.txt).
+        constexpr int PIECES = ATOM_BYTES / 16 / 128;
+        uint4 x[PIECES];
 #pragma unroll
-        for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
-            const uint4 x = atom[i];
-            small[i] = make_uint4(truncate_tf32_bits(x.x), truncate_tf32_bits(x.y), truncate_tf32_bits(x.z),
-                                  truncate_tf32_bits(x.w));
-        }
+        for (int p = 0; p < PIECES; ++p) x[p] = atom[threadIdx.x % 128 + 128 * p];
+#pragma unroll
+        for (int p = 0; p < PIECES; ++p)
+            small[threadIdx.x % 128 + 128 * p] = make_uint4(truncate_tf32_bits(x[p].x), truncate_tf32_bits(x[p].y),
+                                                            truncate_tf32_bits(x[p].z), truncate_tf32_bits(x[p].w));
         fence_proxy_async();  // the tensor cores read them through the async proxy
         warpgroup_sync();
     }
