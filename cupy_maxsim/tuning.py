@@ -108,6 +108,11 @@ class Tunables:
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
+    #: fp32 one query at fp32 accuracy (the TF32 split-documents builds): atoms a stretch of one
+    #: accumulator set takes (maxsim_fwd_wgmma.cu, TF32_STRETCH), in three warpgroups (or
+    #: wgmma_stream_warpgroups); 0: two warpgroups of two sets, a fresh one each atom. Off until
+    #: measured against it on the GPU.
+    wgmma_tf32_stretch: int = 0
     #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):
