@@ -1851,7 +1851,7 @@ struct Consumer : Block {
 #pragma unroll
                 for (int ks = 0; ks < 4; ++ks) {
                     // TF32: fresh accumulators each atom (a stretch's first); the document's big halves, then its small.
-                    WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), !TF32 ? 4 * k_atom + ks : stretch_fresh ? ks : 1);
+                    WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), !TF32 ? 4 * k_atom + ks : ks > 0 || !stretch_fresh);
                     if constexpr (SPLIT_DOCUMENT)
                         WgmmaTile<T>::run(acc, frags[ks], small_desc + buffer * (ATOM_BYTES >> 4) + kstep_offset(ks), 1);
                 }
