@@ -31,7 +31,7 @@ def stretched(q, d):
 def sets(q, d):
     with tuning.override(wgmma_tf32_stretch=0):
         return ours.score(q, d)
-for dim in (128, 1024):
+for dim in (128, 768, 1024):
     docs = int(4e9 / (300 * dim * 4))
     g = torch.Generator(device="cuda").manual_seed(dim)
     q = torch.nn.functional.normalize(torch.randn(1, 32, dim, device="cuda", generator=g), dim=-1)
