@@ -159,17 +159,18 @@ def masked_gpu_corpus(rng, dtype: str, nq: int, lq: int, nd: int, length: int, d
     return q, d, mask, extra, q64, d64, d_mask
 
 
-def ragged_gpu_corpus(rng, nq: int):
-    """nq fp16 queries of 32 tokens and 700 packed documents of 0-149 tokens (two empty) at dim
-    128: (q, tokens, offsets on the GPU, q and the tokens as float64, the host offsets)."""
+def ragged_gpu_corpus(rng, nq: int, lq: int = 32, dim: int = 128, dtype=np.float16, docs: int = 700, longest: int = 150):
+    """nq queries of lq tokens and ``docs`` packed documents of 0 to longest - 1 tokens (the
+    fourth and the last empty) at ``dim``, in ``dtype`` (values it holds exactly): (q, tokens,
+    offsets on the GPU, q and the tokens as float64, the host offsets)."""
     import cupy
 
-    lengths = rng.integers(0, 150, 700)
-    lengths[[3, 699]] = 0
+    lengths = rng.integers(0, longest, docs)
+    lengths[[3, docs - 1]] = 0
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    q64 = unit_rows(rng, (nq, 32, 128), np.float64).astype(np.float16).astype(np.float64)
-    t64 = unit_rows(rng, (int(offsets[-1]), 128), np.float64).astype(np.float16).astype(np.float64)
-    return (cupy.asarray(q64.astype(np.float16)), cupy.asarray(t64.astype(np.float16)), cupy.asarray(offsets),
+    q64 = unit_rows(rng, (nq, lq, dim), np.float64).astype(dtype).astype(np.float64)
+    t64 = unit_rows(rng, (int(offsets[-1]), dim), np.float64).astype(dtype).astype(np.float64)
+    return (cupy.asarray(q64.astype(dtype)), cupy.asarray(t64.astype(dtype)), cupy.asarray(offsets),
             q64, t64, offsets)
 
 

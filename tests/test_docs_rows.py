@@ -12,7 +12,7 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import reference
-from support import assert_scores_match, masked_gpu_corpus, unit_rows
+from support import assert_scores_match, masked_gpu_corpus, ragged_gpu_corpus
 
 pytestmark = pytest.mark.gpu
 
@@ -43,12 +43,7 @@ def test_padded_masked_corpora(hopper_cupy, both, dtype, dim, length, nq, winner
 
 
 def test_packed_ragged_corpus(hopper_cupy, both):
-    rng = np.random.default_rng(9)
-    lengths = rng.integers(0, 300, 200)
-    lengths[[3, 199]] = 0
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    q64 = unit_rows(rng, (32, 32, 256), np.float64).astype(np.float16).astype(np.float64)
-    t64 = unit_rows(rng, (int(offsets[-1]), 256), np.float64).astype(np.float16).astype(np.float64)
-    q, tokens = hopper_cupy.asarray(q64.astype(np.float16)), hopper_cupy.asarray(t64.astype(np.float16))
-    answer = both(lambda: cm.score_packed(q, tokens, hopper_cupy.asarray(offsets), return_argmax=True))
-    assert_scores_match(answer[0], reference.maxsim_packed_reference(q64, t64, offsets), atol=5e-3)
+    q, tokens, offsets, q64, t64, host_offsets = ragged_gpu_corpus(np.random.default_rng(9), 32, dim=256, docs=200,
+                                                                   longest=300)
+    answer = both(lambda: cm.score_packed(q, tokens, offsets, return_argmax=True))
+    assert_scores_match(answer[0], reference.maxsim_packed_reference(q64, t64, host_offsets), atol=5e-3)
