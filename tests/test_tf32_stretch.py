@@ -12,7 +12,7 @@ import pytest
 
 import cupy_maxsim as cm
 from cupy_maxsim import reference, tuning
-from support import assert_scores_match, to_numpy, unit_rows
+from support import assert_scores_match, ragged_gpu_corpus, to_numpy, unit_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -61,15 +61,10 @@ def test_padded_masked_corpus(hopper_cupy, kernels_asked, dim, length, winners):
 
 
 def test_packed_tokens(hopper_cupy, kernels_asked):
-    rng = np.random.default_rng(7)
-    lengths = rng.integers(0, 200, 60)
-    lengths[[2, 59]] = 0
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    q64 = unit_rows(rng, (1, 30, 128), np.float64).astype(np.float32).astype(np.float64)
-    t64 = unit_rows(rng, (int(offsets[-1]), 128), np.float64).astype(np.float32).astype(np.float64)
-    q, t = hopper_cupy.asarray(q64.astype(np.float32)), hopper_cupy.asarray(t64.astype(np.float32))
-    stretched, sets = _both(lambda: cm.score_packed(q, t, hopper_cupy.asarray(offsets)), kernels_asked)
-    expected = reference.maxsim_packed_reference(q64, t64, offsets)
+    q, t, offsets, q64, t64, host_offsets = ragged_gpu_corpus(np.random.default_rng(7), 1, lq=30, dtype=np.float32,
+                                                              docs=60, longest=200)
+    stretched, sets = _both(lambda: cm.score_packed(q, t, offsets), kernels_asked)
+    expected = reference.maxsim_packed_reference(q64, t64, host_offsets)
     line = 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
     assert_scores_match(stretched[0], expected, atol=line)
     assert_scores_match(stretched[0], sets[0], atol=line)
