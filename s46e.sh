@@ -2,9 +2,10 @@
 # s46e: branch tf32-stretch (split-loads + one accumulator set by stretches, off by default): its GPU tests, memcheck of
 # fp32 one query (two sets and stretches), then fp32 one query against main in one process: main, the branch's two sets
 # (split-loads), the branch's stretches (three warpgroups where no winners).
+# Carry: .whl .prebuilt-tf32-stretch-d8e321a.tar.xz .prebuilt-main.tar.xz .commit ab_main (git archive main cupy_maxsim kernels_cu bench).
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl 2>/dev/null; export PYTHONPATH="$HOME/site:$PWD" PYTHONUNBUFFERED=1
-mkdir -p cupy_maxsim/prebuilt ab_main/cupy_maxsim/prebuilt && tar -C cupy_maxsim -xJf .prebuilt.tar.xz && tar -C ab_main/cupy_maxsim -xJf .prebuilt-main.tar.xz
+mkdir -p cupy_maxsim/prebuilt ab_main/cupy_maxsim/prebuilt && tar -C cupy_maxsim -xJf .prebuilt-tf32-stretch-d8e321a.tar.xz && tar -C ab_main/cupy_maxsim -xJf .prebuilt-main.tar.xz
 T0=$(date +%s); export CUPY_MAXSIM_COMMIT=$(cat .commit)
 { date -u; echo "commit $(cat .commit) (main: a298046, kernels as 204b639)"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv; } 2>&1 | tee $OUT/env.txt
 echo "== pytest"
