@@ -40,28 +40,28 @@ def kernels_asked(monkeypatch):
 
 @pytest.fixture
 def tunable_ab(kernels_asked):
-    """tunable_ab(call, tunable, values, check=None): ``call`` once under each of ``values`` of the
-    Tunables field ``tunable``, planned afresh each time (plans, replays and kernels_asked
-    cleared); ``check(value, answer)`` runs inside the override after each call (kernels_asked
-    then holds that call's builds). Asserts every value's answers (scores, winners) equal bit for
-    bit and returns the first value's, as float64 NumPy arrays."""
+    """tunable_ab(call, tunable, values, check=None, bitwise=True): ``call`` once under each of
+    ``values`` of the Tunables field ``tunable``, planned afresh each time (plans, replays and
+    kernels_asked cleared); ``check(value, answer)`` runs inside the override after each call
+    (kernels_asked then holds that call's builds). With ``bitwise``, asserts every value's answers
+    (scores, winners) equal bit for bit and returns the first value's; else returns them all, as
+    float64 NumPy arrays (support.answer_arrays)."""
     from cupy_maxsim import _forward, _replay, tuning
-    from support import to_numpy
+    from support import answer_arrays
 
-    def arrays(answer):
-        return [to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))]
-
-    def run(call, tunable, values, check=None):
+    def run(call, tunable, values, check=None, bitwise=True):
         results = []
         for value in values:
             _forward._plans.clear()
             _replay.replays.clear()
             kernels_asked.clear()
             with tuning.override(**{tunable: value}):
-                answer = arrays(call())
+                answer = answer_arrays(call())
                 if check is not None:
                     check(value, answer)
             results.append(answer)
+        if not bitwise:
+            return results
         for other in results[1:]:
             for a, b in zip(results[0], other):
                 np.testing.assert_array_equal(a, b)

@@ -27,6 +27,11 @@ def to_numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def answer_arrays(answer) -> list:
+    """A scoring call's answer (scores, or scores and winners) as a list of float64 host arrays."""
+    return [to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))]
+
+
 def assert_scores_match(actual, expected, atol: float, rtol: float = 0.0) -> None:
     """Equal infinities and NaNs at the same places; finite values within tolerance."""
     actual, expected = to_numpy(actual), to_numpy(expected)
