@@ -11,31 +11,24 @@ import numpy as np
 import pytest
 
 import cupy_maxsim as cm
-from cupy_maxsim import reference, tuning
-from support import assert_scores_match, ragged_gpu_corpus, to_numpy, unit_rows
+from cupy_maxsim import reference
+from support import assert_scores_match, ragged_gpu_corpus, unit_rows
 
 pytestmark = pytest.mark.gpu
 
 
-def _both(call, kernels_asked):
-    """(stretched, two sets): the answers as float64 arrays, after asserting which ran."""
-    from cupy_maxsim import _forward, _replay
-
-    answers = []
-    for stretch in (4, 0):
-        _forward._plans.clear()
-        _replay.replays.clear()
-        kernels_asked.clear()
-        with tuning.override(wgmma_tf32_stretch=stretch):
-            answer = call()
-        answers.append([to_numpy(x) for x in (answer if isinstance(answer, tuple) else (answer,))])
+def _both(call, tunable_ab, kernels_asked):
+    """(stretched, two sets): each answer as float64 arrays (not bit for bit: see above), after
+    asserting which build ran."""
+    def check(stretch, answer):
         assert any("-DMAXSIM_TF32_STRETCH=4" in d for d in kernels_asked) == bool(stretch), kernels_asked
-    return answers
+
+    return tunable_ab(call, "wgmma_tf32_stretch", (4, 0), check, bitwise=False)
 
 
 @pytest.mark.parametrize("dim,length,winners", [(96, 130, False), (100, 70, True), (128, 300, False),
                                                  (1024, 90, False), (2560, 40, True)])
-def test_padded_masked_corpus(hopper_cupy, kernels_asked, dim, length, winners):
+def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, length, winners):
     rng = np.random.default_rng(dim)
     q64 = unit_rows(rng, (1, 32, dim), np.float64).astype(np.float32).astype(np.float64)
     d64 = unit_rows(rng, (40, length, dim), np.float64).astype(np.float32).astype(np.float64)
@@ -45,7 +38,7 @@ def test_padded_masked_corpus(hopper_cupy, kernels_asked, dim, length, winners):
     mask[9, length // 2:] = False
     q, d = hopper_cupy.asarray(q64.astype(np.float32)), hopper_cupy.asarray(d64.astype(np.float32))
     stretched, sets = _both(lambda: cm.score(q, d, d_mask=hopper_cupy.asarray(mask), return_argmax=winners),
-                            kernels_asked)
+                            tunable_ab, kernels_asked)
     expected = reference.maxsim_reference(q64, d64, None, mask)
     line = 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
     assert_scores_match(stretched[0], expected, atol=line)
@@ -60,10 +53,10 @@ def test_padded_masked_corpus(hopper_cupy, kernels_asked, dim, length, winners):
         assert (won[rows] >= 0).all() and (sims.max(-1)[rows] - chosen[rows]).max() <= line / 32
 
 
-def test_packed_tokens(hopper_cupy, kernels_asked):
+def test_packed_tokens(hopper_cupy, tunable_ab, kernels_asked):
     q, t, offsets, q64, t64, host_offsets = ragged_gpu_corpus(np.random.default_rng(7), 1, lq=30, dtype=np.float32,
                                                               docs=60, longest=200)
-    stretched, sets = _both(lambda: cm.score_packed(q, t, offsets), kernels_asked)
+    stretched, sets = _both(lambda: cm.score_packed(q, t, offsets), tunable_ab, kernels_asked)
     expected = reference.maxsim_packed_reference(q64, t64, host_offsets)
     line = 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
     assert_scores_match(stretched[0], expected, atol=line)
