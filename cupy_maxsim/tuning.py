@@ -111,8 +111,10 @@ class Tunables:
     #: fp32 one query at fp32 accuracy (the TF32 split-documents builds): atoms a stretch of one
     #: accumulator set takes (maxsim_fwd_wgmma.cu, TF32_STRETCH), in three warpgroups where they
     #: fit (no winners, the query resident up to dim 768; else two, or wgmma_stream_warpgroups);
-    #: 0: two warpgroups of two sets, a fresh one each atom. Off until measured on the GPU.
-    wgmma_tf32_stretch: int = 0
+    #: 0: two warpgroups of two sets, a fresh one each atom. fp32 1x32 against 4 GB on an H100:
+    #: 1.17x / 1.04x / 1.01x the two sets at dims 128 / 768 / 1024 (1.338 ms at 128, where fp16
+    #: reads the same bytes in 1.31): bench/results/ab-tf32-stretch-2026-12-06-c5b5dad-h100.txt.
+    wgmma_tf32_stretch: int = 4
     #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):
