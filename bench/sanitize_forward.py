@@ -51,6 +51,34 @@ def document_halves():
     cupy.cuda.Device().synchronize()
 
 
+def one_fp32_query():
+    """fp32 at fp32 accuracy for one query (the TF32 split-documents builds, streaming k, each
+    warpgroup splitting its atoms' small halves): dims 64-2560 (the query's atoms streamed past
+    1024), odd dims, masks, lengths off the tile, winners, packed tokens with an empty document
+    (``python bench/sanitize_forward.py tf32``); then again in stretches of one accumulator set
+    (Tunables.wgmma_tf32_stretch)."""
+    from cupy_maxsim import tuning
+
+    for stretch in (0, 4):
+        with tuning.override(wgmma_tf32_stretch=stretch):
+            one_fp32_query_calls()
+
+
+def one_fp32_query_calls():
+    for nq, lq, nd, ld, dim in [(1, 32, 9, 70, 128), (1, 31, 7, 130, 64), (1, 32, 5, 40, 1024), (1, 20, 3, 33, 2560),
+                                (1, 32, 6, 50, 100), (1, 32, 4, 65, 96)]:
+        q, d = rows((nq, lq, dim), cupy.float32), rows((nd, ld, dim), cupy.float32)
+        cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7), return_argmax=True)
+        cm.score(q[0], d)
+        tokens = rows((nd * ld, dim), cupy.float32)[: nd * ld - 1]
+        cm.score_packed(q, tokens, cupy.asarray([0, 1, ld, ld, nd * ld - 1], dtype=cupy.int64), return_argmax=True)
+    cupy.cuda.Device().synchronize()
+
+
+if sys.argv[1:] == ["tf32"]:
+    one_fp32_query()
+    print("sanitize_forward tf32: done")
+    sys.exit()
 if sys.argv[1:] == ["idle"]:
     idle_warpgroups()
     print("sanitize_forward idle: done")

@@ -108,6 +108,13 @@ class Tunables:
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
+    #: fp32 one query at fp32 accuracy (the TF32 split-documents builds): atoms a stretch of one
+    #: accumulator set takes (maxsim_fwd_wgmma.cu, TF32_STRETCH), in three warpgroups where they
+    #: fit (no winners, the query resident up to dim 768; else two, or wgmma_stream_warpgroups);
+    #: 0: two warpgroups of two sets, a fresh one each atom. fp32 1x32 against 4 GB on an H100:
+    #: 1.17x / 1.04x / 1.01x the two sets at dims 128 / 768 / 1024 (1.338 ms at 128, where fp16
+    #: reads the same bytes in 1.31): bench/results/ab-tf32-stretch-2026-12-06-c5b5dad-h100.txt.
+    wgmma_tf32_stretch: int = 4
     #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):
@@ -170,6 +177,9 @@ class Tunables:
         # ... and one the driver's tensor maps take by name only.
         if self.tma_l2_promotion not in (None, 0, 64, 128, 256):
             raise ValueError(f"tma_l2_promotion must be None, 0, 64, 128 or 256 bytes, got {self.tma_l2_promotion!r}")
+        # ... and one that reaches the kernel's source as a count of atoms.
+        if type(self.wgmma_tf32_stretch) is not int or self.wgmma_tf32_stretch < 0:
+            raise ValueError(f"wgmma_tf32_stretch must be an int >= 0 (atoms; 0: off), got {self.wgmma_tf32_stretch!r}")
         # Every cache of plans is keyed by the tunables: their hash is computed once, not per
         # call (a frozen dataclass's own __hash__ hashes all fields each time).
         object.__setattr__(self, "_hash", hash(dataclasses.astuple(self)))

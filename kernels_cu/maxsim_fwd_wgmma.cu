@@ -116,6 +116,9 @@
 #ifndef MAXSIM_FP32_SPLIT
 #define MAXSIM_FP32_SPLIT 0
 #endif
+#ifndef MAXSIM_TF32_STRETCH
+#define MAXSIM_TF32_STRETCH 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -232,6 +235,15 @@ constexpr bool SPLIT_STREAM_QUERY = STREAM_QUERY && SPLIT_DOCS;
 // element), the query still split: one wgmma a k-step, no split of the atom.
 constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
+// TF32_STRETCH (a split document, > 0): one accumulator set instead of two, the atoms of a tile
+// accumulating in it by stretches of TF32_STRETCH atoms (the tensor cores' truncating additions
+// over at most 8 TF32_STRETCH MMAs: 1.7e-5 relative over 960 MMAs in the seventeenth session,
+// about 0.15 ulp an MMA), each stretch then added to the sums by rounding FADDs; an atom's slot is freed once the atom after it is in the
+// tensor cores' hands. One warpgroup's chain an atom (wait, split, barrier, MMAs, the adds) is
+// the one-query fp32 forward's pace (bench/results/ncu-fp32-one-query-2026-12-06-c8022da-h100.txt):
+// without the second set the registers hold three warpgroups, three chains an SM.
+constexpr int TF32_STRETCH = MAXSIM_TF32_STRETCH;
+static_assert(TF32_STRETCH == 0 || SPLIT_DOCUMENT, "stretches of one accumulator set: the split-document builds");
 // FP32_SPLIT (fp32 at fp32 accuracy, many queries; a module of its own: the fp32_split entry
 // alone): documents on M streaming k and the query atoms, in fp16. Every element is scaled by
 // a power of two per token and taken as fp16 big + small (codecs.cuh, fp32_split_t), and
@@ -1615,12 +1627,17 @@ struct Consumer : Block {
     __device__ __forceinline__ void split_atom(int stage, int buffer) {
         const uint4* atom = (const uint4*)(sD() + stage * TILE_BYTES);
         uint4* small = (uint4*)(sSmall() + (2 * warpgroup + buffer) * ATOM_BYTES);
+        // Every load first, then the stores: written as one loop, ptxas kept each load after the
+        // store before it (the two may alias, as far as it knows), so the thread's four shared
+        // loads ran one round trip each (bench/results/ncu-fp32-one-query-2026-12-06-c8022da-h100.txt).
+        constexpr int PIECES = ATOM_BYTES / 16 / 128;
+        uint4 x[PIECES];
 #pragma unroll
-        for (int i = threadIdx.x % 128; i < ATOM_BYTES / 16; i += 128) {
-            const uint4 x = atom[i];
-            small[i] = make_uint4(truncate_tf32_bits(x.x), truncate_tf32_bits(x.y), truncate_tf32_bits(x.z),
-                                  truncate_tf32_bits(x.w));
-        }
+        for (int p = 0; p < PIECES; ++p) x[p] = atom[threadIdx.x % 128 + 128 * p];
+#pragma unroll
+        for (int p = 0; p < PIECES; ++p)
+            small[threadIdx.x % 128 + 128 * p] = make_uint4(truncate_tf32_bits(x[p].x), truncate_tf32_bits(x[p].y),
+                                                            truncate_tf32_bits(x[p].z), truncate_tf32_bits(x[p].w));
         fence_proxy_async();  // the tensor cores read them through the async proxy
         warpgroup_sync();
     }
@@ -1694,6 +1711,45 @@ struct Consumer : Block {
         }
     }
 
+    // TF32_STRETCH (see there): one accumulator set; the fragment sets and small-half buffers
+    // still alternate (by name, as pipeline_atoms'), since an atom's MMAs read them while the
+    // next atom's are loaded and split. `fresh` tells issue to start the accumulators afresh.
+    template <typename Issue, typename Release, typename Fold>
+    __device__ __forceinline__ static void stretch_atoms(Issue&& issue, Release&& release, Fold&& fold,
+                                                         const TileInfo& in_flight, bool& fresh, u32 (&frags0)[4][4]) {
+        float acc[ACC], sums[ACC];
+        clear(sums);
+        u32 frags1[4][4];
+        int stretch = 0, pending_stage = -1;  // the slot whose MMAs were in flight at the last release
+        auto step = [&](u32 (&frags)[4][4], int buffer) -> bool {
+            fresh = stretch == 0;
+            if (!issue(acc, frags, buffer)) return false;
+            const TileInfo atom = in_flight;
+            wgmma_wait<1>();  // the atom before is done: its slot (and its small halves) free
+            if (pending_stage >= 0) release(pending_stage);
+            pending_stage = atom.stage;
+            if (++stretch < TF32_STRETCH && !atom.tile_end) return true;
+            wgmma_wait<0>();
+            pin(acc);
+            add_atom(sums, acc);
+            stretch = 0;
+            release(atom.stage);
+            pending_stage = -1;
+            if (atom.tile_end) {
+                fold(sums, atom);
+                clear(sums);
+            }
+            return true;
+        };
+#pragma unroll 1
+        for (;;) {
+            if (!step(frags0, 0)) break;
+            if (!step(frags1, 1)) break;
+        }
+        wgmma_wait<0>();  // (on every path: a wait on some paths only made ptxas serialize every wgmma, C7518)
+        if (pending_stage >= 0) release(pending_stage);
+    }
+
     template <typename T> __device__ __forceinline__ void consume_queries_on_m(const ForwardArgs& args, const DocTileMap& tile_map) {
         typedef typename WgmmaTile<T>::acc_t Acc;
         constexpr bool SCALED = Codec<T>::SCALED;
@@ -1708,8 +1764,7 @@ struct Consumer : Block {
         // SPLIT_STREAM_QUERY: whether this thread's fragment row (row lane/4 of its warp) is zeros.
         const bool zero_query_row = SPLIT_STREAM_QUERY && (sRowQuery()[query_row0 + (lane >> 2)] < 0 ||
                                                            sRowBad()[query_row0 + (lane >> 2)] != 0);
-        // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring
-        // (splitting documents, each document's first slot says which it is).
+        // Consumer cursor: the tile the tensor cores get next, from this warpgroup's ring (splitting documents, each document's first slot says which it is).
         DocCursor cursor;
         open_doc(cursor, 0);
         const int ring_first = (SPLIT_DOCS ? warpgroup : 0) * RING, ring_end = ring_first + RING;
@@ -1763,6 +1818,7 @@ struct Consumer : Block {
         // TF32: `frags` and `buffer` (the small halves') alternate with the accumulators: the
         // wgmmas of the atom before may still be reading the other ones.
         int k_atom = 0;
+        bool stretch_fresh = true;  // TF32: the next atom starts the accumulators afresh (always, but TF32_STRETCH's)
         const unsigned long long small_desc = SPLIT_DOCUMENT ? tile_descriptor(sSmall() + 2 * warpgroup * ATOM_BYTES) : 0;
         auto issue_mma = [&](Acc (&acc)[ACC], u32 (&frags)[STREAM_K ? 4 : KSTEPS][4], int buffer) -> bool {
             // Streaming k, the atom's query fragments: splitting the document from a resident
@@ -1794,8 +1850,8 @@ struct Consumer : Block {
             if constexpr (STREAM_K) {
 #pragma unroll
                 for (int ks = 0; ks < 4; ++ks) {
-                    // TF32: fresh accumulators each atom; the document's big halves, then its small.
-                    WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), TF32 ? ks : 4 * k_atom + ks);
+                    // TF32: fresh accumulators each atom (a stretch's first); the document's big halves, then its small.
+                    WgmmaTile<T>::run(acc, frags[ks], desc + kstep_offset(ks), !TF32 ? 4 * k_atom + ks : ks > 0 || !stretch_fresh);
                     if constexpr (SPLIT_DOCUMENT)
                         WgmmaTile<T>::run(acc, frags[ks], small_desc + buffer * (ATOM_BYTES >> 4) + kstep_offset(ks), 1);
                 }
@@ -1856,6 +1912,7 @@ struct Consumer : Block {
                     break;
                 }
             }
+        } else if constexpr (SPLIT_DOCUMENT && TF32_STRETCH > 0) { stretch_atoms(issue_mma, release, fold, in_flight, stretch_fresh, a_regs);
         } else if constexpr (SPLIT_DOCUMENT) {
             // The tile's sums (rows lane/4 only: rows + 8 hold the query's small halves' products,
             // added in there), which a tile's end folds and clears.

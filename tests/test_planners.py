@@ -590,6 +590,37 @@ def test_streamed_query_atoms_in_64_row_tiles():
                 pass
 
 
+def test_one_fp32_query_in_stretches():
+    """fp32 one query at fp32 accuracy with Tunables.wgmma_tf32_stretch: the TF32 split-document
+    build with one accumulator set (TF32_STRETCH), in three warpgroups without winners and with
+    the query resident up to dim 768, in two with winners (three spilled there) or past it (the
+    three rings and small-half buffers beside a query of 128 KB do not fit),
+    each among the builds the compile checks take (the default); off, the two-set build in two warpgroups; a
+    stretch that is not a count of atoms is a ValueError."""
+    from cupy_maxsim import tuning
+    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
+    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, compile_variants, tunable_variants
+
+    properties = ARCH_PROPERTIES["sm_90"]
+    known = {(family, tuple(d for d in defines if "EXPECT_SHARED_BYTES" not in d))  # (the compile checks' assert)
+             for family, defines in compile_variants() + tunable_variants()}
+
+    def config(dim, argmax, tunables):
+        choice = choose_kernel(ForwardShape("fp32", 1, 32, dim, 2000, False, argmax, 300, False), properties, tunables)
+        assert choice.config.tf32 == 1 and (choice.family, choice.config.defines()) in known, choice
+        return choice.config
+
+    with tuning.override(wgmma_tf32_stretch=0) as two_sets:
+        pass
+    for dim, argmax, warpgroups in ((128, 0, 3), (768, 0, 3), (1024, 0, 2), (128, 16, 2), (2560, 0, 2)):
+        on, off = config(dim, argmax, tuning.current()), config(dim, argmax, two_sets)
+        assert (on.tf32_stretch, on.warpgroups, off.tf32_stretch, off.warpgroups) == (4, warpgroups, 0, 2), (dim, argmax)
+    for bad in (-1, 2.0, "4"):
+        with pytest.raises(ValueError, match="wgmma_tf32_stretch"):
+            with tuning.override(wgmma_tf32_stretch=bad):
+                pass
+
+
 def test_tunables_from_command_line_text():
     """The benchmarks' ``KEY=VALUE`` tunables: integers as ints (negative too), the rest as
     text, each a valid override (an unknown field is the dataclass's TypeError)."""

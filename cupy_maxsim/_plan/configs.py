@@ -115,6 +115,9 @@ class WgmmaConfig:
     #: fp32 at fp32 accuracy as three fp16 products (maxsim_fwd_wgmma.cu, FP32_SPLIT): documents
     #: on M streaming k and the query atoms, the producer splitting the documents' rows itself.
     fp32_split: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    #: fp32 one query (tf32 1): atoms a stretch of one accumulator set takes before its adds
+    #: (maxsim_fwd_wgmma.cu, TF32_STRETCH); 0: two sets, a fresh one each atom.
+    tf32_stretch: int = dataclasses.field(default=0, metadata=OPTIONAL)
 
     @property
     def threads(self) -> int:
@@ -257,10 +260,17 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
-    def fitted(warpgroups):
+    def fitted(warpgroups, stretch=0):
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
                                    argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
-                                   tf32=int(tf32), stream_query=int(streamed)))
+                                   tf32=int(tf32), stream_query=int(streamed), tf32_stretch=stretch))
+    if tf32 == 1 and tunables.wgmma_tf32_stretch:
+        # One accumulator set a warpgroup (TF32_STRETCH): the registers of three, where their
+        # rings and small-half buffers fit beside the query (two past it: fp32 dims past 1024),
+        # without winners and with the query resident (ptxas spilled 24-28 bytes in those).
+        stretch = tunables.wgmma_tf32_stretch
+        config = fitted(tunables.wgmma_stream_warpgroups or (2 if argmax or streamed else 3), stretch)
+        return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else fitted(2, stretch)
     if tf32 == 1:
         # fp32 at fp32 accuracy: two warpgroups always (maxsim_fwd_wgmma.cu, TF32), whose
         # consumers hold two accumulator and fragment sets each: in the 128 registers of three
