@@ -165,14 +165,19 @@ def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
     )
 
 
-def tile_map_shape(problem: ScoreProblem, tile_rows: int, l2_promotion: int | None) -> tuple:
+def tile_map_shape(problem: ScoreProblem, tile_rows: int, l2_promotion: int | None, itemsize: int | None = None,
+                   width: int | None = None, strides: tuple | None = None) -> tuple:
     """The Hopper kernel's TMA descriptor's shape of the documents (tma.doc_tile_map's arguments
     after the pointer, to its L2 promotion: Tunables.tma_l2_promotion; packed: one long
-    document); masked rows come too, and the kernel skips their columns."""
+    document); masked rows come too, and the kernel skips their columns. The fp32 split builds
+    read 16-bit halves in d's place: ``itemsize`` 2, their ``width`` (elements a row) and,
+    presplit, their (row, document) ``strides`` in bytes (else d's)."""
     d, packed = problem.d, problem.offsets is not None
     item = ITEMSIZE[d.dtype]
-    return (item, d.shape[-1], d.shape[0] if packed else problem.doc_length, 1 if packed else problem.num_docs,
-            d.strides[-2] * item, 0 if packed else problem.doc_stride * item, packed, tile_rows, l2_promotion)
+    if strides is None:
+        strides = (d.strides[-2] * item, 0 if packed else problem.doc_stride * item)
+    return (itemsize or item, width or d.shape[-1], d.shape[0] if packed else problem.doc_length,
+            1 if packed else problem.num_docs, *strides, packed, tile_rows, l2_promotion)
 
 
 def query_map_shape(problem: ScoreProblem, plan: ForwardPlan, first_query: int = 0, split=None) -> tuple:
@@ -293,11 +298,12 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         use_tma = tunables.use_tma and (split is None or plan.split_documents)
         d_ptr = values["d"]
         if plan.tile_rows:
-            map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
-            if split is not None:  # (halves: their element size; presplit, the documents' halves' dim and strides)
+            if split is None:
+                map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion)
+            else:  # (16-bit halves: presplit, the documents' halves; staged, d's rows, split by the producer)
                 width = split[2].shape[-1] if plan.split_documents else split[0].shape[-1]
-                strides = (2 * width, 2 * values["d_doc_stride"]) if plan.split_documents else map_shape[4:6]
-                map_shape = (2, width) + map_shape[2:4] + strides + map_shape[6:]
+                strides = (2 * width, 2 * values["d_doc_stride"]) if plan.split_documents else None
+                map_shape = tile_map_shape(problem, plan.tile_rows, tunables.tma_l2_promotion, 2, width, strides)
             d_scale = problem.d_scale
             # int8 scales by TMA only for padded corpora: a packed tile starts at any token,
             # and a box whose first float is off 16 bytes is an illegal instruction.
