@@ -59,7 +59,7 @@ def one_fp32_query():
     (Tunables.wgmma_tf32_stretch)."""
     from cupy_maxsim import tuning
 
-    for stretch in (0, 4):
+    for stretch in (0, 1, 4):
         with tuning.override(wgmma_tf32_stretch=stretch):
             one_fp32_query_calls()
 

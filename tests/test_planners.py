@@ -615,7 +615,7 @@ def test_one_fp32_query_in_stretches():
     for dim, argmax, warpgroups, streamed in ((128, 0, 3, 0), (768, 0, 3, 0), (1024, 0, 3, 1), (128, 16, 2, 0),
                                               (1024, 16, 2, 0), (2560, 0, 3, 1), (2560, 16, 2, 1)):
         on, off = config(dim, argmax, tuning.current()), config(dim, argmax, two_sets)
-        assert (on.tf32_stretch, on.warpgroups, on.stream_query) == (4, warpgroups, streamed), (dim, argmax)
+        assert (on.tf32_stretch, on.warpgroups, on.stream_query) == (1, warpgroups, streamed), (dim, argmax)
         assert (off.tf32_stretch, off.warpgroups, off.stream_query) == (0, 2, int(dim > 1024)), (dim, argmax)
     for bad in (-1, 2.0, "4"):
         with pytest.raises(ValueError, match="wgmma_tf32_stretch"):

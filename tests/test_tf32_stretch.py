@@ -19,12 +19,17 @@ pytestmark = pytest.mark.gpu
 
 
 def _both(call, tunable_ab, kernels_asked):
-    """(stretched, two sets): each answer as float64 arrays (not bit for bit: see above), after
-    asserting which build ran."""
+    """(stretches of four, two sets): each answer as float64 arrays (not bit for bit: see above),
+    after asserting which build ran, and that the default, one atom a stretch, answers as the two
+    sets do bit for bit (the same fresh accumulators an atom, the same rounding adds)."""
     def check(stretch, answer):
-        assert any("-DMAXSIM_TF32_STRETCH=4" in d for d in kernels_asked) == bool(stretch), kernels_asked
+        asked = {d for defines in kernels_asked for d in defines if d.startswith("-DMAXSIM_TF32_STRETCH=")}
+        assert asked == ({f"-DMAXSIM_TF32_STRETCH={stretch}"} if stretch else set()), kernels_asked
 
-    return tunable_ab(call, "wgmma_tf32_stretch", (4, 0), check, bitwise=False)
+    one, four, sets = tunable_ab(call, "wgmma_tf32_stretch", (1, 4, 0), check, bitwise=False)
+    for a, b in zip(one, sets):
+        np.testing.assert_array_equal(a, b)
+    return four, sets
 
 
 @pytest.mark.parametrize("dim,length,winners", [(96, 130, False), (100, 70, True), (128, 300, False),
