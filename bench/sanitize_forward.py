@@ -59,7 +59,7 @@ def one_fp32_query():
     (Tunables.wgmma_tf32_stretch)."""
     from cupy_maxsim import tuning
 
-    for stretch in (0, 4):
+    for stretch in (0, 1, 4):
         with tuning.override(wgmma_tf32_stretch=stretch):
             one_fp32_query_calls()
 
@@ -68,7 +68,9 @@ def one_fp32_query_calls():
     for nq, lq, nd, ld, dim in [(1, 32, 9, 70, 128), (1, 31, 7, 130, 64), (1, 32, 5, 40, 1024), (1, 20, 3, 33, 2560),
                                 (1, 32, 6, 50, 100), (1, 32, 4, 65, 96)]:
         q, d = rows((nq, lq, dim), cupy.float32), rows((nd, ld, dim), cupy.float32)
-        cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7), return_argmax=True)
+        mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
+        cm.score(q, d, d_mask=mask, return_argmax=True)
+        cm.score(q, d, d_mask=mask)  # (no winners: three warpgroups, the query streamed past dim 768)
         cm.score(q[0], d)
         tokens = rows((nd * ld, dim), cupy.float32)[: nd * ld - 1]
         cm.score_packed(q, tokens, cupy.asarray([0, 1, ld, ld, nd * ld - 1], dtype=cupy.int64), return_argmax=True)
@@ -140,7 +142,9 @@ def shifted(shape, dtype, elements):
 for dtype in (cupy.float16, cupy.float32):
     for nq, lq, nd, ld, dim in [(3, 32, 5, 40, 3), (2, 31, 6, 33, 100), (4, 16, 3, 20, 101), (1, 32, 3, 30, 2500)]:
         q, d = rows((nq, lq, dim), dtype), rows((nd, ld, dim), dtype)
-        cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, ld)) < 0.7), return_argmax=True)
+        mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
+        cm.score(q, d, d_mask=mask, return_argmax=True)
+        cm.score(q, d, d_mask=mask)  # (no winners: three warpgroups, the query streamed past dim 768)
         cm.score(q[0], d)
         cm.score_packed(q, rows((41, dim), dtype), cupy.asarray([0, 5, 5, 40, 41], dtype=cupy.int32))
 for dtype, shifts in ((cupy.float16, (1, 2, 4)), (cupy.float32, (1, 2)), (cupy.int8, (1, 2, 4, 8))):

@@ -109,12 +109,15 @@ class Tunables:
     #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
     #: fp32 one query at fp32 accuracy (the TF32 split-documents builds): atoms a stretch of one
-    #: accumulator set takes (maxsim_fwd_wgmma.cu, TF32_STRETCH), in three warpgroups where they
-    #: fit (no winners, the query resident up to dim 768; else two, or wgmma_stream_warpgroups);
-    #: 0: two warpgroups of two sets, a fresh one each atom. fp32 1x32 against 4 GB on an H100:
-    #: 1.17x / 1.04x / 1.01x the two sets at dims 128 / 768 / 1024 (1.338 ms at 128, where fp16
-    #: reads the same bytes in 1.31): bench/results/ab-tf32-stretch-2026-12-06-c5b5dad-h100.txt.
-    wgmma_tf32_stretch: int = 4
+    #: accumulator set takes (maxsim_fwd_wgmma.cu, TF32_STRETCH), in three warpgroups without
+    #: winners (the query streamed past dim 768; two with winners, or wgmma_stream_warpgroups);
+    #: 0: two warpgroups of two sets. One atom a stretch adds as the two sets do (bit for bit) and
+    #: is the fastest: fp32 1x32 vs 4 GB on an H100, 1.347 / 1.352 / 1.391 / 1.491 / 1.599 ms at
+    #: dims 128 / 768 / 1024 / 2560 / 4096, against 1.649-1.808 for two sets and 1.419-1.652 for
+    #: stretches of four, whose truncating additions in the tensor cores doubled the error (a
+    #: near-tied packed score 1.48e-5 off float64, past the 1e-5 line):
+    #: bench/results/tf32-stretches-2026-12-06-6086357-h100.txt.
+    wgmma_tf32_stretch: int = 1
     #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):

@@ -1567,11 +1567,26 @@ struct Consumer : Block {
     template <bool MASKED> __device__ __forceinline__ bool column_real(const ForwardArgs& args, const TileInfo& info, int col) const {
         return MASKED ? token_real(args, info.doc, info.first_column, info.columns, col) : col < info.columns;
     }
+    // A masked tile's columns as bits (bit 2j + e: column 8j + 2 quad + e), read two pairs at a
+    // time: the fold's unrolled loop would hold every column's mask address and byte at once,
+    // one 64-bit spill in three warpgroups streaming the query's TF32 halves (144 registers).
+    __device__ __forceinline__ u32 masked_columns(const ForwardArgs& args, const TileInfo& info) const {
+        static_assert(TILE_N <= 128, "a bit a column a thread: 32 bits");
+        u32 bits = 0;
+#pragma unroll 2
+        for (int j = 0; j < TILE_N / 8; ++j) {
+            const int col = 8 * j + 2 * quad;
+            bits |= (u32)column_real<true>(args, info, col) << (2 * j) | (u32)column_real<true>(args, info, col + 1) << (2 * j + 1);
+        }
+        return bits;
+    }
     template <typename T, bool BIASED, bool MASKED, typename Acc>
     __device__ __forceinline__ void fold_tile(const ForwardArgs& args, const Acc (&acc)[ACC], const TileInfo& info, RowBest (&best)[2]) {
         constexpr bool SCALED = Codec<T>::SCALED;
+        constexpr bool MASK_BITS = MASKED && SPLIT_STREAM_QUERY && SPLIT_DOCUMENT && WARPGROUPS > 2;
         const float* scale = sScale() + info.stage * TILE_N;
         if (!BIASED) has_row = true;
+        const u32 mask_bits = MASK_BITS ? masked_columns(args, info) : 0u;
         if constexpr (SCALED) {
             // int8 tokens are finite: a non-finite similarity can only come from a document
             // scale, so the witness checks the tile's scales of real columns (one per thread)
@@ -1587,7 +1602,10 @@ struct Consumer : Block {
                 const int j = 8 * chunk + jj, col = 8 * j + 2 * quad;
                 bool real0 = true, real1 = true;
                 float2 sc = make_float2(1.f, 1.f);
-                if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
+                if (MASK_BITS) {
+                    real0 = (mask_bits >> (2 * j)) & 1u, real1 = (mask_bits >> (2 * j + 1)) & 1u;
+                    has_row |= real0 | real1;
+                } else if (BIASED) {  // padding columns, and masked ones (read straight from the mask)
                     real0 = column_real<MASKED>(args, info, col), real1 = column_real<MASKED>(args, info, col + 1);
                     has_row |= real0 | real1;
                 }

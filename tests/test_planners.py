@@ -592,11 +592,11 @@ def test_streamed_query_atoms_in_64_row_tiles():
 
 def test_one_fp32_query_in_stretches():
     """fp32 one query at fp32 accuracy with Tunables.wgmma_tf32_stretch: the TF32 split-document
-    build with one accumulator set (TF32_STRETCH), in three warpgroups without winners and with
-    the query resident up to dim 768, in two with winners (three spilled there) or past it (the
-    three rings and small-half buffers beside a query of 128 KB do not fit),
-    each among the builds the compile checks take (the default); off, the two-set build in two warpgroups; a
-    stretch that is not a count of atoms is a ValueError."""
+    build with one accumulator set (TF32_STRETCH), in three warpgroups without winners, the query
+    resident up to dim 768 and streamed past it (three rings and small-half buffers beside a
+    resident query of 128 KB do not fit), in two with winners (three spilled there), each among
+    the builds the compile checks take (the default); off, the two-set build in two warpgroups,
+    the query resident to dim 1024; a stretch that is not a count of atoms is a ValueError."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, compile_variants, tunable_variants
@@ -612,9 +612,11 @@ def test_one_fp32_query_in_stretches():
 
     with tuning.override(wgmma_tf32_stretch=0) as two_sets:
         pass
-    for dim, argmax, warpgroups in ((128, 0, 3), (768, 0, 3), (1024, 0, 2), (128, 16, 2), (2560, 0, 2)):
+    for dim, argmax, warpgroups, streamed in ((128, 0, 3, 0), (768, 0, 3, 0), (1024, 0, 3, 1), (128, 16, 2, 0),
+                                              (1024, 16, 2, 0), (2560, 0, 3, 1), (2560, 16, 2, 1)):
         on, off = config(dim, argmax, tuning.current()), config(dim, argmax, two_sets)
-        assert (on.tf32_stretch, on.warpgroups, off.tf32_stretch, off.warpgroups) == (4, warpgroups, 0, 2), (dim, argmax)
+        assert (on.tf32_stretch, on.warpgroups, on.stream_query) == (1, warpgroups, streamed), (dim, argmax)
+        assert (off.tf32_stretch, off.warpgroups, off.stream_query) == (0, 2, int(dim > 1024)), (dim, argmax)
     for bad in (-1, 2.0, "4"):
         with pytest.raises(ValueError, match="wgmma_tf32_stretch"):
             with tuning.override(wgmma_tf32_stretch=bad):

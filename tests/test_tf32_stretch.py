@@ -4,7 +4,8 @@ stretches, three warpgroups where the registers hold them. Against float64 withi
 line (1e-5 of the largest score) and within it of the two-set build's scores (not bit for bit:
 the stretches add in the tensor cores, the sets by rounding FADDs): dims whose tiles end inside
 a stretch (96: three atoms; 100: rows on 16 bytes with a part-zero atom), one tile of atoms
-(128), many stretches (1024), the query's atoms streamed (2560), masks, lengths off the tile,
+(128), many stretches (1024: three warpgroups, the query's atoms streamed), the query's atoms
+streamed in two warpgroups (2560, winners) and three (4096), masks, lengths off the tile,
 an empty document, a non-finite element, packed tokens, winners (two warpgroups). GPU only (sm_90)."""
 
 import numpy as np
@@ -18,16 +19,21 @@ pytestmark = pytest.mark.gpu
 
 
 def _both(call, tunable_ab, kernels_asked):
-    """(stretched, two sets): each answer as float64 arrays (not bit for bit: see above), after
-    asserting which build ran."""
+    """(stretches of four, two sets): each answer as float64 arrays (not bit for bit: see above),
+    after asserting which build ran, and that the default, one atom a stretch, answers as the two
+    sets do bit for bit (the same fresh accumulators an atom, the same rounding adds)."""
     def check(stretch, answer):
-        assert any("-DMAXSIM_TF32_STRETCH=4" in d for d in kernels_asked) == bool(stretch), kernels_asked
+        asked = {d for defines in kernels_asked for d in defines if d.startswith("-DMAXSIM_TF32_STRETCH=")}
+        assert asked == ({f"-DMAXSIM_TF32_STRETCH={stretch}"} if stretch else set()), kernels_asked
 
-    return tunable_ab(call, "wgmma_tf32_stretch", (4, 0), check, bitwise=False)
+    one, four, sets = tunable_ab(call, "wgmma_tf32_stretch", (1, 4, 0), check, bitwise=False)
+    for a, b in zip(one, sets):
+        np.testing.assert_array_equal(a, b)
+    return four, sets
 
 
 @pytest.mark.parametrize("dim,length,winners", [(96, 130, False), (100, 70, True), (128, 300, False),
-                                                 (1024, 90, False), (2560, 40, True)])
+                                                 (1024, 90, False), (2560, 40, True), (4096, 33, False)])
 def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, length, winners):
     rng = np.random.default_rng(dim)
     q64 = unit_rows(rng, (1, 32, dim), np.float64).astype(np.float32).astype(np.float64)

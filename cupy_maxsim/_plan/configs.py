@@ -260,22 +260,22 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
-    def fitted(warpgroups, stretch=0):
-        return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=capacity, stages=tunables.wgmma_split_stages,
-                                   argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1, stream_k=1,
-                                   tf32=int(tf32), stream_query=int(streamed), tf32_stretch=stretch))
+    def fitted(warpgroups, stretch=0, streamed=streamed):
+        return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=WGMMA_STREAM_QUERY_CAPACITY if streamed else capacity,
+                                   stages=tunables.wgmma_split_stages, argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1,
+                                   stream_k=1, tf32=int(tf32), stream_query=int(streamed), tf32_stretch=stretch))
     if tf32 == 1 and tunables.wgmma_tf32_stretch:
-        # One accumulator set a warpgroup (TF32_STRETCH): the registers of three, where their
-        # rings and small-half buffers fit beside the query (two past it: fp32 dims past 1024),
-        # without winners and with the query resident (ptxas spilled 24-28 bytes in those).
-        stretch = tunables.wgmma_tf32_stretch
-        config = fitted(tunables.wgmma_stream_warpgroups or (2 if argmax or streamed else 3), stretch)
-        return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else fitted(2, stretch)
+        # One accumulator set a warpgroup (TF32_STRETCH): the registers of three without winners (ptxas
+        # spilled 24-28 bytes with them), the query's atoms streamed where three rings do not fit beside it
+        # (fp32 dims past 768): 1.18x two warpgroups keeping it at dim 1024, three streaming 1.15x / 1.19x
+        # two at 2560 / 4096 (H100, bench/results/ab-tf32-three-streaming-2026-12-06-e9bead5-h100.txt).
+        config = fitted(tunables.wgmma_stream_warpgroups or (2 if argmax else 3), tunables.wgmma_tf32_stretch)
+        if config.shared_bytes > WGMMA_SHARED_LIMIT and config.warpgroups == 3 and stream_queries and threshold:
+            config = fitted(3, tunables.wgmma_tf32_stretch, streamed=True)
+        return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else fitted(2, tunables.wgmma_tf32_stretch)
     if tf32 == 1:
-        # fp32 at fp32 accuracy: two warpgroups always (maxsim_fwd_wgmma.cu, TF32), whose
-        # consumers hold two accumulator and fragment sets each: in the 128 registers of three
-        # they spill (1.58 ms against 0.79 at dim 128,
-        # bench/results/cliffs-2026-12-03-6e1727b-fp32-wgmma_stream_warpgroups3.txt).
+        # Two sets (wgmma_tf32_stretch=0): two warpgroups; in three's 128 registers they spill (1.58 ms
+        # against 0.79 at dim 128: bench/results/cliffs-2026-12-03-6e1727b-fp32-wgmma_stream_warpgroups3.txt).
         return fitted(2)
     config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
     if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:

@@ -193,17 +193,18 @@ def _docs_on_m_configs(ksteps: int, tunables) -> list:
 
 def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
     """The builds opt-in tunables ask for beyond :func:`compile_variants` (documents on M in
-    turns: Tunables.wgmma_turns; fp32 one query in two accumulator sets, a fresh one each atom:
-    Tunables.wgmma_tf32_stretch=0), as the compile checks take them: compiled in CI, not
-    prebuilt while the tunable is at its default."""
+    turns: Tunables.wgmma_turns; fp32 one query in two accumulator sets or in stretches of four
+    atoms: Tunables.wgmma_tf32_stretch 0 or 4), as the compile checks take them: compiled in CI,
+    not prebuilt while the tunable is at its default."""
     turned = replace(DEFAULT, wgmma_turns=True)
     listed = set(compile_variants())
     found = {}
     configs = [c for ksteps in (2, 4, 6, 8) for c in _docs_on_m_configs(ksteps, turned)]
     configs += [c for load_bytes in (4, 8) for ksteps in (4, 8)
                 for c in _off_16_bytes_docs_on_m_configs(ksteps, load_bytes, turned)]
-    two_sets = replace(DEFAULT, wgmma_tf32_stretch=0)  # fp32 one query, two accumulator sets (no TF32_STRETCH)
-    configs += [wgmma_stream_config(capacity, argmax, two_sets, tf32=1, stream_queries=streamed)
+    configs += [wgmma_stream_config(capacity, argmax, replace(DEFAULT, wgmma_tf32_stretch=stretch), tf32=1,
+                                    stream_queries=streamed)
+                for stretch in (0, 4)  # fp32 one query: two accumulator sets (no TF32_STRETCH), stretches of 4
                 for capacity in WGMMA_STREAM_CAPACITIES + (WGMMA_STREAM_QUERY_CAPACITY,) for argmax in (False, True)
                 for streamed in ((True,) if capacity == WGMMA_STREAM_QUERY_CAPACITY else (False,))]
     for config in configs:
