@@ -106,7 +106,8 @@ class Tunables:
     fp32_presplit_max_bytes: int = 8 << 30
     #: Streaming k, consumer warpgroups (each with a ring of its own): 0 chooses (three, or two
     #: where three rings would hold fewer than configs.STREAM_MIN_RING slots); 2 or 3 forces
-    #: (not for fp32 at fp32 accuracy: always two, three spill; configs.wgmma_stream_config).
+    #: (fp32 at fp32 accuracy: the two-set builds always two, three spill; one set a warpgroup
+    #: chooses three without winners, 24-28 bytes spilled with them: configs.wgmma_stream_config).
     wgmma_stream_warpgroups: int = 0
     #: fp32 one query at fp32 accuracy (the TF32 split-documents builds): atoms a stretch of one
     #: accumulator set takes (maxsim_fwd_wgmma.cu, TF32_STRETCH), in three warpgroups without
