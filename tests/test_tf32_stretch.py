@@ -18,7 +18,7 @@ from support import assert_scores_match, ragged_gpu_corpus, unit_rows
 pytestmark = pytest.mark.gpu
 
 
-def _both(call, tunable_ab, kernels_asked):
+def _four_and_two_sets(call, tunable_ab, kernels_asked):
     """(stretches of four, two sets): each answer as float64 arrays (not bit for bit: see above),
     after asserting which build ran, and that the default, one atom a stretch, answers as the two
     sets do bit for bit (the same fresh accumulators an atom, the same rounding adds)."""
@@ -43,7 +43,7 @@ def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, lengt
     mask[7] = False
     mask[9, length // 2:] = False
     q, d = hopper_cupy.asarray(q64.astype(np.float32)), hopper_cupy.asarray(d64.astype(np.float32))
-    stretched, sets = _both(lambda: cm.score(q, d, d_mask=hopper_cupy.asarray(mask), return_argmax=winners),
+    stretched, sets = _four_and_two_sets(lambda: cm.score(q, d, d_mask=hopper_cupy.asarray(mask), return_argmax=winners),
                             tunable_ab, kernels_asked)
     expected = reference.maxsim_reference(q64, d64, None, mask)
     line = 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
@@ -62,7 +62,7 @@ def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, lengt
 def test_packed_tokens(hopper_cupy, tunable_ab, kernels_asked):
     q, t, offsets, q64, t64, host_offsets = ragged_gpu_corpus(np.random.default_rng(7), 1, lq=30, dtype=np.float32,
                                                               docs=60, longest=200)
-    stretched, sets = _both(lambda: cm.score_packed(q, t, offsets), tunable_ab, kernels_asked)
+    stretched, sets = _four_and_two_sets(lambda: cm.score_packed(q, t, offsets), tunable_ab, kernels_asked)
     expected = reference.maxsim_packed_reference(q64, t64, host_offsets)
     line = 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
     assert_scores_match(stretched[0], expected, atol=line)
