@@ -43,8 +43,8 @@ def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, lengt
     mask[7] = False
     mask[9, length // 2:] = False
     q, d = hopper_cupy.asarray(q64.astype(np.float32)), hopper_cupy.asarray(d64.astype(np.float32))
-    stretched, sets = _four_and_two_sets(lambda: cm.score(q, d, d_mask=hopper_cupy.asarray(mask), return_argmax=winners),
-                            tunable_ab, kernels_asked)
+    call = lambda: cm.score(q, d, d_mask=hopper_cupy.asarray(mask), return_argmax=winners)  # noqa: E731
+    stretched, sets = _four_and_two_sets(call, tunable_ab, kernels_asked)
     expected = reference.maxsim_reference(q64, d64, None, mask)
     line = 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
     assert_scores_match(stretched[0], expected, atol=line)
