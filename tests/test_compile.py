@@ -71,3 +71,22 @@ def test_tunable_builds_compile_without_spills(family, defines):
     assert {r.kernel for r in reports} == set(family_kernels(family, defines))
     for report in reports:
         _assert_clean(report)
+
+
+def test_every_serialization_remark_counts():
+    """ptxas names several causes of serialized wgmma (C7518, C7519, C7520, ...), each one a
+    kernel whose MMAs wait for one another; a parser that knew only C7518 passed a C7520 build
+    (a branch within a wgmma group, 2026-12-06). C7517, an injected wait, is not one of them."""
+    log = "\n".join([
+        "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to"
+        " program dependence on compiler-inserted WG.AR in divergent path in the function 'maxsim_a'",
+        "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to"
+        " the presence of Extern calls in the function 'maxsim_b'",
+        "ptxas info    : (C7517) warpgroup.wait is injected in around line 1115 by compiler to allow use of"
+        " registers defined by GMMA in function 'maxsim_c'",
+        "ptxas info    : Compiling entry function 'maxsim_c' for 'sm_90a'",
+        "ptxas info    : Used 128 registers, used 1 barriers, 0 bytes smem",
+    ])
+    reports = {r.kernel: r for r in nvrtc._parse_ptxas(log, "sm_90a", ())}
+    assert reports["maxsim_a"].serialized_wgmma and reports["maxsim_b"].serialized_wgmma
+    assert not reports["maxsim_c"].serialized_wgmma and reports["maxsim_c"].registers == 128

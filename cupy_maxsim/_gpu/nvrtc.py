@@ -48,7 +48,7 @@ class CompileReport:
     spill_load_bytes: int = 0
     static_shared_bytes: int = 0
     stack_frame_bytes: int = 0  # local memory: an array indexed at run time, or a call's frame
-    serialized_wgmma: bool = False  # ptxas serialized the asynchronous MMAs (its C7518 advice)
+    serialized_wgmma: bool = False  # ptxas serialized the asynchronous MMAs (its C7518-C7520 remarks)
 
 
 def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) -> list[CompileReport]:
@@ -99,7 +99,9 @@ def _parse_ptxas(log: str, arch: str, defines: tuple[str, ...]) -> list[CompileR
             name = entry.group(1) or entry.group(2)
             current = reports.setdefault(name, CompileReport(name, arch, defines))
             continue
-        serialized = re.search(r"C7518.*in the function '(\w+)'", line)  # ahead of its function's report
+        # Ahead of its function's report; any cause (C7518: a wait on some paths only, C7520: a
+        # wgmma behind a branch within its group, ...): every one leaves the MMAs serialized.
+        serialized = re.search(r"\(C75\d\d\)[^']*wgmma[^']*serialized[^']*in the function '(\w+)'", line)
         if serialized:
             reports.setdefault(serialized.group(1), CompileReport(serialized.group(1), arch, defines)).serialized_wgmma = True
             continue
