@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                     times[name, stretch].append(statistics.median(calls))
         for v in variants:
             ms = statistics.median(times[v])
-            print(f"| {dim} | {v[0]} | stretch {v[1]} | {ms:.3f} ms | {args.corpus_gb * 1e6 / ms:.0f} GB/s | rounds "
+            print(f"| {dim} | {v[0]} | stretch {v[1]} | {ms:.3f} ms | {args.corpus_gb * 1e3 / ms:.0f} GB/s | rounds "
                   f"{' '.join(f'{x:.3f}' for x in times[v])} | max diff {diffs[v]:.1e} |", flush=True)
         del q, d, first
         cp.get_default_memory_pool().free_all_blocks()
