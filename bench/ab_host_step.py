@@ -28,12 +28,19 @@ from bench_train import AUTOGRAD_FLOOR, SHAPES, _unit, make_step, providers  # n
 import cupy_maxsim.torch as cmt  # noqa: E402
 
 
-def import_base(path: Path):
-    """``path``'s cupy_maxsim (and kernels_cu beside it) as the package cupy_maxsim_base."""
+def import_tree(path: Path, name: str):
+    """``path``'s cupy_maxsim (and kernels_cu beside it) as the package ``name``, in a folder of
+    its own (the kernels are found beside the package)."""
     root = Path(tempfile.mkdtemp())
-    shutil.copytree(path / "cupy_maxsim", root / "cupy_maxsim_base")
+    shutil.copytree(path / "cupy_maxsim", root / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(path / "kernels_cu", root / "kernels_cu")
     sys.path.insert(0, str(root))
+    return importlib.import_module(name)
+
+
+def import_base(path: Path):
+    """``path``'s cupy_maxsim as the package cupy_maxsim_base; its torch adapter."""
+    import_tree(path, "cupy_maxsim_base")
     return importlib.import_module("cupy_maxsim_base.torch")
 
 

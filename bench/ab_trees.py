@@ -1,10 +1,12 @@
 """A/B of kernel trees (each a folder holding ``cupy_maxsim`` and ``kernels_cu``, e.g. a ``git
-archive`` of a commit, or one with an experimental patch) on fp32 one query of 32 tokens
+archive`` of a commit, or one with an experimental patch; without prebuilt cubins, so that every
+tree compiles with this machine's NVRTC) on fp32 one query of 32 tokens
 against about 4 GB (300 tokens a document), in one process: each tree imported as a package of
-its own, the variants (tree x ``Tunables.wgmma_tf32_stretch``) taking turns every round, the L2
-flushed before each call, CUDA-event times, the median of 10 calls a round. Prints each
-variant's median over rounds, its rounds, and its first answer's largest difference from the
-first variant's (an experiment that breaks the answers says so).
+its own (ab_host_step.import_tree), the variants (tree x ``Tunables.wgmma_tf32_stretch``)
+taking turns every round, each timed as the anchors are (bench_forward._median_ms: L2 flushed,
+median of 10 calls between CUDA events). Prints each variant's median over rounds, its rounds,
+and its first answer's largest difference from the first variant's (an experiment that breaks
+the answers says so).
 
     git archive HEAD cupy_maxsim kernels_cu | tar -x -C /tmp/trees/base
     python bench/ab_trees.py /tmp/trees/base /tmp/trees/patched --dims 100,1024 --stretches 1,4
@@ -12,25 +14,16 @@ first variant's (an experiment that breaks the answers says so).
 from __future__ import annotations
 
 import argparse
-import importlib
-import shutil
+import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-import cupy as cp
+import torch
 
-
-def import_tree(path: Path, name: str):
-    root = Path(tempfile.mkdtemp())
-    shutil.copytree(path / "cupy_maxsim", root / name, ignore=shutil.ignore_patterns("prebuilt", "__pycache__"))
-    shutil.copytree(path / "kernels_cu", root / "kernels_cu")
-    sys.path.insert(0, str(root))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
+sys.path.insert(0, str(Path(__file__).parent))
+from ab_host_step import import_tree  # noqa: E402
+from bench_forward import _median_ms, provenance  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -43,38 +36,30 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     packages = {tree.name: import_tree(tree, f"cupy_maxsim_ab{i}") for i, tree in enumerate(args.trees)}
     variants = [(name, int(s)) for name in packages for s in args.stretches.split(",")]
-    flush = cp.empty(256 << 20, cp.uint8)
-    print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}: fp32 1x32 vs {args.corpus_gb:g} GB, 300 tokens "
-          f"a document; median ms of 10 calls a round, {args.rounds} rounds taking turns")
+    print(f"# {json.dumps(provenance())}; trees: {', '.join(map(str, args.trees))}")
+    print(f"fp32 1x32 vs {args.corpus_gb:g} GB, 300 tokens a document; median ms of 10 calls a round, "
+          f"{args.rounds} rounds taking turns")
     for dim in (int(x) for x in args.dims.split(",")):
-        rng = cp.random.default_rng(0)
-        q = rng.standard_normal((1, 32, dim), dtype=cp.float32) / 11
-        d = rng.standard_normal((int(args.corpus_gb * 1e9 // (300 * dim * 4)), 300, dim), dtype=cp.float32) / 11
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        docs = int(args.corpus_gb * 1e9 // (300 * dim * 4))
+        q = torch.randn(1, 32, dim, device="cuda", generator=generator) / 11
+        d = torch.randn(docs, 300, dim, device="cuda", generator=generator) / 11
         times, diffs, first = {v: [] for v in variants}, {}, None
         for r in range(args.rounds):
             for name, stretch in variants:
                 package = packages[name]
                 with package.tuning.override(wgmma_tf32_stretch=stretch):
-                    out = package.score(q, d)
                     if r == 0:
+                        out = package.score(q, d)
                         first = out if first is None else first
-                        diffs[name, stretch] = float(cp.abs(out - first).max())
-                    calls = []
-                    for _ in range(10):
-                        flush.fill(r)
-                        start, end = cp.cuda.Event(), cp.cuda.Event()
-                        start.record()
-                        package.score(q, d)
-                        end.record()
-                        end.synchronize()
-                        calls.append(cp.cuda.get_elapsed_time(start, end))
-                    times[name, stretch].append(statistics.median(calls))
+                        diffs[name, stretch] = float((out - first).abs().max())
+                    times[name, stretch].append(_median_ms(torch, lambda: package.score(q, d), reps=10))
         for v in variants:
             ms = statistics.median(times[v])
             print(f"| {dim} | {v[0]} | stretch {v[1]} | {ms:.3f} ms | {args.corpus_gb * 1e3 / ms:.0f} GB/s | rounds "
                   f"{' '.join(f'{x:.3f}' for x in times[v])} | max diff {diffs[v]:.1e} |", flush=True)
-        del q, d, first
-        cp.get_default_memory_pool().free_all_blocks()
+        q = d = first = None  # (the next dim's corpus in their place)
+        torch.cuda.empty_cache()
     return 0
 
 
