@@ -235,6 +235,19 @@ constexpr bool SPLIT_STREAM_QUERY = STREAM_QUERY && SPLIT_DOCS;
 // element), the query still split: one wgmma a k-step, no split of the atom.
 constexpr bool TF32 = MAXSIM_TF32 != 0;
 constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
+// TF32_DOC_ROWS (MAXSIM_TF32 == 3; one query at fp32 accuracy, the query resident): the split
+// rings' documents on M. A slot's atom (64 document rows) is the MMA's A, from registers: each
+// thread's fragments loaded once (ldmatrix), x as it is (the tensor cores keep its TF32 bits)
+// and its small half x - trunc(x) made in registers. The query is B, staged once split (rows
+// 0-31 its big halves, rounded to TF32; 32-63 its small ones, x - big) in swizzled atoms. Three
+// m64n32k8 a k-step into one accumulator set, x.qb + xs.qb + x.qs (3xTF32 without the small
+// halves' product): 96 query columns of tensor work a k-step where the split document takes
+// two m64n64 (128), and no stores of small halves, no fence and no warpgroup barrier an atom;
+// the slot is free as soon as its fragments are in registers. An atom's products go into fresh
+// accumulators, added to the tile's sums by rounding FADDs (as the split document's). The fold
+// is the docs-on-M one over rows (a running max a query column, two rows a thread), reduced at
+// a document's end over the lanes of a column and the warps (column maxima, as DOCS_ON_M).
+constexpr bool TF32_DOC_ROWS = MAXSIM_TF32 == 3;
 // TF32_STRETCH (a split document, > 0): one accumulator set instead of two, the atoms of a tile
 // accumulating in it by stretches of TF32_STRETCH atoms (the tensor cores' truncating additions
 // over at most 8 TF32_STRETCH MMAs: 1.7e-5 relative over 960 MMAs in the seventeenth session,
@@ -314,7 +327,10 @@ constexpr int BLOCK_ROWS = GROUP_ROWS * WARPGROUPS;       // query rows of the b
 constexpr int QUERY_ROWS = SPLIT_DOCS ? 64 : BLOCK_ROWS;  // distinct query rows
 // A document's maxima as the warps publish them: per query row [2 parities][BLOCK_ROWS], or
 // (DOCS_ON_M) per query column and warp, [2 parities][CONSUMER_WARPS][QUERY_COLS].
-constexpr int MAX_SLOTS = DOCS_ON_M ? 2 * CONSUMER_WARPS * QUERY_COLS : 2 * BLOCK_ROWS;
+// TF32_DOC_ROWS: the same per warp and query row (query_row_of of its token), 64 a warp.
+constexpr bool COLUMN_MAXIMA = DOCS_ON_M || TF32_DOC_ROWS;
+constexpr int COLUMN_SLOTS = DOCS_ON_M ? QUERY_COLS : 64;
+constexpr int MAX_SLOTS = COLUMN_MAXIMA ? 2 * CONSUMER_WARPS * COLUMN_SLOTS : 2 * BLOCK_ROWS;
 static_assert(TILE_N == 64 || TILE_N == 128, "wgmma tiles of 64 or 128 document rows");
 constexpr int KPAD = KSTEPS * 16;            // 16-bit units per row
 constexpr int CHUNKS = KPAD / 8;             // 16-byte chunks per row
@@ -337,7 +353,10 @@ constexpr int SMALL_BYTES = SPLIT_DOCUMENT ? 2 * WARPGROUPS * ATOM_BYTES : SPLIT
 // blocks (whole atoms: more than LDS rows when KSTEPS is not a multiple of 4, e.g. dim 96).
 // STREAM_K keeps only the 32 real rows (HALF_ROWS) of the 64.
 constexpr int STORED_QUERY_ROWS = STREAM_K ? 32 : QUERY_ROWS;
-constexpr int QUERY_BYTES = STREAM_QUERY ? 0 : DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES : STORED_QUERY_ROWS * LDS * 2;
+// TF32_DOC_ROWS: the query's split rows, ATOMS atoms of 64 rows x 128 bytes.
+constexpr int SPLIT_QUERY_ATOM_BYTES = 64 * 128;
+constexpr int QUERY_BYTES = STREAM_QUERY ? 0 : DOCS_ON_M ? WARPGROUPS * QUERY_BLOCK_BYTES
+                          : TF32_DOC_ROWS ? ATOMS * SPLIT_QUERY_ATOM_BYTES : STORED_QUERY_ROWS * LDS * 2;
 static_assert(QUERY_BYTES % 128 == 0 && TILE_BYTES % 128 == 0, "the document scales (after the ring and the "
               "query) are written by TMA: 128-byte aligned");
 // Dynamic shared memory the kernel needs (the formula in the header comment).
@@ -365,6 +384,8 @@ static_assert(!TF32 || (STREAM_K && SPLIT_DOCS) || (DOCS_ON_M && !SPLIT_DOCUMENT
               "TF32: one query streaming k (one atom a slot), or documents on M under precision high");
 static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
               "streaming queries: streaming k, documents on M or one query's half rows");
+static_assert(!TF32_DOC_ROWS || (SPLIT_DOCS && HALF_ROWS && STREAM_K && !STREAM_QUERY && !ARGMAX && TF32_STRETCH == 0),
+              "TF32 documents on M: one query resident, streaming k, no winners");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
 static_assert(!FP32_SPLIT || (DOCS_ON_M && STREAM_K && STREAM_QUERY && !TF32),
               "fp32 split: documents on M streaming k and the query atoms");
@@ -401,9 +422,9 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accesses to accumulators across the asynchronous MMA.
-__device__ __forceinline__ void pin(float (&acc)[wg::ACC]) {
+template <int N> __device__ __forceinline__ void pin(float (&acc)[N]) {
 #pragma unroll
-    for (int i = 0; i < wg::ACC; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 __device__ __forceinline__ void pin(int (&acc)[wg::ACC]) {
 #pragma unroll
@@ -483,6 +504,19 @@ MAXSIM_WGMMA_SS(bf16_t, float, "+f", "k16.f32.bf16.bf16", ", 1, 1, 0, 0")
 MAXSIM_WGMMA_SS(float, float, "+f", "k8.f32.tf32.tf32", ", 1, 1")
 MAXSIM_WGMMA_SS(i8, int, "+r", "k32.s32.s8.s8", "")
 
+// TF32_DOC_ROWS: D (64 document rows x 32 query rows) = or += A (registers: the document's
+// fragments, a0..a3 at rows g, g + 8 and columns t, t + 4 of the warp's 16 x 8; g = lane / 4,
+// t = lane % 4) * B (the split query's descriptor), one k-step of 8 elements.
+__device__ __forceinline__ void wgmma_tf32_n32(float (&d)[16], const u32 (&a)[4], unsigned long long desc,
+                                               int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+                 "%11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+
 // Running max (and argmax) of one accumulator row over the document's columns so far.
 struct RowBest {
     float value;
@@ -495,17 +529,19 @@ __device__ __forceinline__ int first_winner(float value, int index, float other,
     return other > value || (other == value && (unsigned)other_index < (unsigned)index) ? other_index : index;
 }
 
-// One round of a reduce-scatter of running maxima across the lanes HALF apart: the lane whose
-// bit HALF is set keeps the upper HALF of values[0, 2 HALF), the other the lower, each the max
-// of its own and its partner's (which it receives for the one it sends) in values[0, HALF).
-template <int HALF, int N> __device__ __forceinline__ void keep_max_of_halves(float (&values)[N], int lane) {
+// One round of a reduce-scatter of running maxima across the lanes DISTANCE (a power of two)
+// apart: the lane whose bit DISTANCE is set keeps the upper HALF of values[0, 2 HALF), the other
+// the lower, each the max of its own and its partner's (which it receives for the one it sends)
+// in values[0, HALF).
+template <int HALF, int N, int DISTANCE = HALF>
+__device__ __forceinline__ void keep_max_of_halves(float (&values)[N], int lane) {
     static_assert(2 * HALF <= N, "a round halves the values held");
-    const bool upper = lane & HALF;
+    const bool upper = lane & DISTANCE;
 #pragma unroll
     for (int i = 0; i < HALF; ++i) {
         const float send = upper ? values[i] : values[i + HALF];
         const float keep = upper ? values[i + HALF] : values[i];
-        values[i] = max_nan(keep, __shfl_xor_sync(0xffffffffu, send, HALF));
+        values[i] = max_nan(keep, __shfl_xor_sync(0xffffffffu, send, DISTANCE));
     }
 }
 
@@ -557,21 +593,21 @@ struct FinishedRows {
     __device__ __forceinline__ bool real(int i) const { return sRowQuery[query_base + local(i)] >= 0; }
     __device__ __forceinline__ float max(int i, int& winner) const {
         using namespace wg;
-        if constexpr (!DOCS_ON_M) return sRowMax[row_base + local(i)];
+        if constexpr (!COLUMN_MAXIMA) return sRowMax[row_base + local(i)];
         // The max over the warpgroup's 4 warps of its column.
         const int slot = slot_base + local(i);
         float m = sRowMax[slot];
         if constexpr (ARGMAX) winner = sRowArg[slot];
 #pragma unroll
         for (int w = 1; w < 4; ++w) {
-            const float other = sRowMax[slot + w * QUERY_COLS];
-            if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * QUERY_COLS]);
+            const float other = sRowMax[slot + w * COLUMN_SLOTS];
+            if constexpr (ARGMAX) winner = first_winner(m, winner, other, sRowArg[slot + w * COLUMN_SLOTS]);
             m = max_nan(m, other);
         }
         return m;
     }
     __device__ __forceinline__ int winner(int i, int found) const {
-        return wg::DOCS_ON_M ? found : sRowArg[row_base + local(i)];
+        return wg::COLUMN_MAXIMA ? found : sRowArg[row_base + local(i)];
     }
     __device__ __forceinline__ float scale(int i) const { return sRowScale[query_base + local(i)]; }
     __device__ __forceinline__ bool bad(int i) const { return sRowBad[query_base + local(i)] != 0; }
@@ -857,6 +893,10 @@ struct Block {
     // w * (GROUP_ROWS / Lq) + j at rows GROUP_ROWS * w + query_row_of(j * Lq + i).
     template <typename T> __device__ __forceinline__ void stage_queries(const ForwardArgs& args) {
         constexpr bool SCALED = Codec<T>::SCALED;
+        if constexpr (TF32_DOC_ROWS) {
+            stage_split_query(args);
+            return;
+        }
         if constexpr (SPLIT_STREAM_QUERY) {  // what each row is, and which real tokens are not finite
             for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
                 const int f = group_row_of(row);  // -1: a padding row
@@ -925,6 +965,47 @@ struct Block {
                                     : zero_if_non_finite<T>(query_row(row), CHUNKS);
             sRowBad()[row] = bad;
         }
+        consumers_sync();
+    }
+
+    // TF32_DOC_ROWS: the group's rows split into TF32 halves, B of the consumers' MMAs (see
+    // there): row f's big half at row f of each atom, its small half at row 32 + f, in the
+    // 128-byte swizzle (chunk c of a row at (c ^ row % 8), and 32 + f sits where f does); zeros
+    // for rows that are not real tokens, past the dim, and for tokens holding NaN or inf
+    // (flagged). Plain loads of q's elements: any alignment, once a block.
+    __device__ __forceinline__ void stage_split_query(const ForwardArgs& args) {
+        auto element = [&](int f, int e) {  // q's element e of group row f
+            return ((const u32*)args.q)[(first_query + f / query_length) * args.q_query_stride +
+                                        (i64)(f % query_length) * args.q_row_stride + e];
+        };
+        for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
+            const int f = group_row_of(row);  // -1: a padding row
+            const int j = f < 0 ? 0 : f / query_length, token = f < 0 ? 0 : f % query_length;
+            const bool real = query_token_real(args, first_query + j, token, f >= 0 && j < queries_per_warpgroup
+                                                                             && j < group_size);
+            sRowQuery()[row] = real ? j : -1;
+            sRowBad()[row] = 0;
+        }
+        consumers_sync();
+        for (int c = tid; c < 32 * args.dim; c += CONSUMER_THREADS) {
+            const int f = c / args.dim, row = query_row_of(f);
+            if (sRowQuery()[row] >= 0 && (element(f, c % args.dim) & 0x7f800000u) == 0x7f800000u)
+                sRowBad()[row] = 1;  // (every writer writes 1)
+        }
+        consumers_sync();
+        constexpr int CHUNKS_A_ROW = ATOMS * 8;
+        for (int c = tid; c < 32 * CHUNKS_A_ROW; c += CONSUMER_THREADS) {
+            const int f = c / CHUNKS_A_ROW, chunk = c % CHUNKS_A_ROW, row = query_row_of(f);
+            const bool kept = sRowQuery()[row] >= 0 && !sRowBad()[row];
+            u32 big[4], small[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                split_tf32_bits(kept && 4 * chunk + e < args.dim ? element(f, 4 * chunk + e) : 0u, big[e], small[e]);
+            unsigned char* line = (unsigned char*)sQ() + (chunk / 8) * SPLIT_QUERY_ATOM_BYTES + (((chunk % 8) ^ (f % 8)) << 4);
+            *(uint4*)(line + f * 128) = make_uint4(big[0], big[1], big[2], big[3]);
+            *(uint4*)(line + (32 + f) * 128) = make_uint4(small[0], small[1], small[2], small[3]);
+        }
+        fence_proxy_async();  // the tensor cores read the block through the async proxy
         consumers_sync();
     }
 
@@ -1287,7 +1368,7 @@ struct Consumer : Block {
                 FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(),
                              (BOXES_WITHIN_Q ? j + query_box_shift(warpgroup) : j) * query_length,
                              SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
-                             (parity * CONSUMER_WARPS + warpgroup * 4) * QUERY_COLS});
+                             (parity * CONSUMER_WARPS + warpgroup * 4) * COLUMN_SLOTS});
     }
 
     // A document's maxima are published (by the caller): its warps' flags follow, then the
@@ -1635,6 +1716,91 @@ struct Consumer : Block {
                     best[h].value = max_nan(best[h].value, max_nan(max_nan(m01, m23), max_nan(m45, m67)));
                 }
             }
+        }
+    }
+
+    // ---- TF32_DOC_ROWS: one query's split rings, documents on M (see there) -----------------
+    // An atom at a time: its fragments from the slot (ldmatrix: matrix m = lane / 8 holds rows
+    // 8 (m & 1) + lane % 8 of the warp's 16, 16-byte chunk 2 ks + (m >> 1) of k-step ks), the
+    // slot freed, the small halves split, three MMAs a k-step, their products added to the
+    // tile's sums; a tile's last atom folds the sums into the running column maxima (best[2j +
+    // c]: query column 8j + 2t + c, over the thread's rows r0 and r0 + 8), a document's last
+    // tile publishes them. The other warpgroups' chains keep the tensor cores busy meanwhile.
+    __device__ __forceinline__ void consume_doc_rows(const ForwardArgs& args) {
+        const int ring_first = warpgroup * RING, ring_end = ring_first + RING;
+        int stage = ring_first;
+        u32 phase = 0;
+        const int tile_slots = slots_per_tile<float>(args.dim);
+        const unsigned long long big_desc = tile_descriptor(sQ()), small_desc = big_desc + ((32 * 128) >> 4);
+        const int r0 = warp_in_group * 16 + (lane >> 2);
+        const int a_row = warp_in_group * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), a_chunk = lane >> 4;
+        float acc[16], sums[16], best[8];
+        i64 doc = 0, length = 0;
+        int tiles = 1, tile = 0, k_atom = 0;
+#pragma unroll 1
+        for (;;) {
+            mbarrier_wait(full() + stage, phase);
+            if (tile == 0 && k_atom == 0) {  // a document's first slot says which it is
+                const i64 position = sSlotDoc()[stage];
+                if (position < 0) break;  // the ring's end
+                doc = doc_at(position), length = sSlotLength()[stage], tiles = doc_tiles(length);
+            }
+            const unsigned char* slot = sD() + stage * TILE_BYTES + a_row * 128;
+            u32 x[4][4], xs[4][4];
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(x[ks], slot + (((2 * ks + a_chunk) ^ (a_row & 7)) << 4));
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(empty() + stage);  // the MMAs read registers and the query only
+            if (++stage == ring_end) stage = ring_first, phase ^= 1;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) xs[ks][i] = truncate_tf32_bits(x[ks][i]);
+            const unsigned query_offset = (k_atom * SPLIT_QUERY_ATOM_BYTES) >> 4;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                const unsigned offset = query_offset + ((ks * 32) >> 4);
+                wgmma_tf32_n32(acc, x[ks], big_desc + offset, ks > 0);
+                wgmma_tf32_n32(acc, xs[ks], big_desc + offset, 1);
+                wgmma_tf32_n32(acc, x[ks], small_desc + offset, 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(acc);
+            if (k_atom == 0) {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) sums[i] = acc[i];
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) sums[i] += acc[i];
+            }
+            if (++k_atom < tile_slots) continue;
+            k_atom = 0;
+            // The tile's rows that are not real (padding, masked, past the document) become
+            // -FLT_MAX; the witness sums the real rows against query column 2t.
+            const int first_row = tile * TILE_N, rows = (int)min(length - first_row, (i64)TILE_N);
+            const bool biased = args.d_mask != nullptr || rows < TILE_N;
+            const bool real0 = !biased || token_real(args, doc, first_row, rows, r0);
+            const bool real1 = !biased || token_real(args, doc, first_row, rows, r0 + 8);
+            has_row |= real0 | real1;
+            witness += (real0 ? sums[0] : 0.f) + (real1 ? sums[2] : 0.f);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float v0 = real0 ? sums[4 * (i / 2) + i % 2] : -MAXSIM_FLT_MAX;
+                const float v1 = real1 ? sums[4 * (i / 2) + 2 + i % 2] : -MAXSIM_FLT_MAX;
+                best[i] = tile == 0 ? max_nan(v0, v1) : max_nan(best[i], max_nan(v0, v1));
+            }
+            if (++tile < tiles) continue;
+            tile = 0;
+            // Reduce-scatter over the 8 lanes of a column (lanes 16, 8, 4 apart): lane (g, t)
+            // keeps best[g], query column 8 (g / 2) + 2t + g % 2, the max over the warp's rows.
+            keep_max_of_halves<4, 8, 16>(best, lane);
+            keep_max_of_halves<2, 8, 8>(best, lane);
+            keep_max_of_halves<1, 8, 4>(best, lane);
+            const int g = lane >> 2;
+            sRowMax()[(parity * CONSUMER_WARPS + warp) * COLUMN_SLOTS + query_row_of(8 * (g / 2) + 2 * quad + g % 2)] = best[0];
+            close_document<float>(args, doc);
         }
     }
 
@@ -1991,6 +2157,8 @@ __device__ __forceinline__ void maxsim_fwd_wgmma(const ForwardArgs& args, const 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_registers<T>()));
     if constexpr (DOCS_ON_M) {
         block.consume_docs_on_m<T>(args, tile_map);
+    } else if constexpr (TF32_DOC_ROWS) {
+        block.consume_doc_rows(args);
     } else {
         block.consume_queries_on_m<T>(args, tile_map);
     }

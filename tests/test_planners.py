@@ -540,10 +540,12 @@ def test_float32_precision_high_on_the_planner():
         assert tuning.current().float32_precision == "high"
     highest = tuning.current()
     assert highest.float32_precision == "highest"
-    assert choose_kernel(one, properties, highest).config.tf32 == 1
+    split_documents = dataclasses.replace(highest, wgmma_tf32_doc_rows=False)
+    assert choose_kernel(one, properties, highest).config.tf32 == 3  # (at fp32 accuracy: documents on M)
+    assert choose_kernel(one, properties, split_documents).config.tf32 == 1
     choice = choose_kernel(one, properties, high)
     assert choice.config.tf32 == 2 and (choice.family, choice.config.defines()) in known
-    assert choice.config.stages > choose_kernel(one, properties, highest).config.stages  # no small halves
+    assert choice.config.stages > choose_kernel(one, properties, split_documents).config.stages  # no small halves
     assert choose_kernel(many, properties, highest).config.fp32_split
     assert choose_kernel(many, properties, dataclasses.replace(highest, wgmma_fp32_split=False)).family == "maxsim_fwd"
     choice = choose_kernel(many, properties, high)
@@ -610,17 +612,43 @@ def test_one_fp32_query_in_stretches():
         assert choice.config.tf32 == 1 and (choice.family, choice.config.defines()) in known, choice
         return choice.config
 
-    with tuning.override(wgmma_tf32_stretch=0) as two_sets:
+    with tuning.override(wgmma_tf32_doc_rows=False) as stretched:
+        pass
+    with tuning.override(wgmma_tf32_stretch=0, wgmma_tf32_doc_rows=False) as two_sets:
         pass
     for dim, argmax, warpgroups, streamed in ((128, 0, 3, 0), (768, 0, 3, 0), (1024, 0, 3, 1), (128, 16, 2, 0),
                                               (1024, 16, 2, 0), (2560, 0, 3, 1), (2560, 16, 2, 1)):
-        on, off = config(dim, argmax, tuning.current()), config(dim, argmax, two_sets)
+        on, off = config(dim, argmax, stretched), config(dim, argmax, two_sets)
         assert (on.tf32_stretch, on.warpgroups, on.stream_query) == (1, warpgroups, streamed), (dim, argmax)
         assert (off.tf32_stretch, off.warpgroups, off.stream_query) == (0, 2, int(dim > 1024)), (dim, argmax)
     for bad in (-1, 2.0, "4"):
         with pytest.raises(ValueError, match="wgmma_tf32_stretch"):
             with tuning.override(wgmma_tf32_stretch=bad):
                 pass
+
+
+def test_one_fp32_query_documents_on_m():
+    """fp32 one query at fp32 accuracy takes the documents on M (TF32_DOC_ROWS: tf32 3, three
+    warpgroups) where the split query stays resident beside rings of three slots (dims to 512)
+    and no winners are asked; winners, fatter dims or the tunable off keep the split documents;
+    each build among those the compile checks take."""
+    from cupy_maxsim import tuning
+    from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
+    from cupy_maxsim._plan.variants import ARCH_PROPERTIES, compile_variants, tunable_variants
+
+    properties = ARCH_PROPERTIES["sm_90"]
+    known = {(family, tuple(d for d in defines if "EXPECT_SHARED_BYTES" not in d))
+             for family, defines in compile_variants() + tunable_variants()}
+    with tuning.override(wgmma_tf32_doc_rows=False) as off:
+        pass
+    for dim, argmax, tf32 in ((48, 0, 3), (100, 0, 3), (128, 0, 3), (256, 0, 3), (512, 0, 3), (513, 0, 1),
+                              (1024, 0, 1), (128, 16, 1), (2560, 0, 1)):
+        for tunables, want in ((tuning.current(), tf32), (off, 1)):
+            choice = choose_kernel(ForwardShape("fp32", 1, 32, dim, 2000, False, argmax, 300, False), properties,
+                                   tunables)
+            assert choice.config.tf32 == want and (choice.family, choice.config.defines()) in known, (dim, choice)
+            if want == 3:
+                assert choice.config.warpgroups == 3 and choice.config.stages // 3 >= 3, choice
 
 
 def test_tunables_from_command_line_text():

@@ -18,6 +18,15 @@ from support import assert_scores_match, ragged_gpu_corpus, unit_rows
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def split_documents():
+    """The stretches are the split-document builds': documents on M (wgmma_tf32_doc_rows) off."""
+    from cupy_maxsim import tuning
+
+    with tuning.override(wgmma_tf32_doc_rows=False):
+        yield
+
+
 def _four_and_two_sets(call, tunable_ab, kernels_asked):
     """(stretches of four, two sets): each answer as float64 arrays (not bit for bit: see above),
     after asserting which build ran, and that the default, one atom a stretch, answers as the two

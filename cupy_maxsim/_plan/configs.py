@@ -100,7 +100,7 @@ class WgmmaConfig:
     stream_k: int = dataclasses.field(default=0, metadata=OPTIONAL)
     #: fp32 (streaming k; maxsim_fwd_wgmma.cu, TF32): 1 at fp32 accuracy, each warpgroup
     #: splitting its atoms into TF32 halves (the small ones in two buffers of its own); 2 precision
-    #: "high", the document as TF32.
+    #: "high", the document as TF32; 3 at fp32 accuracy with the documents on M (TF32_DOC_ROWS).
     tf32: int = dataclasses.field(default=0, metadata=OPTIONAL)
     #: Documents on M streaming k at dims whose query blocks do not fit: each warpgroup's query
     #: atom streams through the ring slot beside the documents' (TMA from q as it is); ksteps is
@@ -159,11 +159,12 @@ class WgmmaConfig:
         # maxsim_fwd_wgmma.cu's SHARED_BYTES (the compile checks assert the two are equal).
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
-        max_slots = 2 * 4 * self.warpgroups * 128 if self.docs_on_m else 2 * rows
+        max_slots = 2 * 4 * self.warpgroups * (128 if self.docs_on_m else 64) if self.docs_on_m or self.tf32 == 3 else 2 * rows
         atoms = -(-self.ksteps // 4)
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
-        query_bytes = self.warpgroups * atoms * 128 * 128 if self.docs_on_m else stored_rows * (kpad + 8) * 2
+        query_bytes = (self.warpgroups * atoms * 128 * 128 if self.docs_on_m else atoms * 64 * 128 if self.tf32 == 3
+                       else stored_rows * (kpad + 8) * 2)
         slot_bytes = slot_atoms * n * 128
         if self.stream_query:  # every warpgroup's query atom in each slot (splitting: the group's), none resident
             slot_bytes, query_bytes = slot_bytes + (32 if self.split_docs else self.warpgroups * 128) * 128, 0
@@ -260,10 +261,15 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
     if capacity is None:
         return None
-    def fitted(warpgroups, stretch=0, streamed=streamed):
+    def fitted(warpgroups, stretch=0, streamed=streamed, tf32=tf32):
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=WGMMA_STREAM_QUERY_CAPACITY if streamed else capacity,
                                    stages=tunables.wgmma_split_stages, argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1,
                                    stream_k=1, tf32=int(tf32), stream_query=int(streamed), tf32_stretch=stretch))
+    if tf32 == 1 and tunables.wgmma_tf32_doc_rows and not argmax and not streamed:
+        # Documents on M (TF32_DOC_ROWS): three warpgroups where a resident split query leaves rings of three.
+        config = fitted(3, tf32=3)
+        if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages // 3 >= STREAM_MIN_RING:
+            return config
     if tf32 == 1 and tunables.wgmma_tf32_stretch:
         # One accumulator set a warpgroup (TF32_STRETCH): the registers of three without winners (ptxas
         # spilled 24-28 bytes with them), the query's atoms streamed where three rings do not fit beside it

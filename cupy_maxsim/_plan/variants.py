@@ -194,7 +194,7 @@ def _docs_on_m_configs(ksteps: int, tunables) -> list:
 def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
     """The builds opt-in tunables ask for beyond :func:`compile_variants` (documents on M in
     turns: Tunables.wgmma_turns; fp32 one query in two accumulator sets or in stretches of four
-    atoms: Tunables.wgmma_tf32_stretch 0 or 4), as the compile checks take them: compiled in CI,
+    atoms: Tunables.wgmma_tf32_stretch 0 or 4; its documents on M: wgmma_tf32_doc_rows), as the compile checks take them: compiled in CI,
     not prebuilt while the tunable is at its default."""
     turned = replace(DEFAULT, wgmma_turns=True)
     listed = set(compile_variants())
@@ -202,9 +202,11 @@ def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
     configs = [c for ksteps in (2, 4, 6, 8) for c in _docs_on_m_configs(ksteps, turned)]
     configs += [c for load_bytes in (4, 8) for ksteps in (4, 8)
                 for c in _off_16_bytes_docs_on_m_configs(ksteps, load_bytes, turned)]
-    configs += [wgmma_stream_config(capacity, argmax, replace(DEFAULT, wgmma_tf32_stretch=stretch), tf32=1,
+    configs += [wgmma_stream_config(capacity, argmax, replace(DEFAULT, wgmma_tf32_stretch=stretch,
+                                                              wgmma_tf32_doc_rows=doc_rows), tf32=1,
                                     stream_queries=streamed)
-                for stretch in (0, 4)  # fp32 one query: two accumulator sets (no TF32_STRETCH), stretches of 4
+                for stretch in (0, 1, 4)  # fp32 one query: two accumulator sets (no TF32_STRETCH), stretches
+                for doc_rows in (False, True)  # ... or, where they fit, its documents on M
                 for capacity in WGMMA_STREAM_CAPACITIES + (WGMMA_STREAM_QUERY_CAPACITY,) for argmax in (False, True)
                 for streamed in ((True,) if capacity == WGMMA_STREAM_QUERY_CAPACITY else (False,))]
     for config in configs:
