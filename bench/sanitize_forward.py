@@ -56,17 +56,18 @@ def one_fp32_query():
     warpgroup splitting its atoms' small halves): dims 64-2560 (the query's atoms streamed past
     1024), odd dims, masks, lengths off the tile, winners, packed tokens with an empty document
     (``python bench/sanitize_forward.py tf32``); then again in stretches of one accumulator set
-    (Tunables.wgmma_tf32_stretch)."""
+    (Tunables.wgmma_tf32_stretch), and with the documents on M (Tunables.wgmma_tf32_doc_rows:
+    dims to 512 without winners)."""
     from cupy_maxsim import tuning
 
-    for stretch in (0, 1, 4):
-        with tuning.override(wgmma_tf32_stretch=stretch):
+    for stretch, doc_rows in ((0, False), (1, False), (4, False), (1, True)):
+        with tuning.override(wgmma_tf32_stretch=stretch, wgmma_tf32_doc_rows=doc_rows):
             one_fp32_query_calls()
 
 
 def one_fp32_query_calls():
     for nq, lq, nd, ld, dim in [(1, 32, 9, 70, 128), (1, 31, 7, 130, 64), (1, 32, 5, 40, 1024), (1, 20, 3, 33, 2560),
-                                (1, 32, 6, 50, 100), (1, 32, 4, 65, 96)]:
+                                (1, 32, 6, 50, 100), (1, 32, 4, 65, 96), (1, 32, 5, 70, 99), (1, 16, 6, 64, 500)]:
         q, d = rows((nq, lq, dim), cupy.float32), rows((nd, ld, dim), cupy.float32)
         mask = cupy.asarray(rng.random((nd, ld)) < 0.7)
         cm.score(q, d, d_mask=mask, return_argmax=True)
