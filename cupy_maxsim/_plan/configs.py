@@ -159,7 +159,8 @@ class WgmmaConfig:
         # maxsim_fwd_wgmma.cu's SHARED_BYTES (the compile checks assert the two are equal).
         rows, kpad, warps, n = self.block_cols, self.ksteps * 16, 4 * self.warpgroups + 4, self.tile_n
         query_rows = 64 if self.split_docs else rows
-        max_slots = 2 * 4 * self.warpgroups * (128 if self.docs_on_m else 64) if self.docs_on_m or self.tf32 == 3 else 2 * rows
+        column_slots = 128 if self.docs_on_m else 64 if self.tf32 == 3 else 0  # a warp's column maxima
+        max_slots = 2 * 4 * self.warpgroups * column_slots if column_slots else 2 * rows
         atoms = -(-self.ksteps // 4)
         slot_atoms = 1 if self.stream_k else atoms
         stored_rows = 32 if self.stream_k else query_rows  # streaming k: the real rows of half rows
@@ -249,13 +250,11 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
     """The Hopper kernel streaming k for one query of at most 32 tokens at ``ksteps`` past
     WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
     atom), or None past the largest capacity or where two slots per ring do not fit; ``tf32``:
-    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"). With ``stream_queries`` (q's
-    rows readable by TMA), past tunables.wgmma_split_stream_query_ksteps (up to
-    WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the slots too (stream_query),
-    so that the ring, not a resident query, takes the shared memory (fp32 too: each thread
-    splits its query fragments into TF32 halves as it reads them from the slot; before, fp32
-    past dim 1280 fell to the mma.sync kernel's 3xTF32 at 0.25-0.33 of the floor,
-    bench/results/cliffs-2026-12-04-112bace-fp32-int8.json)."""
+    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"; 3 is 1's documents on M). With
+    ``stream_queries`` (rows TMA reads), past tunables.wgmma_split_stream_query_ksteps (to
+    WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the slots too, so that the
+    ring, not a resident query, takes the shared memory (fp32 past dim 1280 was at 0.25-0.33 of
+    the floor on mma.sync: bench/results/cliffs-2026-12-04-112bace-fp32-int8.json)."""
     threshold = tunables.wgmma_split_stream_query_ksteps
     streamed = bool(stream_queries and threshold and threshold < ksteps <= WGMMA_STREAM_QUERY_CAPACITY)
     capacity = WGMMA_STREAM_QUERY_CAPACITY if streamed else next((c for c in WGMMA_STREAM_CAPACITIES if c >= ksteps), None)
@@ -265,9 +264,8 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=WGMMA_STREAM_QUERY_CAPACITY if streamed else capacity,
                                    stages=tunables.wgmma_split_stages, argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1,
                                    stream_k=1, tf32=int(tf32), stream_query=int(streamed), tf32_stretch=stretch))
-    if tf32 == 1 and tunables.wgmma_tf32_doc_rows and not argmax and not streamed:
-        # Documents on M (TF32_DOC_ROWS): three warpgroups where a resident split query leaves rings of three.
-        config = fitted(3, tf32=3)
+    if tf32 == 1 and tunables.wgmma_tf32_doc_rows and not argmax and not streamed:  # TF32_DOC_ROWS
+        config = fitted(3, tf32=3)  # (three warpgroups, where the split query leaves rings of three)
         if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages // 3 >= STREAM_MIN_RING:
             return config
     if tf32 == 1 and tunables.wgmma_tf32_stretch:
@@ -285,10 +283,9 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return fitted(2)
     config = fitted(tunables.wgmma_stream_warpgroups or WGMMA_SHAPE["warpgroups"])
     if not tunables.wgmma_stream_warpgroups and config.stages // config.warpgroups < STREAM_MIN_RING:
-        # Rings of two slots hold one loading while one multiplies: two longer rings keep more
-        # bytes in flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536
-        # and 2048, with rings of 5 and 3, three warpgroups stayed faster: 0.96 against 0.92:
-        # bench/results/cliffs-2026-12-03-9bc7498-stream-wg-fp32.txt).
+        # Rings of two slots hold one loading while one multiplies: two longer rings keep more bytes in
+        # flight (fp16 dim 2560, capacity 160: 0.827 -> 0.897 of the floor; at 1536 and 2048, rings of 5
+        # and 3, three stayed faster: 0.96 against 0.92: bench/results/cliffs-2026-12-03-9bc7498-stream-wg-fp32.txt).
         config = fitted(2)
     return config if config.shared_bytes <= WGMMA_SHARED_LIMIT else None
 
@@ -438,10 +435,6 @@ def bwd_csr_layout(longest_doc: int, smem_limit: int, smem_per_sm: int) -> tuple
             return warps, 0
     return 1, bwd_csr_shared_bytes(1, longest_doc) // 4
 
-
-# ---- CuPy side ------------------------------------------------------------------------------
-
-_modules: dict = {}
 
 
 #: Tile configurations the forward planner uses (see forward.choose_mma_config), by stacked width BN;
