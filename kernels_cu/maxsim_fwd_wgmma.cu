@@ -898,26 +898,7 @@ struct Block {
             return;
         }
         if constexpr (SPLIT_STREAM_QUERY) {  // what each row is, and which real tokens are not finite
-            for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
-                const int f = group_row_of(row);  // -1: a padding row
-                const int j = f < 0 ? 0 : f / query_length, token = f < 0 ? 0 : f % query_length;
-                const bool real = query_token_real(args, first_query + j, token, f >= 0 && j < queries_per_warpgroup
-                                                                                 && j < group_size);
-                sRowQuery()[row] = real ? j : -1;
-                if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + j, token) : 0.f;
-                sRowBad()[row] = 0;
-            }
-            consumers_sync();
-            if constexpr (!SCALED) {  // every consumer thread a share of the real rows' chunks, from q
-                const int chunks = (args.dim + Codec<T>::CHUNK_ELEMS - 1) / Codec<T>::CHUNK_ELEMS;
-                for (int c = tid; c < 32 * chunks; c += CONSUMER_THREADS) {
-                    const int f = c / chunks, row = query_row_of(f);
-                    if (sRowQuery()[row] >= 0 &&
-                        query_chunk_non_finite<T>(args, first_query + f / query_length, f % query_length, c % chunks))
-                        sRowBad()[row] = 1;  // (every writer writes 1)
-                }
-                consumers_sync();
-            }
+            note_group_rows<T, 16>(args);
             return;
         } else if constexpr (STREAM_QUERY) {  // the rows stream with the documents: what each row is, only
             for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
@@ -968,31 +949,44 @@ struct Block {
         consumers_sync();
     }
 
-    // TF32_DOC_ROWS: the group's rows split into TF32 halves, B of the consumers' MMAs (see
-    // there): row f's big half at row f of each atom, its small half at row 32 + f, in the
-    // 128-byte swizzle (chunk c of a row at (c ^ row % 8), and 32 + f sits where f does); zeros
-    // for rows that are not real tokens, past the dim, and for tokens holding NaN or inf
-    // (flagged). Plain loads of q's elements: any alignment, once a block.
-    __device__ __forceinline__ void stage_split_query(const ForwardArgs& args) {
-        auto element = [&](int f, int e) {  // q's element e of group row f
-            return ((const u32*)args.q)[(first_query + f / query_length) * args.q_query_stride +
-                                        (i64)(f % query_length) * args.q_row_stride + e];
-        };
+    // Splitting documents, the query not staged as it is (SPLIT_STREAM_QUERY: read from the
+    // slots; TF32_DOC_ROWS: staged split): what each of the group's half rows is, and which real
+    // tokens hold NaN or inf (read from q, whose rows start on ALIGN bytes).
+    template <typename T, int ALIGN> __device__ __forceinline__ void note_group_rows(const ForwardArgs& args) {
+        constexpr bool SCALED = Codec<T>::SCALED;
         for (int row = tid; row < QUERY_ROWS; row += CONSUMER_THREADS) {
             const int f = group_row_of(row);  // -1: a padding row
             const int j = f < 0 ? 0 : f / query_length, token = f < 0 ? 0 : f % query_length;
             const bool real = query_token_real(args, first_query + j, token, f >= 0 && j < queries_per_warpgroup
                                                                              && j < group_size);
             sRowQuery()[row] = real ? j : -1;
+            if constexpr (SCALED) sRowScale()[row] = real ? query_scale(args, first_query + j, token) : 0.f;
             sRowBad()[row] = 0;
         }
         consumers_sync();
-        for (int c = tid; c < 32 * args.dim; c += CONSUMER_THREADS) {
-            const int f = c / args.dim, row = query_row_of(f);
-            if (sRowQuery()[row] >= 0 && (element(f, c % args.dim) & 0x7f800000u) == 0x7f800000u)
-                sRowBad()[row] = 1;  // (every writer writes 1)
+        if constexpr (!SCALED) {  // every consumer thread a share of the real rows' chunks, from q
+            const int chunks = (args.dim + Codec<T>::CHUNK_ELEMS - 1) / Codec<T>::CHUNK_ELEMS;
+            for (int c = tid; c < 32 * chunks; c += CONSUMER_THREADS) {
+                const int f = c / chunks, row = query_row_of(f);
+                if (sRowQuery()[row] >= 0 &&
+                    query_chunk_non_finite<T, ALIGN>(args, first_query + f / query_length, f % query_length, c % chunks))
+                    sRowBad()[row] = 1;  // (every writer writes 1)
+            }
+            consumers_sync();
         }
-        consumers_sync();
+    }
+
+    // TF32_DOC_ROWS: the group's rows split into TF32 halves, B of the consumers' MMAs (see
+    // there): row f's big half at row f of each atom, its small half at row 32 + f, in the
+    // 128-byte swizzle (chunk c of a row at (c ^ row % 8), and 32 + f sits where f does); zeros
+    // for rows that are not real tokens, past the dim, and for tokens holding NaN or inf
+    // (flagged). Plain loads of q's elements (any alignment), once a block.
+    __device__ __forceinline__ void stage_split_query(const ForwardArgs& args) {
+        auto element = [&](int f, int e) {  // q's element e of group row f
+            return ((const u32*)args.q)[(first_query + f / query_length) * args.q_query_stride +
+                                        (i64)(f % query_length) * args.q_row_stride + e];
+        };
+        note_group_rows<float, LOAD_BYTES>(args);
         constexpr int CHUNKS_A_ROW = ATOMS * 8;
         for (int c = tid; c < 32 * CHUNKS_A_ROW; c += CONSUMER_THREADS) {
             const int f = c / CHUNKS_A_ROW, chunk = c % CHUNKS_A_ROW, row = query_row_of(f);
