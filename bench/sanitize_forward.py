@@ -82,6 +82,10 @@ if sys.argv[1:] == ["tf32"]:
     one_fp32_query()
     print("sanitize_forward tf32: done")
     sys.exit()
+if sys.argv[1:] == ["tf32-rows"]:  # the documents on M alone
+    one_fp32_query_calls()
+    print("sanitize_forward tf32-rows: done")
+    sys.exit()
 if sys.argv[1:] == ["idle"]:
     idle_warpgroups()
     print("sanitize_forward idle: done")
