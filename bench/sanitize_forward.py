@@ -83,7 +83,10 @@ if sys.argv[1:] == ["tf32"]:
     print("sanitize_forward tf32: done")
     sys.exit()
 if sys.argv[1:] == ["tf32-rows"]:  # the documents on M alone
-    one_fp32_query_calls()
+    from cupy_maxsim import tuning
+
+    with tuning.override(wgmma_tf32_doc_rows=True):
+        one_fp32_query_calls()
     print("sanitize_forward tf32-rows: done")
     sys.exit()
 if sys.argv[1:] == ["idle"]:

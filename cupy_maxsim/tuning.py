@@ -119,10 +119,12 @@ class Tunables:
     #: near-tied packed score 1.48e-5 off float64, past the 1e-5 line):
     #: bench/results/tf32-stretches-2026-12-06-6086357-h100.txt.
     wgmma_tf32_stretch: int = 1
-    #: fp32 one query at fp32 accuracy, the query resident (dims to 256 or so): the documents on
-    #: M, their atoms the MMA's A from registers split there (maxsim_fwd_wgmma.cu, TF32_DOC_ROWS;
-    #: configs.wgmma_stream_config), instead of the split documents' stretches. Without winners.
-    wgmma_tf32_doc_rows: bool = True
+    #: fp32 one query at fp32 accuracy, the query resident (dims to 512), no winners: the
+    #: documents on M, their atoms the MMA's A from registers split there, three TF32 products a
+    #: k-step (maxsim_fwd_wgmma.cu, TF32_DOC_ROWS; configs.wgmma_stream_config), instead of the
+    #: split documents' stretches. Opt-in: built and compile-checked, not yet run on a GPU
+    #: (docs/notebook.md, session 49); off until its GPU tests and A/B have run.
+    wgmma_tf32_doc_rows: bool = False
     #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):
