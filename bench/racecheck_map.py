@@ -12,6 +12,14 @@ store, with their defines (then map those as above, with the NVRTC that built th
 
     python bench/racecheck_map.py --prebuilt maxsim_fwd_wgmma sm_90a maxsim_fwd_wgmma_fp16 0x2b10 0x74f0
 
+On the GPU machine, every read/write pair of a whole racecheck report mapped at once: the script
+that made the report is run again (not under the sanitizer) with the builds it asks for noted,
+each architecture-specific build compiled by CuPy's NVRTC (the report's compiler) with and
+without -lineinfo, and each pair printed with the builds whose SASS has a shared-memory load and
+store there, and their source lines:
+
+    python bench/racecheck_map.py --report racecheck.log bench/sanitize_forward.py tf32-rows
+
 NVRTC and nvdisasm come from the nvidia-cuda-nvrtc and nvidia-cuda-nvdisasm wheels (or a
 toolkit): NVDISASM names the binary; the NVRTC found first on sys.path is used.
 """
@@ -51,8 +59,96 @@ def prebuilt_matches(family: str, arch: str, kernel: str, read: str, write: str)
     return 0
 
 
+def report_pairs(log: str) -> list:
+    """The (kernel, read offset, write offset, hazards) of each race in a racecheck report."""
+    found = re.findall(r"Read access at (\w+)\+(0x[0-9a-f]+)\s*\n[= ]*and Write access at \w+\+(0x[0-9a-f]+)"
+                       r" \[(\d+) hazards\]", log)
+    return sorted({(kernel, read, write): int(n) for kernel, read, write, n in found}.items())
+
+
+def asked_builds(script: str, args: list) -> list:
+    """The (family, defines) of every kernel ``script`` asks the forward and backward for."""
+    import runpy
+
+    from cupy_maxsim._gpu import compile as gpu_compile
+
+    asked, get_kernel = [], gpu_compile.get_kernel
+
+    def noting(device, family, name, defines=(), *rest):
+        if (family, defines) not in asked:
+            asked.append((family, defines))
+        return get_kernel(device, family, name, defines, *rest)
+
+    gpu_compile.get_kernel = noting
+    sys.argv = [script] + args
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        pass
+    return asked
+
+
+def cupy_listing(family: str, arch: str, defines: tuple, extra: tuple) -> str:
+    """nvdisasm's listing of a build compiled as the package compiles it (CuPy's NVRTC)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    from cupy_maxsim._gpu.registry import NVRTC_OPTIONS, source
+
+    program = nvrtc.createProgram(source(family), f"{family}.cu", (), ())
+    try:
+        nvrtc.compileProgram(program, list(NVRTC_OPTIONS + tuple(defines) + (f"-arch={arch}",) + extra))
+        cubin = nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        tool = os.environ.get("NVDISASM", "nvdisasm")
+        return subprocess.run([tool, "-c", "-g", path], capture_output=True, text=True, check=True).stdout
+
+
+def source_line(listing: str, kernel: str, offset: str, lines: list) -> str:
+    """The source line nvdisasm -g gives for ``offset`` of ``kernel`` (a -lineinfo build)."""
+    body = listing[listing.find(f".text.{kernel}:"):]
+    current = None
+    for line in body.splitlines():
+        where = re.search(r"line (\d+)", line) if "//## File" in line else None
+        if where:
+            current = int(where.group(1))
+        if re.search(rf"/\*{int(offset, 16):04x}\*/", line):
+            return f"line {current}: {lines[current - 1].strip()}" if current else "line ?"
+    return "not found"
+
+
+def map_report(log_path: str, script: str, args: list) -> int:
+    """Print each race of the report with the builds and source lines of its two offsets."""
+    from cupy_maxsim._gpu.registry import ARCH_SPECIFIC, source
+
+    pairs = report_pairs(open(log_path).read())
+    builds = [(f, d) for f, d in asked_builds(script, args) if f in ARCH_SPECIFIC]
+    print(f"{len(pairs)} read/write pairs, {len(builds)} architecture-specific builds asked")
+    listings = [(f, d, cupy_listing(f, ARCH_SPECIFIC[f], d, ()), cupy_listing(f, ARCH_SPECIFIC[f], d, ("-lineinfo",)))
+                for f, d in builds]
+    for (kernel, read, write), hazards in pairs:
+        print(f"\n{kernel} read {read} write {write} ({hazards} hazards)")
+        for family, defines, plain, lined in listings:
+            load, store = instruction(plain, kernel, read), instruction(plain, kernel, write)
+            if not (load and store and "LD" in load and "ST" in store):
+                continue
+            lines = source(family).splitlines()
+            print(f"  {' '.join(d for d in defines if 'EXPECT' not in d)}")
+            for offset, text in ((read, load), (write, store)):
+                same = instruction(lined, kernel, offset) == text
+                print(f"    {offset} {text} <- {source_line(lined, kernel, offset, lines)}"
+                      f"{'' if same else '  (the -lineinfo build differs here)'}")
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--report"] and len(argv) >= 3:
+        return map_report(argv[1], argv[2], argv[3:])
     if argv[:1] == ["--prebuilt"] and len(argv) == 6:
         return prebuilt_matches(*argv[1:])
     if len(argv) < 4:

@@ -3,7 +3,8 @@ Tunables.wgmma_tf32_doc_rows): each document atom the MMA's A from registers, sp
 query staged split as B, three products a k-step (the small halves' product dropped). Against
 float64 within the fp32 line (1e-5 of the largest score) and within it of the split-document
 build (not bit for bit: a different sum of products): dims of one atom and a part (48, 100: a
-part-zero last atom; 99: rows on 4 bytes, copied by cp.async), whole atoms (128, 256), a query past one atom's rows
+part-zero last atom; 99: rows 400 bytes apart, the tail past the dim zero-filled by the copies;
+one query on rows off 16 bytes takes the mma.sync kernel), whole atoms (128, 256), a query past one atom's rows
 (500), masks with holes, lengths off the tile, an empty document, non-finite document elements
 and query tokens, masked query tokens, packed tokens, near-ties, two queries of 16 tokens in one
 group, bitwise reproducibility, and the build that ran. GPU only (sm_90)."""
@@ -33,6 +34,15 @@ def _doc_rows_and_split(call, tunable_ab, kernels_asked):
     return doc_rows, split
 
 
+def _on_16_bytes(xp, values):
+    """``values`` (float32) in rows that start 16 bytes apart or a multiple of that: a view of a
+    wider array where the dim is not a multiple of 4 (the copies' zero fill past the dim)."""
+    dim = values.shape[-1]
+    wide = xp.full(values.shape[:-1] + (-(-dim // 4) * 4,), np.float32(7.0))  # (never read: past the dim)
+    wide[..., :dim] = xp.asarray(values)
+    return wide[..., :dim]
+
+
 def _line(expected):
     return 1e-5 * np.abs(expected[np.isfinite(expected)]).max()
 
@@ -48,7 +58,7 @@ def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, lengt
     mask[7] = False
     mask[9, length // 2:] = False
     mask[5, 3] = mask[6, length - 1] = True
-    q, d = hopper_cupy.asarray(q64.astype(np.float32)), hopper_cupy.asarray(d64.astype(np.float32))
+    q, d = (_on_16_bytes(hopper_cupy, a.astype(np.float32)) for a in (q64, d64))
     call = lambda: cm.score(q, d, d_mask=hopper_cupy.asarray(mask))  # noqa: E731
     doc_rows, split = _doc_rows_and_split(call, tunable_ab, kernels_asked)
     expected = reference.maxsim_reference(q64, d64, None, mask)
@@ -63,7 +73,7 @@ def test_padded_masked_corpus(hopper_cupy, tunable_ab, kernels_asked, dim, lengt
     assert_scores_match(got, expected, atol=_line(expected))
     q64[0, 4, 1] = np.inf  # masked: no effect
     q64[0, 20, 0] = np.nan  # real: every score NaN
-    got = cm.score(hopper_cupy.asarray(q64.astype(np.float32)), d, q_mask=hopper_cupy.asarray(q_mask))
+    got = cm.score(_on_16_bytes(hopper_cupy, q64.astype(np.float32)), d, q_mask=hopper_cupy.asarray(q_mask))
     assert np.isnan(got.get()).all()
 
 
