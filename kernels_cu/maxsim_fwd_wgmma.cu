@@ -1720,6 +1720,33 @@ struct Consumer : Block {
     // tile's sums; a tile's last atom folds the sums into the running column maxima (best[2j +
     // c]: query column 8j + 2t + c, over the thread's rows r0 and r0 + 8), a document's last
     // tile publishes them. The other warpgroups' chains keep the tensor cores busy meanwhile.
+    // One atom's k-steps 0 .. LIVE - 1 (the slot at row a_row): the fragments, the slot freed
+    // (the MMAs read registers and the query only), the small halves split, three MMAs a k-step
+    // into acc, waited for. The query's descriptors point at the atom's rows.
+    template <int LIVE> __device__ __forceinline__ void multiply_doc_atom(float (&acc)[16], const unsigned char* slot, int a_row,
+                                                                         int a_chunk, int stage, unsigned long long big_desc,
+                                                                         unsigned long long small_desc) {
+        u32 x[LIVE][4], xs[LIVE][4];
+#pragma unroll
+        for (int ks = 0; ks < LIVE; ++ks) ldmatrix_x4(x[ks], slot + (((2 * ks + a_chunk) ^ (a_row & 7)) << 4));
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty() + stage);
+#pragma unroll
+        for (int ks = 0; ks < LIVE; ++ks)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xs[ks][i] = truncate_tf32_bits(x[ks][i]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < LIVE; ++ks) {
+            const unsigned offset = (ks * 32) >> 4;
+            wgmma_tf32_n32(acc, x[ks], big_desc + offset, ks > 0);
+            wgmma_tf32_n32(acc, xs[ks], big_desc + offset, 1);
+            wgmma_tf32_n32(acc, x[ks], small_desc + offset, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(acc);
+    }
     __device__ __forceinline__ void consume_doc_rows(const ForwardArgs& args) {
         const int ring_first = warpgroup * RING, ring_end = ring_first + RING;
         int stage = ring_first;
@@ -1728,6 +1755,7 @@ struct Consumer : Block {
         const unsigned long long big_desc = tile_descriptor(sQ()), small_desc = big_desc + ((32 * 128) >> 4);
         const int r0 = warp_in_group * 16 + (lane >> 2);
         const int a_row = warp_in_group * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), a_chunk = lane >> 4;
+        const int last_ksteps = min(4, (args.dim - 32 * (tile_slots - 1) + 7) / 8);
         float acc[16], sums[16], best[8];
         i64 doc = 0, length = 0;
         int tiles = 1, tile = 0, k_atom = 0;
@@ -1740,28 +1768,15 @@ struct Consumer : Block {
                 doc = doc_at(position), length = sSlotLength()[stage], tiles = doc_tiles(length);
             }
             const unsigned char* slot = sD() + stage * TILE_BYTES + a_row * 128;
-            u32 x[4][4], xs[4][4];
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) ldmatrix_x4(x[ks], slot + (((2 * ks + a_chunk) ^ (a_row & 7)) << 4));
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(empty() + stage);  // the MMAs read registers and the query only
-            if (++stage == ring_end) stage = ring_first, phase ^= 1;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) xs[ks][i] = truncate_tf32_bits(x[ks][i]);
             const unsigned query_offset = (k_atom * SPLIT_QUERY_ATOM_BYTES) >> 4;
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                const unsigned offset = query_offset + ((ks * 32) >> 4);
-                wgmma_tf32_n32(acc, x[ks], big_desc + offset, ks > 0);
-                wgmma_tf32_n32(acc, xs[ks], big_desc + offset, 1);
-                wgmma_tf32_n32(acc, x[ks], small_desc + offset, 1);
+            // (The k-steps of a tile's last atom past the dim are zero in both operands: skipped.)
+            switch (k_atom + 1 < tile_slots ? 4 : last_ksteps) {
+            case 1: multiply_doc_atom<1>(acc, slot, a_row, a_chunk, stage, big_desc + query_offset, small_desc + query_offset); break;
+            case 2: multiply_doc_atom<2>(acc, slot, a_row, a_chunk, stage, big_desc + query_offset, small_desc + query_offset); break;
+            case 3: multiply_doc_atom<3>(acc, slot, a_row, a_chunk, stage, big_desc + query_offset, small_desc + query_offset); break;
+            default: multiply_doc_atom<4>(acc, slot, a_row, a_chunk, stage, big_desc + query_offset, small_desc + query_offset);
             }
-            wgmma_commit();
-            wgmma_wait<0>();
-            pin(acc);
+            if (++stage == ring_end) stage = ring_first, phase ^= 1;
             if (k_atom == 0) {
 #pragma unroll
                 for (int i = 0; i < 16; ++i) sums[i] = acc[i];
