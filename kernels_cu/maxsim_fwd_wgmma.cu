@@ -246,7 +246,8 @@ constexpr bool SPLIT_DOCUMENT = MAXSIM_TF32 == 1;
 // the slot is free as soon as its fragments are in registers. An atom's products go into fresh
 // accumulators, added to the tile's sums by rounding FADDs (as the split document's). The fold
 // is the docs-on-M one over rows (a running max a query column, two rows a thread), reduced at
-// a document's end over the lanes of a column and the warps (column maxima, as DOCS_ON_M).
+// a document's end over the lanes of a column and the warps (column maxima, as DOCS_ON_M);
+// winners as DOCS_ON_M keeps them (document rows in 16 bits: documents shorter than 32768).
 constexpr bool TF32_DOC_ROWS = MAXSIM_TF32 == 3;
 // TF32_STRETCH (a split document, > 0): one accumulator set instead of two, the atoms of a tile
 // accumulating in it by stretches of TF32_STRETCH atoms (the tensor cores' truncating additions
@@ -384,8 +385,8 @@ static_assert(!TF32 || (STREAM_K && SPLIT_DOCS) || (DOCS_ON_M && !SPLIT_DOCUMENT
               "TF32: one query streaming k (one atom a slot), or documents on M under precision high");
 static_assert(!STREAM_QUERY || (STREAM_K && (DOCS_ON_M || (SPLIT_DOCS && HALF_ROWS))),
               "streaming queries: streaming k, documents on M or one query's half rows");
-static_assert(!TF32_DOC_ROWS || (SPLIT_DOCS && HALF_ROWS && STREAM_K && !STREAM_QUERY && !ARGMAX && TF32_STRETCH == 0),
-              "TF32 documents on M: one query resident, streaming k, no winners");
+static_assert(!TF32_DOC_ROWS || (SPLIT_DOCS && HALF_ROWS && STREAM_K && !STREAM_QUERY && TF32_STRETCH == 0),
+              "TF32 documents on M: one query resident, streaming k");
 static_assert(!BOXES_WITHIN_Q || DOCS_ON_M, "a split group's one box holds its queries: always within q");
 static_assert(!FP32_SPLIT || (DOCS_ON_M && STREAM_K && STREAM_QUERY && !TF32),
               "fp32 split: documents on M streaming k and the query atoms");
@@ -547,10 +548,10 @@ __device__ __forceinline__ void keep_max_of_halves(float (&values)[N], int lane)
 
 // The same with winners: values[2p], values[2p + 1] are the maxima of column pair p, and
 // winners[p] their rows, 16 bits each (0xffff: none); a round keeps HALF pairs of 2 HALF.
-template <int HALF, int N> __device__ __forceinline__ void keep_best_of_halves(float (&values)[N], u32 (&winners)[N / 2],
-                                                                              int lane) {
+template <int HALF, int N, int DISTANCE = 2 * HALF>
+__device__ __forceinline__ void keep_best_of_halves(float (&values)[N], u32 (&winners)[N / 2], int lane) {
     static_assert(4 * HALF <= N, "a round halves the pairs held");
-    const int offset = 2 * HALF;  // lanes 16, 8, 4 apart for 8, 4, 2 pairs kept
+    const int offset = DISTANCE;  // (by default lanes 16, 8, 4 apart for 8, 4, 2 pairs kept)
     const bool upper = lane & offset;
 #pragma unroll
     for (int i = 0; i < HALF; ++i) {
@@ -1757,6 +1758,7 @@ struct Consumer : Block {
         const int a_row = warp_in_group * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), a_chunk = lane >> 4;
         const int last_ksteps = min(4, (args.dim - 32 * (tile_slots - 1) + 7) / 8);
         float acc[16], sums[16], best[8];
+        u32 winners[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};  // ARGMAX: the rows of best[2j], best[2j + 1], 16 bits each
         i64 doc = 0, length = 0;
         int tiles = 1, tile = 0, k_atom = 0;
 #pragma unroll 1
@@ -1798,17 +1800,38 @@ struct Consumer : Block {
             for (int i = 0; i < 8; ++i) {
                 const float v0 = real0 ? sums[4 * (i / 2) + i % 2] : -MAXSIM_FLT_MAX;
                 const float v1 = real1 ? sums[4 * (i / 2) + 2 + i % 2] : -MAXSIM_FLT_MAX;
-                best[i] = tile == 0 ? max_nan(v0, v1) : max_nan(best[i], max_nan(v0, v1));
+                const float v = max_nan(v0, v1);
+                if constexpr (ARGMAX) {  // tiles in increasing order, strict >: the first maximum wins
+                    const u32 row = first_row + (v1 > v0 ? r0 + 8 : r0);
+                    const u32 won = tile == 0 ? (v > MAXSIM_NEG_INF ? row : 0xffffu) : row;
+                    if (tile == 0 || v > best[i])
+                        winners[i / 2] = i % 2 ? (winners[i / 2] & 0xffffu) | (won << 16) : (winners[i / 2] & 0xffff0000u) | won;
+                }
+                best[i] = tile == 0 ? v : max_nan(best[i], v);
             }
             if (++tile < tiles) continue;
             tile = 0;
             // Reduce-scatter over the 8 lanes of a column (lanes 16, 8, 4 apart): lane (g, t)
             // keeps best[g], query column 8 (g / 2) + 2t + g % 2, the max over the warp's rows.
-            keep_max_of_halves<4, 8, 16>(best, lane);
-            keep_max_of_halves<2, 8, 8>(best, lane);
-            keep_max_of_halves<1, 8, 4>(best, lane);
-            const int g = lane >> 2;
-            sRowMax()[(parity * CONSUMER_WARPS + warp) * COLUMN_SLOTS + query_row_of(8 * (g / 2) + 2 * quad + g % 2)] = best[0];
+            const int g = lane >> 2, column_slot = (parity * CONSUMER_WARPS + warp) * COLUMN_SLOTS + query_row_of(8 * (g / 2) + 2 * quad + g % 2);
+            if constexpr (ARGMAX) {
+                keep_best_of_halves<2, 8, 16>(best, winners, lane);
+                keep_best_of_halves<1, 8, 8>(best, winners, lane);
+                // The last round splits the pair left: lanes 4 apart keep one column each.
+                const bool upper = lane & 4;
+                const float mine = upper ? best[1] : best[0], sent = upper ? best[0] : best[1];
+                const int my_row = (short)(upper ? winners[0] >> 16 : winners[0] & 0xffffu);
+                const int sent_row = (short)(upper ? winners[0] & 0xffffu : winners[0] >> 16);
+                const float other = __shfl_xor_sync(0xffffffffu, sent, 4);
+                const int other_row = __shfl_xor_sync(0xffffffffu, sent_row, 4);
+                sRowArg()[column_slot] = first_winner(mine, my_row, other, other_row);
+                best[0] = max_nan(mine, other);
+            } else {
+                keep_max_of_halves<4, 8, 16>(best, lane);
+                keep_max_of_halves<2, 8, 8>(best, lane);
+                keep_max_of_halves<1, 8, 4>(best, lane);
+            }
+            sRowMax()[column_slot] = best[0];
             close_document<float>(args, doc);
         }
     }

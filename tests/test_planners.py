@@ -628,8 +628,9 @@ def test_one_fp32_query_in_stretches():
 def test_one_fp32_query_documents_on_m():
     """fp32 one query at fp32 accuracy with Tunables.wgmma_tf32_doc_rows takes the documents on M
     (TF32_DOC_ROWS: tf32 3, three warpgroups) where the split query stays resident beside rings of
-    three slots (dims to 512) and no winners are asked; winners, fatter dims or the tunable off
-    (the default) keep the split documents; each build among those the compile checks take."""
+    three slots (dims to 512), winners too where 16 bits hold their rows; 32-bit winners, fatter
+    dims or the tunable off (the default) keep the split documents; each build among those the
+    compile checks take."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
     from cupy_maxsim._plan.variants import ARCH_PROPERTIES, compile_variants, tunable_variants
@@ -643,7 +644,7 @@ def test_one_fp32_query_documents_on_m():
         pass
     assert tuning.current() == off
     for dim, argmax, tf32 in ((48, 0, 3), (100, 0, 3), (128, 0, 3), (256, 0, 3), (512, 0, 3), (513, 0, 1),
-                              (1024, 0, 1), (128, 16, 1), (2560, 0, 1)):
+                              (1024, 0, 1), (128, 16, 3), (500, 16, 3), (128, 32, 1), (2560, 0, 1)):
         for tunables, want in ((on, tf32), (off, 1)):
             choice = choose_kernel(ForwardShape("fp32", 1, 32, dim, 2000, False, argmax, 300, False), properties,
                                    tunables)

@@ -100,3 +100,39 @@ def test_packed_tokens(hopper_cupy, tunable_ab, kernels_asked):
     expected = reference.maxsim_packed_reference(q64, t64, host_offsets)
     assert_scores_match(doc_rows[0], expected, atol=_line(expected))
     assert_scores_match(doc_rows[0], split[0], atol=_line(expected))
+
+
+@pytest.mark.parametrize("dim,length", [(48, 70), (100, 130), (128, 300), (500, 90)])
+def test_winners(hopper_cupy, tunable_ab, kernels_asked, dim, length):
+    """Winners from the documents on M (16-bit rows, as documents on M keep them): each reaches
+    its token's max within the fp32 line, -1 exactly where no row can win (masked query tokens,
+    an emptied document), the lowest row where every row ties (a document of one row repeated:
+    rows in every tile, warp and lane); and the scores bit for bit those of the same call
+    without winners (the property that kept the build opt-in while it had none)."""
+    rng = np.random.default_rng(dim + 3)
+    q64 = unit_rows(rng, (1, 32, dim), np.float64).astype(np.float32).astype(np.float64)
+    d64 = unit_rows(rng, (30, length, dim), np.float64).astype(np.float32).astype(np.float64)
+    d64[4] = d64[4, :1]  # every row the same: row 0 wins every token
+    q_mask, d_mask = np.ones((1, 32), bool), rng.random((30, length)) < 0.7
+    q_mask[0, 5:9] = False
+    d_mask[4], d_mask[2] = True, False
+    q, d = (hopper_cupy.asarray(a.astype(np.float32)) for a in (q64, d64))
+    masks = dict(q_mask=hopper_cupy.asarray(q_mask), d_mask=hopper_cupy.asarray(d_mask))
+
+    def check(on, answer):
+        ran = {x for defines in kernels_asked for x in defines if x.startswith("-DMAXSIM_TF32=")}
+        assert ran == {DOC_ROWS}, kernels_asked
+
+    got, winners, again = tunable_ab(lambda: (*cm.score(q, d, return_argmax=True, **masks), cm.score(q, d, **masks)),
+                                     "wgmma_tf32_doc_rows", (True,), check)
+    np.testing.assert_array_equal(got, again)
+    expected = reference.maxsim_reference(q64, d64, q_mask, d_mask)
+    assert_scores_match(got, expected, atol=_line(expected))
+    ref_winners = reference.maxsim_argmax_reference(q64, d64, q_mask, d_mask)
+    winners = winners.astype(np.int64)
+    np.testing.assert_array_equal(winners < 0, ref_winners < 0)
+    assert (winners[0, 4][q_mask[0]] == 0).all()
+    sims = np.where(d_mask[None, :, None, :], np.einsum("qtd,njd->qntj", q64, d64), -np.inf)
+    chosen = np.take_along_axis(sims, np.maximum(winners, 0)[..., None], axis=-1)[..., 0]
+    real = ref_winners >= 0
+    assert np.all(sims.max(-1)[real] - chosen[real] <= 1e-5)

@@ -245,12 +245,13 @@ STREAM_MIN_RING = 3
 WGMMA_STREAM_QUERY_CAPACITY = 512
 
 
-def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = DEFAULT,
+def wgmma_stream_config(ksteps: int, argmax: int = 0, tunables: Tunables = DEFAULT,
                         tf32: int = 0, stream_queries: bool = False) -> WgmmaConfig | None:
     """The Hopper kernel streaming k for one query of at most 32 tokens at ``ksteps`` past
     WGMMA_MAX_KSTEPS (three warpgroups splitting documents, half rows, 64-row tiles, a slot per
     atom), or None past the largest capacity or where two slots per ring do not fit; ``tf32``:
-    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"; 3 is 1's documents on M). With
+    fp32 (its TF32 builds: 1 at fp32 accuracy, 2 precision "high"; 3 is 1's documents on M, whose
+    winners are 16-bit rows: not for ``argmax`` 32, the winners' bits). With
     ``stream_queries`` (rows TMA reads), past tunables.wgmma_split_stream_query_ksteps (to
     WGMMA_STREAM_QUERY_CAPACITY) the query's atoms stream through the slots too, so that the
     ring, not a resident query, takes the shared memory (fp32 past dim 1280 was at 0.25-0.33 of
@@ -262,9 +263,9 @@ def wgmma_stream_config(ksteps: int, argmax: bool = False, tunables: Tunables = 
         return None
     def fitted(warpgroups, stretch=0, streamed=streamed, tf32=tf32):
         return _fitted(WgmmaConfig(warpgroups=warpgroups, ksteps=WGMMA_STREAM_QUERY_CAPACITY if streamed else capacity,
-                                   stages=tunables.wgmma_split_stages, argmax=int(argmax), tile_n=64, split_docs=1, half_rows=1,
+                                   stages=tunables.wgmma_split_stages, argmax=int(bool(argmax)), tile_n=64, split_docs=1, half_rows=1,
                                    stream_k=1, tf32=int(tf32), stream_query=int(streamed), tf32_stretch=stretch))
-    if tf32 == 1 and tunables.wgmma_tf32_doc_rows and not argmax and not streamed:  # TF32_DOC_ROWS
+    if tf32 == 1 and tunables.wgmma_tf32_doc_rows and argmax != 32 and not streamed:  # TF32_DOC_ROWS
         config = fitted(3, tf32=3)  # (three warpgroups, where the split query leaves rings of three)
         if config.shared_bytes <= WGMMA_SHARED_LIMIT and config.stages // 3 >= STREAM_MIN_RING:
             return config

@@ -150,7 +150,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
         if (config is None and warpgroups < 2 and num_queries * query_length <= 32 and tunables.wgmma_stream_k
                 and tunables.wgmma_split_docs and tunables.wgmma_half_rows):
             # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
-            config = wgmma_stream_config(ksteps, bool(argmax), tunables, tf32,
+            config = wgmma_stream_config(ksteps, argmax, tunables, tf32,
                                          stream_queries=load_bytes == 16 and tunables.use_tma)
         # Queries of more rows than one query's half rows but too few for documents on M (two
         # to four of 32 tokens) at a fat dim: documents on M all the same, in two warpgroups

@@ -122,6 +122,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
             add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax))
             for tf32 in (1, 2):  # fp32, one query: at fp32 accuracy, and precision "high"
                 add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, argmax, tf32=tf32))
+            if argmax:  # (at fp32 accuracy, winners past 16 bits keep the split documents)
+                add("maxsim_fwd_wgmma", wgmma_stream_config(capacity, 32, tf32=1))
     for argmax in (False, True):  # ... and past fp16 dim 2048 (fp32 1024), the query's atoms streamed too
         for tf32 in (0, 1, 2):
             add("maxsim_fwd_wgmma", wgmma_stream_config(WGMMA_STREAM_QUERY_CAPACITY, argmax, tf32=tf32,
