@@ -57,7 +57,7 @@ def one_fp32_query():
     1024), odd dims, masks, lengths off the tile, winners, packed tokens with an empty document
     (``python bench/sanitize_forward.py tf32``); then again in stretches of one accumulator set
     (Tunables.wgmma_tf32_stretch), and with the documents on M (Tunables.wgmma_tf32_doc_rows:
-    dims to 512 without winners)."""
+    dims to 512, winners too)."""
     from cupy_maxsim import tuning
 
     for stretch, doc_rows in ((0, False), (1, False), (4, False), (1, True)):
