@@ -105,7 +105,11 @@ def cupy_listing(family: str, arch: str, defines: tuple, extra: tuple) -> str:
         with open(path, "wb") as f:
             f.write(cubin)
         tool = os.environ.get("NVDISASM", "nvdisasm")
-        return subprocess.run([tool, "-c", "-g", path], capture_output=True, text=True, check=True).stdout
+        done = subprocess.run([tool, "-c", "-g", path], capture_output=True, text=True)
+        if done.returncode:  # (an nvdisasm older than the NVRTC refuses its cubins: carry the
+            # nvidia-cuda-nvdisasm wheel of the NVRTC's version and name its binary in NVDISASM)
+            raise RuntimeError(f"{tool} failed on {family} {' '.join(defines)}: {done.stderr.strip()}")
+        return done.stdout
 
 
 def source_line(listing: str, kernel: str, offset: str, lines: list) -> str:
