@@ -119,7 +119,7 @@ class Tunables:
     #: near-tied packed score 1.48e-5 off float64, past the 1e-5 line):
     #: bench/results/tf32-stretches-2026-12-06-6086357-h100.txt.
     wgmma_tf32_stretch: int = 1
-    #: fp32 one query at fp32 accuracy, the query resident (dims to 512), no winners: the
+    #: fp32 one query at fp32 accuracy, the query resident (dims to 512): the
     #: documents on M, their atoms the MMA's A from registers split there, three TF32 products a
     #: k-step (maxsim_fwd_wgmma.cu, TF32_DOC_ROWS; configs.wgmma_stream_config), instead of the
     #: split documents' stretches: fp32 1x32 vs 4 GB on an H100 at 0.95-1.01 of the floor at dims
