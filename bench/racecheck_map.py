@@ -90,16 +90,9 @@ def asked_builds(script: str, args: list) -> list:
 
 def cupy_listing(family: str, arch: str, defines: tuple, extra: tuple) -> str:
     """nvdisasm's listing of a build compiled as the package compiles it (CuPy's NVRTC)."""
-    from cupy_backends.cuda.libs import nvrtc
+    from cupy_maxsim._gpu import nvrtc
 
-    from cupy_maxsim._gpu.registry import NVRTC_OPTIONS, source
-
-    program = nvrtc.createProgram(source(family), f"{family}.cu", (), ())
-    try:
-        nvrtc.compileProgram(program, list(NVRTC_OPTIONS + tuple(defines) + (f"-arch={arch}",) + extra))
-        cubin = nvrtc.getCUBIN(program)
-    finally:
-        nvrtc.destroyProgram(program)
+    cubin = nvrtc._compile(family, arch, defines, extra, nvrtc.cupy_nvrtc())[1]
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "k.cubin")
         with open(path, "wb") as f:

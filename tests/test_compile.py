@@ -90,3 +90,19 @@ def test_every_serialization_remark_counts():
     reports = {r.kernel: r for r in nvrtc._parse_ptxas(log, "sm_90a", ())}
     assert reports["maxsim_a"].serialized_wgmma and reports["maxsim_b"].serialized_wgmma
     assert not reports["maxsim_c"].serialized_wgmma and reports["maxsim_c"].registers == 128
+
+
+def test_images_keep_subnormals_and_past_the_known_archs_are_ptx():
+    """The one compile (prebuilt cubins and a GPU process's first use alike) keeps subnormal
+    floats: no -ftz=true, which CuPy's own compile adds (a query token whose largest element is
+    subnormal split as zeros: tests/test_fp32_split.py); and a device newer than the NVRTC
+    knows gets the PTX of the newest architecture it does, which the driver compiles."""
+    _nvrtc_or_skip()
+    library = nvrtc._find_nvrtc()
+    assert nvrtc.device_arch(library, 90) == "sm_90" and nvrtc.device_arch(library, 80) == "sm_80"
+    newest = nvrtc.device_arch(library, 1000)
+    assert newest.startswith("compute_")
+    ptx = nvrtc.compile_cubin("maxsim_quantize", newest, (), library).decode()
+    assert ".entry maxsim_split_documents" in ptx and "mul.f32" in ptx and ".ftz" not in ptx
+    flushed = nvrtc._compile("maxsim_quantize", newest, (), ("-ftz=true",), library)[1].decode()
+    assert "mul.ftz.f32" in flushed  # (what the check would see)

@@ -1,10 +1,10 @@
 """Compile and cache the kernels: one ``cupy.RawModule`` per (device, family, defines).
 
 A module comes from the first of: the cubins the wheel ships (prebuilt.py: no compile in a new
-process), CuPy's disk cache (it hashes the source string only, so ``common.cuh`` is concatenated
-into each source by registry.source, never ``#include``-d), NVRTC. The sm_90a family (wgmma),
-which CuPy's own -arch choice cannot build, is compiled here to a cubin kept under
-:func:`cache_dir`.
+process), the cubins compiled at an earlier first use, kept under :func:`cache_dir` (keyed by a
+hash of the source string, options and NVRTC version, so ``common.cuh`` is concatenated into
+each source by registry.source, never ``#include``-d), NVRTC (_gpu/nvrtc.py, the prebuilt
+cubins' options: never CuPy's own compile, whose -ftz=true reads subnormal inputs as zero).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def get_kernel(device: int, family: str, name: str, defines: tuple[str, ...] = (
             if shipped is None:
                 raise
             _refused(shipped, error)
-            module, _ = _modules.put(key[:3], (_compile_module(family, defines), None))
+            module, _ = _modules.put(key[:3], (_compile_module(device, family, defines), None))
             kernel = module.get_function(name)
         if shared_bytes > 48 * 1024 and kernel.max_dynamic_shared_size_bytes < shared_bytes:
             kernel.max_dynamic_shared_size_bytes = shared_bytes
@@ -66,7 +66,7 @@ def _load_module(device: int, family: str, defines: tuple[str, ...]):
             return cupy.RawModule(path=str(path)), path  # (CuPy may load it here or at get_function)
         except Exception as error:
             _refused(path, error)
-    return _compile_module(family, defines), None
+    return _compile_module(device, family, defines), None
 
 
 def _refused(path, error) -> None:
@@ -76,38 +76,28 @@ def _refused(path, error) -> None:
                   "compiling it", RuntimeWarning, stacklevel=3)
 
 
-def _compile_module(family: str, defines: tuple[str, ...]):
+def _compile_module(device: int, family: str, defines: tuple[str, ...]):
+    """A variant compiled for ``device`` as the prebuilt cubins are (_gpu/nvrtc.py: NVRTC_OPTIONS
+    only; CuPy's own compile adds -ftz=true, and its -arch choice has no sm_90a for wgmma),
+    through CuPy's NVRTC, kept on disk under a hash of everything that went into it."""
     import cupy
 
-    arch = ARCH_SPECIFIC.get(family)
-    if arch is None:
-        return cupy.RawModule(code=source(family), options=NVRTC_OPTIONS + defines)
-    # CuPy adds -arch=sm_90 itself, which has no wgmma: compile the cubin here (CuPy's own
-    # NVRTC), keep it on disk under a hash of everything that went into it, and load that.
-    from cupy_backends.cuda.libs import nvrtc
+    from . import nvrtc
 
+    library = nvrtc.cupy_nvrtc()
+    arch = ARCH_SPECIFIC.get(family) or nvrtc.device_arch(library, device_properties(device)[3])
     code = source(family)
     options = NVRTC_OPTIONS + defines + (f"-arch={arch}",)
-    key = hashlib.sha256(repr((code, options, nvrtc.getVersion())).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{family}-{key}.cubin"
+    key = hashlib.sha256(repr((code, options, nvrtc.version(library))).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{family}-{key}.{'cubin' if arch.startswith('sm_') else 'ptx'}"
     if not path.is_file():
-        program = nvrtc.createProgram(code, f"{family}.cu", (), ())
-        try:
-            try:
-                nvrtc.compileProgram(program, list(options))
-            except nvrtc.NVRTCError as error:
-                raise RuntimeError(f"NVRTC failed to compile {family} {options}:\n"
-                                   f"{nvrtc.getProgramLog(program)}") from error
-            cubin = nvrtc.getCUBIN(program)
-        finally:
-            nvrtc.destroyProgram(program)
+        image = nvrtc.compile_cubin(family, arch, defines, library)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_bytes(cubin)
+            partial.write_bytes(image)
             os.replace(partial, path)  # atomic: a concurrent process sees all of it or none
         except OSError:  # no writable cache: this process compiles for itself
             path = Path(tempfile.mkdtemp(prefix="cupy_maxsim-")) / path.name
-            path.write_bytes(cubin)
+            path.write_bytes(image)
     return cupy.RawModule(path=str(path))
-

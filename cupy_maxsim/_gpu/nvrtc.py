@@ -1,7 +1,11 @@
-"""NVRTC without a GPU: compile a family for any architecture and read ptxas's report.
+"""NVRTC through ctypes: every kernel image the package loads, and the compile checks.
 
-The CI compile check and ``python -m cupy_maxsim compile`` use it: NVRTC and its headers come
-from the nvidia-cuda-nvrtc wheels (or a CUDA toolkit); CuPy refuses to compile without a driver.
+One compile for all three uses, so that their options agree: the CI compile check and ``python
+-m cupy_maxsim compile`` (no GPU: NVRTC and its headers from the nvidia-cuda-nvrtc wheels or a
+CUDA toolkit; CuPy refuses to compile without a driver), the wheel's prebuilt cubins, and a GPU
+process's first use of a build (_gpu/compile.py, with the NVRTC CuPy loaded). Not CuPy's own
+compile: it adds -ftz=true (subnormal inputs read as zero, unlike the prebuilt cubins), and its
+getCUBIN drops a cubin's last byte (a file nvdisasm refuses).
 """
 
 from __future__ import annotations
@@ -15,6 +19,37 @@ import re
 import sys
 
 from .registry import NVRTC_OPTIONS, source
+
+def cupy_nvrtc() -> ctypes.CDLL:
+    """The NVRTC library CuPy loaded (in a GPU process: the version CuPy pairs with the driver),
+    or, where its name does not find it, the first :func:`_find_nvrtc` finds."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    major = nvrtc.getVersion()[0]  # (loads it: dlopen then finds the loaded library by its soname)
+    try:
+        return ctypes.CDLL(f"libnvrtc.so.{major}")
+    except OSError:
+        return _find_nvrtc()
+
+
+def device_arch(library: ctypes.CDLL, compute_capability: int) -> str:
+    """What ``library`` compiles for a device of ``compute_capability`` (10 * major + minor):
+    its cubin (sm_XY), or past the architectures it knows the PTX of the newest (compute_XY,
+    which the driver compiles at load)."""
+    count = ctypes.c_int()
+    _check(library, library.nvrtcGetNumSupportedArchs(ctypes.byref(count)))
+    archs = (ctypes.c_int * count.value)()
+    _check(library, library.nvrtcGetSupportedArchs(archs))
+    if compute_capability in list(archs):
+        return f"sm_{compute_capability}"
+    return f"compute_{max(archs)}"
+
+
+def version(library: ctypes.CDLL) -> tuple[int, int]:
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(library, library.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)))
+    return major.value, minor.value
+
 
 def _find_nvrtc() -> ctypes.CDLL:
     candidates = []
@@ -58,16 +93,19 @@ def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) ->
     return _parse_ptxas(log, arch, defines)
 
 
-def compile_cubin(family: str, arch: str, defines: tuple[str, ...] = ()) -> bytes:
-    """A family's cubin for ``arch``, compiled with the options a GPU process uses (no GPU
-    needed): what the wheel ships prebuilt (_gpu/prebuilt.py)."""
-    return _compile(family, arch, defines, ())[1]
+def compile_cubin(family: str, arch: str, defines: tuple[str, ...] = (), library: ctypes.CDLL | None = None) -> bytes:
+    """A family's image for ``arch`` (sm_XY: a cubin; compute_XY: PTX), compiled as a GPU
+    process compiles it (_gpu/compile.py, with ``library``: CuPy's NVRTC) and as the wheel
+    ships it prebuilt (_gpu/prebuilt.py, no GPU needed)."""
+    return _compile(family, arch, defines, (), library)[1]
 
 
-def _compile(family: str, arch: str, defines: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, bytes]:
-    """(NVRTC's log, the cubin) of ``family`` for ``arch`` with ``defines``; RuntimeError with
-    the log on failure."""
-    nvrtc = _find_nvrtc()
+def _compile(family: str, arch: str, defines: tuple[str, ...], extra: tuple[str, ...],
+             library: ctypes.CDLL | None = None) -> tuple[str, bytes]:
+    """(NVRTC's log, the image: cubin for sm_XY, PTX for compute_XY) of ``family`` for
+    ``arch`` with ``defines``, through ``library`` (default: the first :func:`_find_nvrtc`
+    finds); RuntimeError with the log on failure."""
+    nvrtc = library or _find_nvrtc()
     program = ctypes.c_void_p()
     code = source(family).encode()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, f"{family}.cu".encode(), 0, None, None))
@@ -82,12 +120,13 @@ def _compile(family: str, arch: str, defines: tuple[str, ...], extra: tuple[str,
         text = log.value.decode(errors="replace")
         if status != 0:
             raise RuntimeError(f"NVRTC failed to compile {family} for {arch} {defines}:\n{text}")
-        _check(nvrtc, nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)))
-        cubin = ctypes.create_string_buffer(size.value)
-        _check(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin))
+        kind = "CUBIN" if arch.startswith("sm_") else "PTX"
+        _check(nvrtc, getattr(nvrtc, f"nvrtcGet{kind}Size")(program, ctypes.byref(size)))
+        image = ctypes.create_string_buffer(size.value)
+        _check(nvrtc, getattr(nvrtc, f"nvrtcGet{kind}")(program, image))
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
-    return text, cubin.raw
+    return text, image.raw
 
 
 def _parse_ptxas(log: str, arch: str, defines: tuple[str, ...]) -> list[CompileReport]:
