@@ -124,12 +124,10 @@ class Tunables:
     #: k-step (maxsim_fwd_wgmma.cu, TF32_DOC_ROWS; configs.wgmma_stream_config), instead of the
     #: split documents' stretches: fp32 1x32 vs 4 GB on an H100 at 0.95-1.01 of the floor at dims
     #: 48-320 (dim 100 1.398 ms against the split documents' 1.590-1.700:
-    #: bench/results/cliffs-2026-12-07-9e8fde0-fp32-1q-doc-rows-h100.txt). Opt-in: without winners
-    #: of its own a call asking for them took the split documents, whose scores differ in the last
-    #: bits (scores are bitwise the same with and without winners elsewhere). Its winners (rows in
-    #: 16 bits; 32-bit winners keep the split documents) are built, not yet run on a GPU
-    #: (docs/notebook.md, session 50); on once test_tf32_doc_rows::test_winners has passed.
-    wgmma_tf32_doc_rows: bool = False
+    #: bench/results/cliffs-2026-12-07-9e8fde0-fp32-1q-doc-rows-h100.txt). It has winners of its own
+    #: (rows in 16 bits; 32-bit winners keep the split documents), so a call's scores are bit for
+    #: bit the same with and without them (tests/test_tf32_doc_rows.py::test_winners).
+    wgmma_tf32_doc_rows: bool = True
     #: Streaming k for one query, past this many k-steps of 32 bytes (fp16 dim 2048, fp32 1024, int8 4096;
     #: 0: never) the query's atoms stream through the ring's slots beside the documents' instead
     #: of the whole query staying resident in shared memory (where q's rows are readable by TMA):

@@ -524,7 +524,7 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precisio
 
 def test_float32_precision_high_on_the_planner():
     """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
-    reads the documents as TF32 (tf32=2, no small halves), many queries the Hopper kernel with
+    reads the documents as TF32 (tf32=2, no small halves; "highest" the documents on M, tf32=3), many queries the Hopper kernel with
     documents on M reading both operands as TF32 (where "highest" splits them into three fp16
     products), but not with rows off 16 bytes (there the split too); other dtypes plan as under
     "highest"; a precision torch does not name for this is a ValueError."""
@@ -540,10 +540,12 @@ def test_float32_precision_high_on_the_planner():
         assert tuning.current().float32_precision == "high"
     highest = tuning.current()
     assert highest.float32_precision == "highest"
-    assert choose_kernel(one, properties, highest).config.tf32 == 1
+    split_docs = dataclasses.replace(highest, wgmma_tf32_doc_rows=False)
+    assert choose_kernel(one, properties, highest).config.tf32 == 3  # (the documents on M)
+    assert choose_kernel(one, properties, split_docs).config.tf32 == 1
     choice = choose_kernel(one, properties, high)
     assert choice.config.tf32 == 2 and (choice.family, choice.config.defines()) in known
-    assert choice.config.stages > choose_kernel(one, properties, highest).config.stages  # no small halves
+    assert choice.config.stages > choose_kernel(one, properties, split_docs).config.stages  # no small halves
     assert choose_kernel(many, properties, highest).config.fp32_split
     assert choose_kernel(many, properties, dataclasses.replace(highest, wgmma_fp32_split=False)).family == "maxsim_fwd"
     choice = choose_kernel(many, properties, high)
@@ -628,8 +630,8 @@ def test_one_fp32_query_in_stretches():
 def test_one_fp32_query_documents_on_m():
     """fp32 one query at fp32 accuracy with Tunables.wgmma_tf32_doc_rows takes the documents on M
     (TF32_DOC_ROWS: tf32 3, three warpgroups) where the split query stays resident beside rings of
-    three slots (dims to 512), winners too where 16 bits hold their rows; 32-bit winners, fatter
-    dims or the tunable off (the default) keep the split documents; each build among those the
+    three slots (dims to 512), winners too where 16 bits hold their rows (the default); 32-bit
+    winners, fatter dims or the tunable off keep the split documents; each build among those the
     compile checks take."""
     from cupy_maxsim import tuning
     from cupy_maxsim._plan.forward import ForwardShape, choose_kernel
@@ -642,7 +644,7 @@ def test_one_fp32_query_documents_on_m():
         pass
     with tuning.override(wgmma_tf32_doc_rows=True) as on:
         pass
-    assert tuning.current() == off
+    assert tuning.current() == on
     for dim, argmax, tf32 in ((48, 0, 3), (100, 0, 3), (128, 0, 3), (256, 0, 3), (512, 0, 3), (513, 0, 1),
                               (1024, 0, 1), (128, 16, 3), (500, 16, 3), (128, 32, 1), (2560, 0, 1)):
         for tunables, want in ((on, tf32), (off, 1)):
