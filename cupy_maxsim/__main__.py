@@ -31,11 +31,9 @@ def info(_args) -> int:
         import cupy
 
         print(f"cupy {cupy.__version__}  CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
-        import os
+        from ._gpu.compile import cache_dir
 
-        # CuPy's documented default for its on-disk kernel cache, unless CUPY_CACHE_DIR is set.
-        cache = os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
-        print(f"kernel cache: {cache}")
+        print(f"kernel cache: {cache_dir()}  (CUPY_MAXSIM_CACHE_DIR)")
         for device in range(cupy.cuda.runtime.getDeviceCount()):
             props = cupy.cuda.runtime.getDeviceProperties(device)
             print(f"device {device}: {props['name'].decode()}  sm_{props['major']}{props['minor']}  "
