@@ -60,10 +60,14 @@ def prebuilt_matches(family: str, arch: str, kernel: str, read: str, write: str)
 
 
 def report_pairs(log: str) -> list:
-    """The (kernel, read offset, write offset, hazards) of each race in a racecheck report."""
+    """((kernel, read offset, write offset), hazards) of each race in a racecheck report (analysis
+    mode), its hazards summed over the launches that reported it."""
     found = re.findall(r"Read access at (\w+)\+(0x[0-9a-f]+)\s*\n[= ]*and Write access at \w+\+(0x[0-9a-f]+)"
                        r" \[(\d+) hazards\]", log)
-    return sorted({(kernel, read, write): int(n) for kernel, read, write, n in found}.items())
+    pairs = {}
+    for kernel, read, write, n in found:
+        pairs[(kernel, read, write)] = pairs.get((kernel, read, write), 0) + int(n)
+    return sorted(pairs.items())
 
 
 def asked_builds(script: str, args: list) -> list:

@@ -1,0 +1,39 @@
+"""The racecheck report mapper (bench/racecheck_map.py), without a GPU: each read/write pair of a
+report with its hazards summed over the launches that reported it, and the instruction at an
+offset of a kernel in an nvdisasm listing. Synthetic text in the tools' formats."""
+
+from bench import racecheck_map
+
+REPORT = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Read access at maxsim_fwd_wgmma_fp32+0x49d0
+=========     and Write access at maxsim_fwd_wgmma_fp32+0x8f70 [72 hazards]
+=========
+========= Error: Race reported between Read access at maxsim_fwd_wgmma_fp32+0x4a00
+=========     and Write access at maxsim_fwd_wgmma_fp32+0x8f30 [8 hazards]
+=========
+========= Error: Race reported between Read access at maxsim_fwd_wgmma_fp32+0x49d0
+=========     and Write access at maxsim_fwd_wgmma_fp32+0x8f70 [24 hazards]
+========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)
+"""
+
+LISTING = """//--------------------- .text.maxsim_a --------------------------
+.text.maxsim_a:
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*49d0*/                   LDS.64 R16, [R20+0x35250] ;
+//--------------------- .text.maxsim_b --------------------------
+.text.maxsim_b:
+        /*49d0*/                   STS.64 [R35+0x352f8], R12 ;
+"""
+
+
+def test_report_pairs_sum_each_pairs_hazards():
+    assert racecheck_map.report_pairs(REPORT) == [
+        (("maxsim_fwd_wgmma_fp32", "0x49d0", "0x8f70"), 96),
+        (("maxsim_fwd_wgmma_fp32", "0x4a00", "0x8f30"), 8),
+    ]
+
+
+def test_instruction_of_a_kernel_at_an_offset():
+    assert racecheck_map.instruction(LISTING, "maxsim_a", "0x49d0") == "LDS.64 R16, [R20+0x35250]"
+    assert racecheck_map.instruction(LISTING, "maxsim_b", "0x49d0") == "STS.64 [R35+0x352f8], R12"
+    assert racecheck_map.instruction(LISTING, "maxsim_c", "0x49d0") is None
