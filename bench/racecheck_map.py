@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     from cupy_maxsim._gpu import nvrtc
     from cupy_maxsim._gpu.registry import source
 
-    plain = nvrtc.compile_cubin(family, arch, defines)
+    plain = nvrtc.compile_image(family, arch, defines)
     lined = nvrtc._compile(family, arch, defines, ("-lineinfo",))[1]
     tool = os.environ.get("NVDISASM", "nvdisasm")
     lines = source(family).splitlines()

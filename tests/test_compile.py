@@ -102,7 +102,7 @@ def test_images_keep_subnormals_and_past_the_known_archs_are_ptx():
     assert nvrtc.device_arch(library, 90) == "sm_90" and nvrtc.device_arch(library, 80) == "sm_80"
     newest = nvrtc.device_arch(library, 1000)
     assert newest.startswith("compute_")
-    ptx = nvrtc.compile_cubin("maxsim_quantize", newest, (), library).decode()
+    ptx = nvrtc.compile_image("maxsim_quantize", newest, (), library).decode()
     assert ".entry maxsim_split_documents" in ptx and "mul.f32" in ptx and ".ftz" not in ptx
     flushed = nvrtc._compile("maxsim_quantize", newest, (), ("-ftz=true",), library)[1].decode()
     assert "mul.ftz.f32" in flushed  # (what the check would see)

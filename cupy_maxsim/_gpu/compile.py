@@ -91,7 +91,7 @@ def _compile_module(device: int, family: str, defines: tuple[str, ...]):
     key = hashlib.sha256(repr((code, options, nvrtc.version(library))).encode()).hexdigest()[:32]
     path = cache_dir() / f"{family}-{key}.{'cubin' if arch.startswith('sm_') else 'ptx'}"
     if not path.is_file():
-        image = nvrtc.compile_cubin(family, arch, defines, library)
+        image = nvrtc.compile_image(family, arch, defines, library)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")

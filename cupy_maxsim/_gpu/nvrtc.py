@@ -20,6 +20,7 @@ import sys
 
 from .registry import NVRTC_OPTIONS, source
 
+
 def cupy_nvrtc() -> ctypes.CDLL:
     """The NVRTC library CuPy loaded (in a GPU process: the version CuPy pairs with the driver),
     or, where its name does not find it, the first :func:`_find_nvrtc` finds."""
@@ -93,7 +94,7 @@ def compile_with_nvrtc(family: str, arch: str, defines: tuple[str, ...] = ()) ->
     return _parse_ptxas(log, arch, defines)
 
 
-def compile_cubin(family: str, arch: str, defines: tuple[str, ...] = (), library: ctypes.CDLL | None = None) -> bytes:
+def compile_image(family: str, arch: str, defines: tuple[str, ...] = (), library: ctypes.CDLL | None = None) -> bytes:
     """A family's image for ``arch`` (sm_XY: a cubin; compute_XY: PTX), compiled as a GPU
     process compiles it (_gpu/compile.py, with ``library``: CuPy's NVRTC) and as the wheel
     ships it prebuilt (_gpu/prebuilt.py, no GPU needed)."""

@@ -90,9 +90,9 @@ def build(variants, archs=ARCHS, out: Path | None = None, jobs: int | None = Non
 
 
 def _build_one(family: str, defines: tuple[str, ...], arch: str, path: Path) -> Path:
-    from .nvrtc import compile_cubin
+    from .nvrtc import compile_image
 
-    cubin = compile_cubin(family, arch, defines)
+    cubin = compile_image(family, arch, defines)
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     partial.write_bytes(cubin)
     os.replace(partial, path)  # atomic: an interrupted build leaves no half cubin
