@@ -346,12 +346,17 @@ def provenance():
     import cupy
     import torch
 
-    # The device copy of the tree may carry a stale .git: the commit passed in wins.
+    # The device copy of the tree may carry a stale .git: the commit passed in wins, and a tree
+    # that differs from the .git's HEAD is named so (session 51's cliffs JSON named a commit
+    # before the one whose tree it ran).
     commit = os.environ.get("CUPY_MAXSIM_COMMIT", "")
     if not commit:
+        here = Path(__file__).parent
         try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).parent).stdout.strip()
+            git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, cwd=here)  # noqa: E731
+            commit = git("rev-parse", "HEAD").stdout.strip()
+            if commit and git("diff", "--quiet", "HEAD").returncode == 1:
+                commit += "-changed"
         except OSError:
             commit = ""
     versions = {"python": platform.python_version(), "numpy": np.__version__, "cupy": cupy.__version__,
