@@ -524,8 +524,8 @@ def test_the_planners_ask_only_for_variants_compiled_and_prebuilt(arch, precisio
 
 def test_float32_precision_high_on_the_planner():
     """Under float32_matmul_precision("high") one fp32 query on Hopper takes the TF32 build that
-    reads the documents as TF32 (tf32=2, no small halves; "highest" the documents on M, tf32=3), many queries the Hopper kernel with
-    documents on M reading both operands as TF32 (where "highest" splits them into three fp16
+    reads the documents as TF32 (tf32=2, no small halves; "highest" the documents on M, tf32=3),
+    many queries the Hopper kernel with documents on M reading both operands as TF32 (where "highest" splits them into three fp16
     products), but not with rows off 16 bytes (there the split too); other dtypes plan as under
     "highest"; a precision torch does not name for this is a ValueError."""
     from cupy_maxsim import tuning

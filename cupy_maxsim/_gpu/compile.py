@@ -17,7 +17,7 @@ from pathlib import Path
 from .._cache import Cache
 from . import prebuilt
 from .device import device_properties
-from .registry import ARCH_SPECIFIC, NVRTC_OPTIONS, source
+from .registry import ARCH_SPECIFIC, source
 
 # (device, family, defines) -> (module, the prebuilt cubin it was loaded from or None)
 _modules = Cache("compiled modules")
@@ -77,18 +77,17 @@ def _refused(path, error) -> None:
 
 
 def _compile_module(device: int, family: str, defines: tuple[str, ...]):
-    """A variant compiled for ``device`` as the prebuilt cubins are (_gpu/nvrtc.py: NVRTC_OPTIONS
-    only; CuPy's own compile adds -ftz=true, and its -arch choice has no sm_90a for wgmma),
-    through CuPy's NVRTC, kept on disk under a hash of everything that went into it."""
+    """A variant compiled for ``device`` as the prebuilt cubins are (nvrtc.compile_options:
+    CuPy's own compile adds -ftz=true, and its -arch choice has no sm_90a for wgmma), through
+    CuPy's NVRTC, kept on disk under a hash of everything that went into it."""
     import cupy
 
     from . import nvrtc
 
     library = nvrtc.cupy_nvrtc()
     arch = ARCH_SPECIFIC.get(family) or nvrtc.device_arch(library, device_properties(device)[3])
-    code = source(family)
-    options = NVRTC_OPTIONS + defines + (f"-arch={arch}",)
-    key = hashlib.sha256(repr((code, options, nvrtc.version(library))).encode()).hexdigest()[:32]
+    inputs = (source(family), nvrtc.compile_options(arch, defines), nvrtc.version(library))
+    key = hashlib.sha256(repr(inputs).encode()).hexdigest()[:32]
     path = cache_dir() / f"{family}-{key}.{'cubin' if arch.startswith('sm_') else 'ptx'}"
     if not path.is_file():
         image = nvrtc.compile_image(family, arch, defines, library)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
 import glob
 import os
 import re
@@ -21,6 +22,13 @@ import sys
 from .registry import NVRTC_OPTIONS, source
 
 
+def compile_options(arch: str, defines: tuple[str, ...]) -> tuple[str, ...]:
+    """The options every image is compiled with; the prebuilt and first-use cubins' file names
+    hash them (prebuilt.file_name, compile._compile_module)."""
+    return NVRTC_OPTIONS + tuple(defines) + (f"-arch={arch}",)
+
+
+@functools.cache
 def cupy_nvrtc() -> ctypes.CDLL:
     """The NVRTC library CuPy loaded (in a GPU process: the version CuPy pairs with the driver),
     or, where its name does not find it, the first :func:`_find_nvrtc` finds."""
@@ -111,7 +119,7 @@ def _compile(family: str, arch: str, defines: tuple[str, ...], extra: tuple[str,
     code = source(family).encode()
     _check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), code, f"{family}.cu".encode(), 0, None, None))
     try:
-        options = list(NVRTC_OPTIONS) + list(defines) + [f"-arch={arch}"] + list(extra)
+        options = compile_options(arch, defines) + tuple(extra)
         array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
         status = nvrtc.nvrtcCompileProgram(program, len(options), array)
         size = ctypes.c_size_t()

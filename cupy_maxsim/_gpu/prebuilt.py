@@ -16,7 +16,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from .registry import ARCH_SPECIFIC, NVRTC_OPTIONS, source
+from .nvrtc import compile_options
+from .registry import ARCH_SPECIFIC, source
 
 #: The architectures the wheel carries cubins for (the Hopper family: sm_90a). A cubin runs on
 #: its own compute capability (and later minors of its major); others compile on first use.
@@ -40,7 +41,7 @@ def target_arch(family: str, compute_capability: int) -> str | None:
 
 def file_name(family: str, defines: tuple[str, ...], arch: str, code: str | None = None) -> str:
     """The cubin's file name: family, architecture and a hash of source, options and arch."""
-    options = NVRTC_OPTIONS + tuple(defines) + (f"-arch={arch}",)
+    options = compile_options(arch, defines)
     digest = hashlib.sha256(repr((source(family) if code is None else code, options)).encode()).hexdigest()
     return f"{family}-{arch}-{digest[:32]}.cubin"
 
