@@ -39,6 +39,7 @@ class ForwardPlan(typing.NamedTuple):
     doc_rotation: int
     tile_rows: int  # Hopper kernel: document rows per TMA tile; 0 for mma.sync
     last_group_docs_per_block: int  # the last query group's own ranges (planner.idle_group_ranges), or 0
+    long_ranges: int  # ranges of docs_per_block documents, the rest one fewer (planner.balanced_ranges)
     query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
     split_queries: bool = False  # Hopper kernel's fp32 split build: q is read as its fp16 halves (_split_queries)
     split_documents: bool = False  # ... presplit (MAXSIM_FP32_SPLIT 2): d too, by TMA (_split_documents)
@@ -147,7 +148,8 @@ def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
         d_mask=0 if d_mask is None else d_mask.ptr,
         d_mask_doc_stride=0 if d_mask is None else d_mask.strides[0],
         d_mask_row_stride=0 if d_mask is None else d_mask.strides[1],
-        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=0, out=out_ptr,
+        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=0, long_ranges=problem.num_docs,
+        out=out_ptr,
         out_query_stride=0 if problem.pairs else problem.num_docs,
         num_queries=num_queries, query_length=query_length, dim=dim,
         offsets_are_64bit=int(offsets is not None and offsets.dtype == "int64"),
@@ -266,7 +268,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             return
         # (a replay records these: one launch, whose last group is the problem's)
         values.update(docs_per_block=plan.docs_per_block, queries_per_group=plan.group, doc_rotation=plan.doc_rotation,
-                      last_group_docs_per_block=plan.last_group_docs_per_block)
+                      last_group_docs_per_block=plan.last_group_docs_per_block, long_ranges=plan.long_ranges)
         # The fp32 split build reads q as its fp16 halves and their scales (kept alive here to
         # the launch; the memory pool reuses them only in this stream's order).
         split = _split_queries(problem, stream) if plan.split_queries else None

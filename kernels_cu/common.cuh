@@ -91,10 +91,23 @@ struct ForwardArgs {
     // query idle (longer ranges: fewer MMAs a document), or 0: its ranges are the others' and
     // every warpgroup multiplies (they keep reading the documents the others read, from L2).
     i64 last_group_docs_per_block;
+    // The first long_ranges blocks (grid x) take docs_per_block documents each, the rest one
+    // fewer: every SM of a one-wave grid streams where ceil-sized ranges would leave some idle
+    // (813 documents over 132 blocks: 21 of 7 and 111 of 6, not 117 of 7). The grid's size
+    // where every range is whole (block_doc_range).
+    i64 long_ranges;
     int num_queries, query_length, dim, offsets_are_64bit;
     int queries_per_group, pairs, rows_per_chunk, argmax_is_32bit;
 };
-static_assert(sizeof(ForwardArgs) == 31 * 8 + 8 * 4, "ForwardArgs must have no padding");
+static_assert(sizeof(ForwardArgs) == 32 * 8 + 8 * 4, "ForwardArgs must have no padding");
+
+// The documents [begin, end) of grid block `block` whose ranges hold `per` documents each
+// (ForwardArgs.long_ranges: one fewer past the long ones); empty past the last document.
+__device__ __forceinline__ void block_doc_range(const ForwardArgs& args, i64 block, i64 per, i64& begin, i64& end) {
+    const bool short_range = block >= args.long_ranges;
+    begin = block * per - (short_range ? block - args.long_ranges : 0);
+    end = min(begin + per - (short_range ? 1 : 0), args.num_docs);
+}
 
 // Saved argmax: the winning token's index within its document, -1 for a masked query token
 // or a document with no real token. int16 when every document is shorter than 32768 tokens.

@@ -557,8 +557,8 @@ __device__ __forceinline__ void maxsim_fwd_mma(const ForwardArgs args) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp % WARPS_M, warp_n = warp / WARPS_M;
-    const i64 doc_begin = (i64)blockIdx.x * args.docs_per_block;
-    const i64 doc_end = min(doc_begin + args.docs_per_block, args.num_docs);
+    i64 doc_begin, doc_end;
+    block_doc_range(args, blockIdx.x, args.docs_per_block, doc_begin, doc_end);
     if (doc_begin >= doc_end) return;
     const i64 first_query = args.pairs ? doc_begin : (i64)blockIdx.y * args.queries_per_group;
     const int group_size = args.pairs ? 1 : (int)min((i64)args.queries_per_group, args.num_queries - first_query);

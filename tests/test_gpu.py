@@ -540,6 +540,38 @@ def test_hopper_kernel_against_reference_and_mma_sync(dtype, tile_n, monkeypatch
         np.testing.assert_array_equal(to_numpy(hopper_argmax)[clear], sims.argmax(-1)[clear])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("num_docs", [131, 133, 813])
+def test_one_query_ranges_of_unequal_length(dtype, num_docs):
+    """One query group takes a block an SM whose ranges differ by one document
+    (planner.balanced_ranges, common.cuh block_doc_range): every document scored once, on both
+    tensor-core kernels, packed or padded."""
+    import cupy
+
+    from cupy_maxsim import tuning
+    from cupy_maxsim._gpu.device import device_properties
+    from cupy_maxsim._plan.forward import balanced_ranges
+
+    sm_count = device_properties(cupy.cuda.runtime.getDevice())[0]
+    per, ranges, long_ranges = balanced_ranges(num_docs, sm_count)
+    assert per * long_ranges + (per - 1) * (ranges - long_ranges) == num_docs
+    rng = np.random.default_rng(num_docs)
+    q64, d64, q, d = _inputs(rng, 1, 32, num_docs, 9, 64, dtype)
+    lengths = rng.integers(0, 10, num_docs)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    tokens64 = np.concatenate([d64[n, :lengths[n]] for n in range(num_docs)])
+    tokens = _to_device(tokens64, dtype)
+    expected = reference.maxsim_reference(q64, d64)
+    expected_packed = reference.maxsim_packed_reference(q64, tokens64, offsets)
+    tolerance = 2 * naive_error(q64, d64, np.ones((1, 32), bool), np.ones((num_docs, 9), bool), dtype, expected) + \
+        NOISE[dtype] * 32
+    for use_wgmma in (True, False):
+        with tuning.override(use_wgmma=use_wgmma):
+            assert_scores_match(cm.score(q, d), expected, atol=tolerance)
+            assert_scores_match(cm.score_packed(q, tokens, cupy.asarray(offsets)), expected_packed,
+                                atol=tolerance)
+
+
 @pytest.mark.slow
 def test_past_two_to_the_31_elements():
     """140,000 x 128 x 128 fp16 = 2.29e9 elements: 64-bit index arithmetic throughout."""

@@ -95,7 +95,7 @@ def test_wheel_carries_kernels_and_loader_finds_them(tmp_path):
 
 
 @pytest.mark.parametrize("struct_name,fields,size", [
-    ("ForwardArgs", gpu_args.FORWARD_ARGS, 31 * 8 + 8 * 4),
+    ("ForwardArgs", gpu_args.FORWARD_ARGS, 32 * 8 + 8 * 4),
     ("BackwardArgs", gpu_args.BACKWARD_ARGS, 24 * 8 + 10 * 4),
 ])
 def test_argument_structs_match_the_header(struct_name, fields, size):

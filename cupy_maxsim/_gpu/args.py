@@ -23,7 +23,7 @@ FORWARD_ARGS = (
     ("q_scale_query_stride", "q"), ("q_scale_row_stride", "q"),
     ("d_scale_doc_stride", "q"), ("d_scale_row_stride", "q"),
     ("argmax_query_stride", "q"), ("argmax_doc_stride", "q"), ("doc_rotation", "q"),
-    ("last_group_docs_per_block", "q"),
+    ("last_group_docs_per_block", "q"), ("long_ranges", "q"),
     ("num_queries", "i"), ("query_length", "i"), ("dim", "i"), ("offsets_are_64bit", "i"),
     ("queries_per_group", "i"), ("pairs", "i"), ("rows_per_chunk", "i"), ("argmax_is_32bit", "i"),
 )
