@@ -78,6 +78,28 @@ def one_fp32_query_calls():
     cupy.cuda.Device().synchronize()
 
 
+def unequal_ranges():
+    """One query group over more documents than a block an SM: ranges one document apart
+    (_plan/forward.balanced_ranges, common.cuh block_doc_range), on both tensor-core kernels,
+    fp16 / fp32 / int8, masks, winners, packed tokens ending where their allocation does
+    (``python bench/sanitize_forward.py ranges``)."""
+    from cupy_maxsim import tuning
+
+    for use_wgmma in (True, False):
+        with tuning.override(use_wgmma=use_wgmma):
+            for dtype in (cupy.float16, cupy.float32):
+                for nd in (133, 290):
+                    q, d = rows((1, 32, 64), dtype), rows((nd, 9, 64), dtype)
+                    cm.score(q, d, d_mask=cupy.asarray(rng.random((nd, 9)) < 0.7), return_argmax=True)
+                    cm.score(q, d)
+                    offsets = cupy.asarray(np.r_[0, np.cumsum(rng.integers(0, 10, nd))], dtype=cupy.int64)
+                    cm.score_packed(q, rows((int(offsets[-1]), 64), dtype), offsets)
+            qv, qs = cm.quantize_int8(rows((1, 32, 128), cupy.float32))
+            dv, ds = cm.quantize_int8(rows((290, 9, 128), cupy.float32))
+            cm.score(qv, dv, q_scale=qs, d_scale=ds)
+    cupy.cuda.Device().synchronize()
+
+
 if sys.argv[1:] == ["tf32"]:
     one_fp32_query()
     print("sanitize_forward tf32: done")
@@ -88,6 +110,10 @@ if sys.argv[1:] == ["tf32-rows"]:  # the documents on M alone
     with tuning.override(wgmma_tf32_doc_rows=True):
         one_fp32_query_calls()
     print("sanitize_forward tf32-rows: done")
+    sys.exit()
+if sys.argv[1:] == ["ranges"]:
+    unequal_ranges()
+    print("sanitize_forward ranges: done")
     sys.exit()
 if sys.argv[1:] == ["idle"]:
     idle_warpgroups()
@@ -305,5 +331,7 @@ idle_warpgroups()
 print("sanitize_forward idle: done")
 document_halves()
 print("sanitize_forward halves: done")
+unequal_ranges()
+print("sanitize_forward ranges: done")
 # Search's selection kernel (maxsim_topk.cu), also alone: python bench/sanitize_search.py
 import sanitize_search  # noqa: E402,F401

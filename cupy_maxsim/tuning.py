@@ -41,6 +41,10 @@ class Tunables:
     #: blocks finish together (_plan/forward.idle_group_ranges); off: every group's ranges alike,
     #: every warpgroup multiplying.
     wgmma_idle_groups: bool = True
+    #: One query group: a block an SM, ranges differing by at most one document
+    #: (_plan/forward.balanced_ranges); off: ranges of one size, ceil(documents / ranges), as
+    #: persistent_chunks fills the wave (813 documents: 117 blocks of 7, 15 SMs idle).
+    balanced_ranges: bool = True
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
     wgmma_docs_on_m_warpgroups: int = 0

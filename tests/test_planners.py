@@ -833,3 +833,34 @@ def test_idle_group_ranges_cover_every_document(groups):
                 assert last >= whole and grid_x * whole >= num_docs and grid_x * last >= num_docs
                 assert (groups - 1) * -(-num_docs // whole) + -(-num_docs // last) <= max(blocks, groups), (
                     num_docs, share, whole, last)
+
+
+def test_one_query_group_ranges_fill_every_sm(h200_planner):
+    """One query group: a block an SM (up to the documents), ranges at most one document apart,
+    long ones first, together every document once, in order (the kernel's block_doc_range, read
+    the way common.cuh reads it); ranges of one size with the tunable off."""
+    from cupy_maxsim._plan.forward import balanced_ranges
+
+    for blocks in (132, 264):
+        for num_docs in (0, 1, 7, 131, 132, 133, 813, 1302, 52_083, 1_000_003):
+            per, ranges, long_ranges = balanced_ranges(num_docs, blocks)
+            assert ranges == max(1, min(num_docs, blocks)) and 0 <= long_ranges <= ranges
+            covered = []
+            for block in range(ranges):
+                short = block >= long_ranges
+                begin = block * per - (block - long_ranges if short else 0)
+                end = min(begin + per - short, num_docs)
+                assert end - begin in (per, per - 1) or (num_docs == 0 and end == begin)
+                covered.append((begin, end))
+            assert [begin for begin, _ in covered[1:]] == [end for _, end in covered[:-1]]
+            assert covered[0][0] == 0 and covered[-1][1] == num_docs
+
+    def plan(tunables=DEFAULT):
+        h200_planner.clear()
+        _forward._plans.clear()
+        shape = _forward.planner.ForwardShape("fp32", 1, 32, 4096, 813, False, 0, 300, False)
+        return _forward.mma_plan(0, shape, tunables)
+
+    balanced, ceiled = plan(), plan(dataclasses.replace(DEFAULT, balanced_ranges=False))
+    assert (balanced.grid_x, balanced.docs_per_block, balanced.long_ranges) == (132, 7, 21)
+    assert (ceiled.grid_x, ceiled.docs_per_block, ceiled.long_ranges) == (117, 7, 117)

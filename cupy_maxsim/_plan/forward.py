@@ -247,15 +247,12 @@ def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, propertie
     config, pairs, num_queries, num_docs = choice.config, shape.pairs, shape.num_queries, shape.num_docs
     group = 1 if pairs else max(1, min(num_queries, config.queries_per_block(shape.query_length)))
     groups = 1 if pairs else -(-num_queries // group)
-    if pairs:
-        docs_per_block = 1
-    elif groups == 1:
+    if not pairs and groups == 1 and tunables.balanced_ranges:
         docs_per_block, grid_x, long_ranges = balanced_ranges(num_docs, sm_count * resident)
     else:
         # One wave of resident blocks, each streaming an equal range of documents through its
         # pipeline (a persistent grid): no tail of half-empty waves.
-        docs_per_block = -(-num_docs // persistent_chunks(num_docs, groups, sm_count * resident))
-    if pairs or groups > 1:
+        docs_per_block = 1 if pairs else -(-num_docs // persistent_chunks(num_docs, groups, sm_count * resident))
         grid_x = long_ranges = -(-num_docs // docs_per_block)
     # Query groups of one document range start at different documents (the Hopper kernel), so
     # that they do not all ask the same L2 lines at once; only when the corpus fits in half the
