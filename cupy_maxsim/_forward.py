@@ -148,7 +148,7 @@ def argument_values(problem: ScoreProblem, out_ptr: int, winners) -> dict:
         d_mask=0 if d_mask is None else d_mask.ptr,
         d_mask_doc_stride=0 if d_mask is None else d_mask.strides[0],
         d_mask_row_stride=0 if d_mask is None else d_mask.strides[1],
-        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=0, long_ranges=problem.num_docs,
+        num_docs=problem.num_docs, docs_per_block=1, last_group_docs_per_block=0, long_ranges=2**31 - 1,
         out=out_ptr,
         out_query_stride=0 if problem.pairs else problem.num_docs,
         num_queries=num_queries, query_length=query_length, dim=dim,

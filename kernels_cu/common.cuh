@@ -93,8 +93,8 @@ struct ForwardArgs {
     i64 last_group_docs_per_block;
     // The first long_ranges blocks (grid x) take docs_per_block documents each, the rest one
     // fewer: every SM of a one-wave grid streams where ceil-sized ranges would leave some idle
-    // (813 documents over 132 blocks: 21 of 7 and 111 of 6, not 117 of 7). The grid's size
-    // where every range is whole (block_doc_range).
+    // (813 documents over 132 blocks: 21 of 7 and 111 of 6, not 117 of 7). At most 2^31 - 1
+    // (block_doc_range reads it as 32-bit): the grid's x where every range is whole.
     i64 long_ranges;
     int num_queries, query_length, dim, offsets_are_64bit;
     int queries_per_group, pairs, rows_per_chunk, argmax_is_32bit;
@@ -102,10 +102,13 @@ struct ForwardArgs {
 static_assert(sizeof(ForwardArgs) == 32 * 8 + 8 * 4, "ForwardArgs must have no padding");
 
 // The documents [begin, end) of grid block `block` whose ranges hold `per` documents each
-// (ForwardArgs.long_ranges: one fewer past the long ones); empty past the last document.
-__device__ __forceinline__ void block_doc_range(const ForwardArgs& args, i64 block, i64 per, i64& begin, i64& end) {
-    const bool short_range = block >= args.long_ranges;
-    begin = block * per - (short_range ? block - args.long_ranges : 0);
+// (ForwardArgs.long_ranges: one fewer past the long ones); empty past the last document. The
+// block and long_ranges as 32-bit (a grid's x is below 2^31): in 64-bit, doc_begin no longer
+// rematerialised from the parameters, and one query's winners build spilled (ptxas, 128 registers).
+__device__ __forceinline__ void block_doc_range(const ForwardArgs& args, int block, i64 per, i64& begin, i64& end) {
+    const int shorter = max(block - (int)args.long_ranges, 0);  // short ranges before this one
+    const bool short_range = block >= (int)args.long_ranges;
+    begin = (i64)block * per - shorter;
     end = min(begin + per - (short_range ? 1 : 0), args.num_docs);
 }
 
