@@ -86,7 +86,7 @@ def unequal_ranges():
     from cupy_maxsim import tuning
 
     for use_wgmma in (True, False):
-        with tuning.override(use_wgmma=use_wgmma):
+        with tuning.override(use_wgmma=use_wgmma, balanced_ranges=True):
             for dtype in (cupy.float16, cupy.float32):
                 for nd in (133, 290):
                     q, d = rows((1, 32, 64), dtype), rows((nd, 9, 64), dtype)

@@ -43,8 +43,11 @@ class Tunables:
     wgmma_idle_groups: bool = True
     #: One query group: a block an SM, ranges differing by at most one document
     #: (_plan/forward.balanced_ranges); off: ranges of one size, ceil(documents / ranges), as
-    #: persistent_chunks fills the wave (813 documents: 117 blocks of 7, 15 SMs idle).
-    balanced_ranges: bool = True
+    #: persistent_chunks fills the wave (813 documents: 117 blocks of 7, 15 SMs idle). Off until
+    #: it has run on a GPU (written in session 52, when no machine came): predicted fp32 dim 4096,
+    #: one query against 4 GB, 0.85 -> about 0.93 of the floor; on for the A/B
+    #: (bench/ab_tunables.py --variant on:balanced_ranges=1) and the GPU tests.
+    balanced_ranges: bool = False
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
     wgmma_docs_on_m_warpgroups: int = 0

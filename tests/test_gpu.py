@@ -566,7 +566,7 @@ def test_one_query_ranges_of_unequal_length(dtype, num_docs):
     tolerance = 2 * naive_error(q64, d64, np.ones((1, 32), bool), np.ones((num_docs, 9), bool), dtype, expected) + \
         NOISE[dtype] * 32
     for use_wgmma in (True, False):
-        with tuning.override(use_wgmma=use_wgmma):
+        with tuning.override(use_wgmma=use_wgmma, balanced_ranges=True):
             assert_scores_match(cm.score(q, d), expected, atol=tolerance)
             assert_scores_match(cm.score_packed(q, tokens, cupy.asarray(offsets)), expected_packed,
                                 atol=tolerance)

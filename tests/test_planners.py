@@ -838,7 +838,8 @@ def test_idle_group_ranges_cover_every_document(groups):
 def test_one_query_group_ranges_fill_every_sm(h200_planner):
     """One query group: a block an SM (up to the documents), ranges at most one document apart,
     long ones first, together every document once, in order (the kernel's block_doc_range, read
-    the way common.cuh reads it); ranges of one size with the tunable off."""
+    the way common.cuh reads it); ranges of one size with the tunable off (its default until it
+    has run on a GPU)."""
     from cupy_maxsim._plan.forward import balanced_ranges
 
     for blocks in (132, 264):
@@ -861,6 +862,6 @@ def test_one_query_group_ranges_fill_every_sm(h200_planner):
         shape = _forward.planner.ForwardShape("fp32", 1, 32, 4096, 813, False, 0, 300, False)
         return _forward.mma_plan(0, shape, tunables)
 
-    balanced, ceiled = plan(), plan(dataclasses.replace(DEFAULT, balanced_ranges=False))
+    balanced, ceiled = plan(dataclasses.replace(DEFAULT, balanced_ranges=True)), plan()
     assert (balanced.grid_x, balanced.docs_per_block, balanced.long_ranges) == (132, 7, 21)
     assert (ceiled.grid_x, ceiled.docs_per_block, ceiled.long_ranges) == (117, 7, 117)
