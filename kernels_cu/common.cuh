@@ -103,13 +103,11 @@ static_assert(sizeof(ForwardArgs) == 32 * 8 + 8 * 4, "ForwardArgs must have no p
 
 // The documents [begin, end) of grid block `block` whose ranges hold `per` documents each
 // (ForwardArgs.long_ranges: one fewer past the long ones); empty past the last document. The
-// block and long_ranges as 32-bit (a grid's x is below 2^31): in 64-bit, doc_begin no longer
-// rematerialised from the parameters, and one query's winners build spilled (ptxas, 128 registers).
+// block and long_ranges are 32-bit (a grid's x is below 2^31).
 __device__ __forceinline__ void block_doc_range(const ForwardArgs& args, int block, i64 per, i64& begin, i64& end) {
-    const int shorter = max(block - (int)args.long_ranges, 0);  // short ranges before this one
-    const bool short_range = block >= (int)args.long_ranges;
-    begin = (i64)block * per - shorter;
-    end = min(begin + per - (short_range ? 1 : 0), args.num_docs);
+    const int long_ranges = (int)args.long_ranges;
+    begin = (i64)block * per - max(block - long_ranges, 0);  // (less the short ranges before it)
+    end = min((i64)(block + 1) * per - max(block + 1 - long_ranges, 0), args.num_docs);
 }
 
 // Saved argmax: the winning token's index within its document, -1 for a masked query token

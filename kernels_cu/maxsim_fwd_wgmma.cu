@@ -828,6 +828,15 @@ struct Block {
         const i64 p = position + rotation;
         return doc_begin + (p >= doc_count ? p - doc_count : p);
     }
+    // SPLIT_DOCS (one query group: no rotation, no ranges of the last group's own): the document
+    // at a slot's position, its range's start recomputed from the parameters, so that no consumer
+    // register holds doc_begin through the loop (held, one query's winners builds spilled at 128
+    // registers once block_doc_range's long ranges came in).
+    __device__ __forceinline__ i64 split_doc_at(const ForwardArgs& args, i64 position) const {
+        i64 begin, end;
+        block_doc_range(args, blockIdx.x, args.docs_per_block, begin, end);
+        return begin + position;
+    }
     __device__ __forceinline__ void open_doc(DocCursor& c, i64 position) const {
         c.position = position, c.tile = 0;
         if (position >= doc_count) return;
@@ -1766,7 +1775,7 @@ struct Consumer : Block {
             if (tile == 0 && k_atom == 0) {  // a document's first slot says which it is
                 const i64 position = sSlotDoc()[stage];
                 if (position < 0) break;  // the ring's end
-                doc = doc_at(position), length = sSlotLength()[stage], tiles = doc_tiles(length);
+                doc = split_doc_at(args, position), length = sSlotLength()[stage], tiles = doc_tiles(length);
             }
             const unsigned char* slot = sD() + stage * TILE_BYTES + a_row * 128;
             const unsigned query_offset = (k_atom * SPLIT_QUERY_ATOM_BYTES) >> 4;
@@ -2050,7 +2059,7 @@ struct Consumer : Block {
                     ring_over = position < 0;
                     if (ring_over && !DOUBLE_BUFFERED) return false;
                     if (!ring_over) {
-                        cursor.position = position, cursor.doc = doc_at(position);
+                        cursor.position = position, cursor.doc = split_doc_at(args, position);
                         cursor.length = sSlotLength()[stage], cursor.tiles = doc_tiles(cursor.length);
                     }
                 }
