@@ -792,7 +792,15 @@ struct Block {
         // builds with the argmax spilled.)
         own_ranges = DOCS_ON_M && blockIdx.y + 1 == gridDim.y && args.last_group_docs_per_block > 0;
         const i64 docs_per_block = own_ranges ? args.last_group_docs_per_block : args.docs_per_block;
-        block_doc_range(args, blockIdx.x, docs_per_block, doc_begin, doc_end);
+        // One query group's builds (SPLIT_DOCS) take ranges one document apart (block_doc_range);
+        // the others, ranges of one size (the planner gives them no others): there the range
+        // arithmetic made ptxas spill the queries-on-M winners builds at 128 registers.
+        if constexpr (SPLIT_DOCS) {
+            block_doc_range(args, blockIdx.x, docs_per_block, doc_begin, doc_end);
+        } else {
+            doc_begin = (i64)blockIdx.x * docs_per_block;
+            doc_end = min(doc_begin + docs_per_block, args.num_docs);
+        }
         query_length = args.query_length;
         queries_per_warpgroup = GROUP_ROWS / query_length;
         first_query = (i64)blockIdx.y * args.queries_per_group;

@@ -856,12 +856,17 @@ def test_one_query_group_ranges_fill_every_sm(h200_planner):
             assert [begin for begin, _ in covered[1:]] == [end for _, end in covered[:-1]]
             assert covered[0][0] == 0 and covered[-1][1] == num_docs
 
-    def plan(tunables=DEFAULT):
+    def plan(tunables=DEFAULT, suffix="fp32", num_queries=1, dim=4096):
         h200_planner.clear()
         _forward._plans.clear()
-        shape = _forward.planner.ForwardShape("fp32", 1, 32, 4096, 813, False, 0, 300, False)
+        shape = _forward.planner.ForwardShape(suffix, num_queries, 32, dim, 813, False, 0, 300, False)
         return _forward.mma_plan(0, shape, tunables)
 
-    balanced, ceiled = plan(dataclasses.replace(DEFAULT, balanced_ranges=True)), plan()
+    on = dataclasses.replace(DEFAULT, balanced_ranges=True)
+    balanced, ceiled = plan(on), plan()
     assert (balanced.grid_x, balanced.docs_per_block, balanced.long_ranges) == (132, 7, 21)
     assert (ceiled.grid_x, ceiled.docs_per_block, ceiled.long_ranges) == (117, 7, 117)
+    # One group of 12 queries (documents on M, not split documents): the Hopper kernel reads
+    # ranges of one size there, and the planner gives it no others.
+    docs_on_m = plan(on, "fp16", 12, 128)
+    assert docs_on_m.groups == 1 and docs_on_m.long_ranges == docs_on_m.grid_x

@@ -247,7 +247,8 @@ def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, propertie
     config, pairs, num_queries, num_docs = choice.config, shape.pairs, shape.num_queries, shape.num_docs
     group = 1 if pairs else max(1, min(num_queries, config.queries_per_block(shape.query_length)))
     groups = 1 if pairs else -(-num_queries // group)
-    if not pairs and groups == 1 and tunables.balanced_ranges:
+    # (the Hopper kernel's one-query-group builds only: its others read ranges of one size)
+    if not pairs and groups == 1 and tunables.balanced_ranges and (not choice.wgmma or config.split_docs):
         docs_per_block, grid_x, long_ranges = balanced_ranges(num_docs, sm_count * resident)
     else:
         # One wave of resident blocks, each streaming an equal range of documents through its
