@@ -43,6 +43,8 @@ class ForwardPlan(typing.NamedTuple):
     query_box: int = 0  # Hopper kernel: queries a box of q's TMA map holds where the query atoms stream; 0: none
     split_queries: bool = False  # Hopper kernel's fp32 split build: q is read as its fp16 halves (_split_queries)
     split_documents: bool = False  # ... presplit (MAXSIM_FP32_SPLIT 2): d too, by TMA (_split_documents)
+    rings: int = 0  # one query group's split rings streaming k, no winners: every block's (document parts)
+    part_maxima: bool = False  # the build writes a record a document (a part of one: _launch_parts)
 
 
 def mma_plan(device: int, shape: planner.ForwardShape, tunables: Tunables) -> ForwardPlan | None:
@@ -69,7 +71,10 @@ def _plan_of(key: tuple) -> ForwardPlan | None:
                                query_box=config.query_box(shape.num_queries, shape.query_length)
                                if getattr(config, "stream_query", 0) else 0,
                                split_queries=bool(getattr(config, "fp32_split", 0)),
-                               split_documents=getattr(config, "fp32_split", 0) == 2)
+                               split_documents=getattr(config, "fp32_split", 0) == 2,
+                               rings=properties[0] * resident * config.warpgroups
+                               if choice.wgmma and config.split_docs and config.stream_k and not config.argmax else 0,
+                               part_maxima=bool(getattr(config, "part_maxima", 0)))
         _plans.put(key, plan)
     return plan
 
@@ -249,7 +254,52 @@ def _split_documents(problem: ScoreProblem, stream):
         return split_documents(*_document_rows(problem))
 
 
-def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record) -> None:
+def _document_parts(problem: ScoreProblem, plan: ForwardPlan, tunables: Tunables, winners) -> int:
+    """Parts each document of ``problem`` is scored in (planner.document_parts; 1: whole): one
+    query group's split rings streaming k, without winners, over documents without a mask that
+    read as packed tokens in place (padded ones back to back; int8 scales likewise)."""
+    if not (plan.rings and tunables.document_parts_per_ring and winners is None and problem.d_mask is None
+            and plan.groups == 1 and not problem.pairs):
+        return 1
+    d, d_scale, offsets = problem.d, problem.d_scale, problem.offsets
+    if offsets is not None:
+        in_place = offsets.strides[0] == 1
+    else:
+        in_place = problem.doc_stride == problem.doc_length * d.strides[1] and (
+            d_scale is None or d_scale.strides[0] == problem.doc_length * d_scale.strides[1])
+    mean_length = d.shape[0] / problem.num_docs if offsets is not None else problem.doc_length
+    return planner.document_parts(problem.num_docs, mean_length, plan.tile_rows, plan.rings,
+                                  tunables.document_parts_per_ring) if in_place else 1
+
+
+def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_rows: int, out_ptr: int, stream) -> None:
+    """``problem`` scored as ``parts`` parts of whole tiles a document (_document_parts): the
+    parts' offsets (launch.part_offsets), the forward over them as packed documents writing a
+    record a part (maxsim_fwd_wgmma.cu, PART_MAXIMA), and the records merged into the scores
+    at ``out_ptr`` (launch.merge_parts), on ``stream``."""
+    import cupy
+
+    from ._gpu.launch import merge_parts, part_offsets
+
+    q, d, d_scale, offsets = problem.q, problem.d, problem.d_scale, problem.offsets
+    num_queries, query_length, dim = q.shape
+    tokens = d.shape[0] if offsets is not None else problem.num_docs * problem.doc_length
+    count = problem.num_docs * parts
+    starts = part_offsets(0 if offsets is None else offsets.ptr, offsets is not None and offsets.dtype == "int64",
+                          problem.doc_length, problem.num_docs, parts, tile_rows, d.device, stream)
+    part_problem = problem._replace(
+        d=d.with_changes(shape=(tokens, dim), strides=d.strides[-2:]), offsets=_arrays.as_operand(starts, "offsets"),
+        d_scale=None if d_scale is None else d_scale.with_changes(shape=(tokens,), strides=d_scale.strides[-1:]),
+        num_docs=count, shape=(num_queries, count), doc_length=0, doc_stride=0, ragged=True)
+    with gpu_device.on_stream(stream):
+        records = cupy.empty((num_queries, count, query_length + 1), cupy.float32)
+    _launch(part_problem, tunables, records.data.ptr, None, stream, None, part_maxima=True)
+    merge_parts(forward_args(**argument_values(problem, out_ptr, None)), records, parts,
+                num_queries * problem.num_docs, d.device, stream)
+
+
+def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record,
+            part_maxima: bool = False) -> None:
     q, d, q_mask = problem.q, problem.d, problem.q_mask
     num_queries, query_length, dim = q.shape
     values = argument_values(problem, out_ptr, winners)
@@ -259,7 +309,12 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         suffix = fields[0]
         alignment = planner.load_alignment(suffix, dim, query_length, (q.strides, d.strides), (q.ptr, d.ptr),
                                            properties[3])
-        plan = _plan_of((q.device,) + fields + (alignment, problem.ragged, tunables)) if alignment else None
+        plan = _plan_of((q.device,) + fields + (alignment, problem.ragged, part_maxima, tunables)) if alignment else None
+        if part_maxima and (plan is None or not plan.part_maxima):  # (_launch_parts asks only where it can)
+            raise RuntimeError("document parts planned without a build that writes their records")
+        parts = 1 if plan is None or part_maxima else _document_parts(problem, plan, tunables, winners)
+        if parts > 1:
+            return _launch_parts(problem, tunables, parts, plan.tile_rows, out_ptr, stream)
         if plan is None:
             simt = planner.simt_plan(suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
             kernel = gpu_compile.get_kernel(q.device, "maxsim_fwd_simt", simt.name, (), simt.shared)

@@ -48,6 +48,14 @@ class Tunables:
     #: one query against 4 GB, 0.85 -> about 0.93 of the floor; on for the A/B
     #: (bench/ab_tunables.py --variant on:balanced_ranges=1) and the GPU tests.
     balanced_ranges: bool = False
+    #: One query group at fat dims (the split rings streaming k) over a corpus of so few
+    #: documents that a ring reads fewer than this many: each document is scored in parts of
+    #: whole tiles, enough for about this many a ring (_plan/forward.document_parts; the forward
+    #: writes a record a part and maxsim_parts.cu merges them into the scores), so that no ring
+    #: reads a whole fat document alone at the end (fp32 dim 2560, one query against 4 GB: 1,302
+    #: documents over 396 rings, 0.92 of the floor on an H100). 0: whole documents. Off until it
+    #: has run on a GPU (written in session 53); predicted 2560 0.92 -> about 0.98.
+    document_parts_per_ring: int = 0
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
     wgmma_docs_on_m_warpgroups: int = 0

@@ -48,3 +48,28 @@ __device__ __forceinline__ void warp_finish_document(const ForwardArgs& args, i6
     non_finite = __any_sync(0xffffffffu, non_finite);
     if (lane == 0) emit_score(args, query, doc, document_score(sum, doc_has_row, non_finite));
 }
+
+// A part of a document instead of the whole (one query group's split rings at fat dims:
+// _forward's document parts, whose records maxsim_parts_merge folds into the document's score):
+// record `part` of query `query` (Lq + 1 floats from args.out + (query * out_query_stride +
+// part) * (Lq + 1)) holds each query token's max over the part's real rows as the score would
+// add it (scaled; NaN where the token itself is not finite; 0 for a token that is not real,
+// which adds nothing), then the part's flags: 1 it has a real row, 2 one is not finite. The
+// max over a document's parts is the max over its rows (max_nan is exact in any grouping, and
+// scaling by a positive scale keeps the order), so the merged score is the whole document's.
+template <bool SCALED, typename Tokens>
+__device__ __forceinline__ void warp_emit_part(const ForwardArgs& args, i64 query, i64 part, int lane, bool has_row,
+                                               bool bad, const Tokens& tokens) {
+    float* record = (float*)args.out + (query * args.out_query_stride + part) * (args.query_length + 1);
+    for (int i = lane; i < args.query_length; i += 32) {
+        float m = 0.f;
+        if (tokens.real(i)) {
+            int found = -1;
+            m = tokens.max(i, found);
+            if constexpr (SCALED) m *= tokens.scale(i);
+            if (tokens.bad(i)) m = __int_as_float(0x7fffffff);
+        }
+        record[i] = m;
+    }
+    if (lane == 0) record[args.query_length] = __int_as_float((has_row ? 1 : 0) | (bad ? 2 : 0));
+}

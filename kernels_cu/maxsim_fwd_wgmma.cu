@@ -119,6 +119,9 @@
 #ifndef MAXSIM_TF32_STRETCH
 #define MAXSIM_TF32_STRETCH 0
 #endif
+#ifndef MAXSIM_PART_MAXIMA
+#define MAXSIM_PART_MAXIMA 0
+#endif
 
 namespace wg {
 constexpr int WARPGROUPS = MAXSIM_WARPGROUPS, STAGES = MAXSIM_STAGES, KSTEPS = MAXSIM_KSTEPS;
@@ -257,6 +260,11 @@ constexpr bool TF32_DOC_ROWS = MAXSIM_TF32 == 3;
 // the one-query fp32 forward's pace (bench/results/ncu-fp32-one-query-2026-12-06-c8022da-h100.txt):
 // without the second set the registers hold three warpgroups, three chains an SM.
 constexpr int TF32_STRETCH = MAXSIM_TF32_STRETCH;
+// PART_MAXIMA (one query group's split rings streaming k: _forward's document parts): each
+// "document" is a part of one, and its finish writes the part's record (epilogue.cuh,
+// warp_emit_part) instead of a score; maxsim_parts.cu merges a document's records.
+constexpr bool PART_MAXIMA = MAXSIM_PART_MAXIMA != 0;
+static_assert(!PART_MAXIMA || (SPLIT_DOCS && STREAM_K && !ARGMAX), "parts: one query group's streaming builds, no winners");
 static_assert(TF32_STRETCH == 0 || SPLIT_DOCUMENT, "stretches of one accumulator set: the split-document builds");
 // FP32_SPLIT (fp32 at fp32 accuracy, many queries; a module of its own: the fp32_split entry
 // alone): documents on M streaming k and the query atoms, in fp16. Every element is scaled by
@@ -1373,13 +1381,17 @@ struct Consumer : Block {
             doc_has_row |= sHasRow()[parity * WARPS + warpgroup * 4 + w] != 0;
             doc_bad |= sDocBad()[parity * WARPS + warpgroup * 4 + w] != 0;
         }
-        for (int j = warp_in_group; j < group_count; j += 4)
-            warp_finish_document<ARGMAX, SCALED>(
-                args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad,
-                FinishedRows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(),
-                             (BOXES_WITHIN_Q ? j + query_box_shift(warpgroup) : j) * query_length,
-                             SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
-                             (parity * CONSUMER_WARPS + warpgroup * 4) * COLUMN_SLOTS});
+        for (int j = warp_in_group; j < group_count; j += 4) {
+            const FinishedRows rows{sRowMax(), sRowScale(), sRowQuery(), sRowBad(), sRowArg(),
+                                    (BOXES_WITHIN_Q ? j + query_box_shift(warpgroup) : j) * query_length,
+                                    SPLIT_DOCS ? 0 : warpgroup * GROUP_ROWS, parity * BLOCK_ROWS + warpgroup * GROUP_ROWS,
+                                    (parity * CONSUMER_WARPS + warpgroup * 4) * COLUMN_SLOTS};
+            if constexpr (PART_MAXIMA)  // (the "document" is a part: its record, epilogue.cuh)
+                warp_emit_part<SCALED>(args, first_query + group_first + j, finished_doc, lane, doc_has_row, doc_bad, rows);
+            else
+                warp_finish_document<ARGMAX, SCALED>(args, first_query + group_first + j, finished_doc, lane, doc_has_row,
+                                                     doc_bad, rows);
+        }
     }
 
     // A document's maxima are published (by the caller): its warps' flags follow, then the

@@ -119,7 +119,8 @@ def test_argument_structs_match_the_header(struct_name, fields, size):
 
 
 @pytest.mark.parametrize("kernel,filename", [
-    ("maxsim_offsets_summary", "maxsim_offsets.cu"), ("maxsim_topk_select", "maxsim_topk.cu"),
+    ("maxsim_offsets_summary", "maxsim_offsets.cu"), ("maxsim_parts_offsets", "maxsim_parts.cu"),
+    ("maxsim_topk_select", "maxsim_topk.cu"),
     ("maxsim_topk_wide", "maxsim_topk.cu"),
     ("maxsim_topk_finish", "maxsim_topk.cu"), ("maxsim_topk_merge", "maxsim_topk.cu"),
     ("maxsim_quantize", "maxsim_quantize.cu"), ("maxsim_quantize_fp32_split", "maxsim_quantize.cu"),
@@ -131,7 +132,8 @@ def test_small_kernels_parameters_match_their_entries(kernel, filename):
     source = (ROOT / "kernels_cu" / filename).read_text()
     helper = {"maxsim_topk_select": "topk_select", "maxsim_topk_wide": "topk_wide",
               "maxsim_topk_finish": "topk_finish", "maxsim_topk_merge": "topk_merge",
-              "maxsim_offsets_summary": "offsets_summary", "maxsim_quantize": "quantize_rows<T>",
+              "maxsim_offsets_summary": "offsets_summary", "maxsim_parts_offsets": "parts_offsets",
+              "maxsim_quantize": "quantize_rows<T>",
               "maxsim_quantize_fp32_split": "split_rows<false>", "maxsim_split_documents": "split_rows<true>",
               "maxsim_split_exponents": "split_exponent_rows"}[kernel]
     # Each entry is `NAME(parameters) { helper(arguments); }` inside its macro, or the same

@@ -870,3 +870,27 @@ def test_one_query_group_ranges_fill_every_sm(h200_planner):
     # ranges of one size there, and the planner gives it no others.
     docs_on_m = plan(on, "fp16", 12, 128)
     assert docs_on_m.groups == 1 and docs_on_m.long_ranges == docs_on_m.grid_x
+
+
+def test_document_parts():
+    """planner.document_parts: whole documents where every ring reads enough of them (or the
+    tunable is off), else parts enough for about per_ring a ring, at most a part a tile of an
+    average document (whole tiles) and MAX_DOCUMENT_PARTS; the parts of a document as
+    maxsim_parts.cu cuts them (tiles [p T / U, (p + 1) T / U)) cover its tokens once, in order,
+    each part starting on a tile of the whole document."""
+    from cupy_maxsim._plan.forward import MAX_DOCUMENT_PARTS, document_parts
+
+    rings = 132 * 3
+    assert document_parts(1302, 300, 64, rings, 0) == 1  # off
+    assert document_parts(52_083, 300, 64, rings, 16) == 1  # 131 documents a ring
+    assert document_parts(1302, 300, 64, rings, 16) == 5  # fp32 dim 2560: a part a tile (5 tiles)
+    assert document_parts(1302, 300, 64, rings, 8) == 3
+    assert document_parts(813, 300, 64, rings, 4) == 2
+    assert document_parts(10, 100_000, 64, rings, 16) == MAX_DOCUMENT_PARTS
+    assert document_parts(0, 300, 64, rings, 16) == 1
+    for length in (0, 1, 63, 64, 65, 300, 1030):
+        for parts in (2, 3, 5, 32):
+            tiles = -(-length // 64)
+            starts = [min(64 * (p * tiles // parts), length) for p in range(parts)] + [length]
+            assert starts[0] == 0 and all(a <= b for a, b in zip(starts, starts[1:]))
+            assert all(s % 64 == 0 or s == length for s in starts)

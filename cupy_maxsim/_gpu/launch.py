@@ -126,6 +126,7 @@ _function_pointers = Cache("function pointers", limit=1024)
 #: as their entries in kernels_cu/ declare them (tests/test_packaging.py parses and compares).
 SMALL_KERNEL_PARAMETERS = {
     "maxsim_offsets_summary": "QqqiQ",  # offsets, count, stride, is_64bit, summary
+    "maxsim_parts_offsets": "QiqqiiQ",  # offsets, is_64bit, doc_length, num_docs, parts, tile_rows, part_offsets
     "maxsim_topk_select": "QqiiiQQQi",  # scores, row_stride, n, k, segment_length, allowed, positions, chosen, ranked
     "maxsim_topk_wide": "QqiiQQQQ",    # scores, row_stride, n, k, allowed, state, candidates, chosen
     "maxsim_topk_finish": "QqQiqQQQQ",  # scores, row_stride, chosen, k, start, allowed, ids, out_scores, out_ids
@@ -198,6 +199,31 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
         launch(get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary"), (blocks,), (256,),
                scalars("maxsim_offsets_summary", pointer, count, stride, int(is_64bit), summary.data.ptr), 0, stream_ptr)
         return tuple(int(v) for v in summary.get())
+
+
+def part_offsets(offsets, is_64bit: bool, doc_length: int, num_docs: int, parts: int, tile_rows: int, device: int,
+                 stream_ptr: int | None):
+    """The packed offsets (int64, num_docs * parts + 1) of every document's ``parts`` parts of
+    whole ``tile_rows``-row tiles (maxsim_parts.cu): documents at device ``offsets`` (int32 or
+    int64, contiguous), or padded ones of ``doc_length`` tokens back to back (``offsets`` 0)."""
+    import cupy
+
+    with on_device(device), on_stream(stream_ptr):
+        out = cupy.empty(num_docs * parts + 1, cupy.int64)
+        blocks = max(1, min(2 * device_properties(device)[0], -(-out.size // 256)))
+        launch(get_kernel(device, "maxsim_parts", "maxsim_parts_offsets"), (blocks,), (256,),
+               scalars("maxsim_parts_offsets", offsets, int(is_64bit), doc_length, num_docs, parts, tile_rows,
+                       out.data.ptr), 0, stream_ptr)
+        return out
+
+
+def merge_parts(args: bytes, records, parts: int, warps: int, device: int, stream_ptr: int | None) -> None:
+    """The scores of a problem whose documents were scored in ``parts`` parts (maxsim_parts.cu:
+    ``records``, float32, as the forward wrote them), written where ``args`` (its ForwardArgs)
+    says: one warp a (query, document), ``warps`` of them."""
+    blocks = max(1, min(8 * device_properties(device)[0], -(-warps // 8)))
+    launch(get_kernel(device, "maxsim_parts", "maxsim_parts_merge"), (blocks,), (256,),
+           (args, struct.pack("@Q", records.data.ptr), struct.pack("@i", parts)), 0, stream_ptr)
 
 
 #: Threads of a top-k selection block, the keys it keeps in shared memory, and the most

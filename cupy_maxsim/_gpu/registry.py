@@ -61,6 +61,7 @@ FAMILIES = {
               for stage in ("csr_dq", "dd", "fused")),
     ),
     "maxsim_offsets": ("maxsim_offsets.cu", ("maxsim_offsets_summary",)),
+    "maxsim_parts": ("maxsim_parts.cu", ("maxsim_parts_offsets", "maxsim_parts_merge")),
     "maxsim_topk": ("maxsim_topk.cu", ("maxsim_topk_select", "maxsim_topk_wide", "maxsim_topk_finish",
                                      "maxsim_topk_merge")),
     "maxsim_quantize": ("maxsim_quantize.cu",

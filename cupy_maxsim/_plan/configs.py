@@ -115,9 +115,9 @@ class WgmmaConfig:
     #: fp32 at fp32 accuracy as three fp16 products (maxsim_fwd_wgmma.cu, FP32_SPLIT): documents
     #: on M streaming k and the query atoms, the producer splitting the documents' rows itself.
     fp32_split: int = dataclasses.field(default=0, metadata=OPTIONAL)
-    #: fp32 one query (tf32 1): atoms a stretch of one accumulator set takes before its adds
-    #: (maxsim_fwd_wgmma.cu, TF32_STRETCH); 0: two sets, a fresh one each atom.
+    #: fp32 one query (tf32 1): atoms a stretch of one accumulator set takes (TF32_STRETCH); 0: two sets.
     tf32_stretch: int = dataclasses.field(default=0, metadata=OPTIONAL)
+    part_maxima: int = dataclasses.field(default=0, metadata=OPTIONAL)  # split streaming: a record a part (PART_MAXIMA)
 
     @property
     def threads(self) -> int:

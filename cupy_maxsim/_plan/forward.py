@@ -39,6 +39,7 @@ class ForwardShape(typing.NamedTuple):
     packed: bool
     load_bytes: int = 16  # every row start's alignment (load_alignment)
     ragged: bool = False  # packed documents of unequal lengths
+    part_maxima: bool = False  # the documents are parts of documents: a record each (document_parts)
 
 
 class KernelChoice(typing.NamedTuple):
@@ -109,7 +110,7 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
     """The tensor-core kernel and tile configuration of ``shape`` on a device of
     ``properties`` (gpu.device.device_properties), or None (the CUDA-core kernel)."""
     sm_count, smem_limit, smem_per_sm, capability, l2_bytes = properties
-    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed, load_bytes, ragged = shape
+    suffix, num_queries, query_length, dim, num_docs, pairs, argmax, mean_doc_length, packed, load_bytes, ragged = shape[:11]
     ksteps = -(-dim * ITEMSIZE[suffix] // 32)  # k-steps are 32 bytes
     corpus_elements = num_docs * mean_doc_length * dim
     scaled = SUFFIX_FORMAT[suffix].scaled  # int8: the Hopper kernel's int8 entry rules (configs)
@@ -153,6 +154,8 @@ def choose_kernel(shape: ForwardShape, properties: tuple, tunables: Tunables) ->
             # One query at a fat dim (or fp32): the documents' atoms streamed through the split rings.
             config = wgmma_stream_config(ksteps, argmax, tunables, tf32,
                                          stream_queries=load_bytes == 16 and tunables.use_tma)
+            if config is not None and shape.part_maxima:
+                config = dataclasses.replace(config, part_maxima=1)
         # Queries of more rows than one query's half rows but too few for documents on M (two
         # to four of 32 tokens) at a fat dim: documents on M all the same, in two warpgroups
         # though the queries fill one (the other's MMAs run on rows no score reads), not
@@ -238,6 +241,25 @@ def balanced_ranges(num_docs: int, blocks: int) -> tuple[int, int, int]:
     ranges = max(1, min(num_docs, blocks))
     per = max(1, -(-num_docs // ranges))  # (no documents: one empty range)
     return per, ranges, num_docs - (per - 1) * ranges
+
+
+#: The most parts a document is scored in (maxsim_parts.cu reads a document's parts' flags in
+#: one warp's lanes).
+MAX_DOCUMENT_PARTS = 32
+
+
+def document_parts(num_docs: int, mean_doc_length: float, tile_rows: int, rings: int, per_ring: int) -> int:
+    """Parts a document is scored in (Tunables.document_parts_per_ring) where one query group's
+    ``rings`` split rings (every block's, one wave) would read fewer than ``per_ring`` documents
+    each: enough parts for about ``per_ring`` a ring, at most one a tile of an average document
+    (a part is whole ``tile_rows``-row tiles, so that every tile's rows are the whole
+    document's), or 1: whole documents. A block's last document, read by one ring alone while
+    the block's others idle, was the tail of fat-dim calls: fp32 dim 2560, 1,302 documents over
+    396 rings, 0.92 of the floor on an H100 (bench/results/cliffs-2026-12-07-feb99fb-*)."""
+    if per_ring <= 0 or num_docs <= 0 or num_docs >= per_ring * rings:
+        return 1
+    tiles = max(1, -(-int(mean_doc_length) // tile_rows))
+    return max(1, min(-(-per_ring * rings // num_docs), tiles, MAX_DOCUMENT_PARTS))
 
 
 def geometry(shape: ForwardShape, choice: KernelChoice, resident: int, properties: tuple,

@@ -83,8 +83,8 @@ def compile_variants() -> list[tuple[str, tuple[str, ...]]]:
     kernel too), with and without the argmax;
     the tensor-core forwards' with their shared memory checked. (tests/test_planners.py holds
     the planners to this list over a grid of shapes.)"""
-    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ()), ("maxsim_topk", ()),
-                ("maxsim_quantize", ())]
+    variants = [("maxsim_fwd_simt", ()), ("maxsim_bwd", DEFAULT.bwd_defines), ("maxsim_offsets", ()), ("maxsim_parts", ()),
+                ("maxsim_topk", ()), ("maxsim_quantize", ())]
 
     def add(family, config):
         for staged in ([config] if family != "maxsim_fwd" else
@@ -196,7 +196,8 @@ def _docs_on_m_configs(ksteps: int, tunables) -> list:
 def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
     """The builds opt-in tunables ask for beyond :func:`compile_variants` (documents on M in
     turns: Tunables.wgmma_turns; fp32 one query in two accumulator sets or in stretches of four
-    atoms: Tunables.wgmma_tf32_stretch 0 or 4; its documents on M: wgmma_tf32_doc_rows), as the compile checks take them: compiled in CI,
+    atoms: Tunables.wgmma_tf32_stretch 0 or 4; its documents on M: wgmma_tf32_doc_rows; documents
+    in parts: document_parts_per_ring), as the compile checks take them: compiled in CI,
     not prebuilt while the tunable is at its default."""
     turned = replace(DEFAULT, wgmma_turns=True)
     listed = set(compile_variants())
@@ -211,6 +212,11 @@ def tunable_variants() -> list[tuple[str, tuple[str, ...]]]:
                 for doc_rows in (False, True)  # ... or, where they fit, its documents on M
                 for capacity in WGMMA_STREAM_CAPACITIES + (WGMMA_STREAM_QUERY_CAPACITY,) for argmax in (False, True)
                 for streamed in ((True,) if capacity == WGMMA_STREAM_QUERY_CAPACITY else (False,))]
+    # Documents in parts (Tunables.document_parts_per_ring): the one-query streaming builds the
+    # planner takes by default, without winners, writing a part's record.
+    configs += [replace(config, part_maxima=1)
+                for tf32 in (0, 1) for capacity in WGMMA_STREAM_CAPACITIES + (WGMMA_STREAM_QUERY_CAPACITY,)
+                for config in [wgmma_stream_config(capacity, 0, DEFAULT, tf32, stream_queries=True)] if config]
     for config in configs:
         found.setdefault(("maxsim_fwd_wgmma", _checked(config)), None)
     return [variant for variant in found if variant not in listed]
