@@ -100,6 +100,29 @@ def unequal_ranges():
     cupy.cuda.Device().synchronize()
 
 
+def document_parts():
+    """One query at fat dims scored in parts (Tunables.document_parts_per_ring;
+    maxsim_parts.cu): fp32 at dims 300 / 1000 / 2560, fp16 and int8, padded and packed tokens
+    (empty documents, documents shorter than a part) ending where their allocation does
+    (``python bench/sanitize_forward.py parts``)."""
+    from cupy_maxsim import tuning
+
+    with tuning.override(document_parts_per_ring=16):
+        for dtype, dim in ((cupy.float32, 300), (cupy.float32, 1000), (cupy.float32, 2560), (cupy.float16, 2560)):
+            q, d = rows((1, 32, dim), dtype), rows((30, 130, dim), dtype)
+            cm.score(q, d)
+            offsets = cupy.asarray(np.r_[0, 0, np.cumsum(rng.integers(0, 200, 29))], dtype=cupy.int64)
+            cm.score_packed(q, rows((int(offsets[-1]), dim), dtype), offsets)
+        qv, qs = cm.quantize_int8(rows((1, 32, 640), cupy.float32))
+        dv, ds = cm.quantize_int8(rows((30, 130, 640), cupy.float32))
+        cm.score(qv, dv, q_scale=qs, d_scale=ds)
+    cupy.cuda.Device().synchronize()
+
+
+if sys.argv[1:] == ["parts"]:
+    document_parts()
+    print("sanitize_forward parts: done")
+    sys.exit()
 if sys.argv[1:] == ["tf32"]:
     one_fp32_query()
     print("sanitize_forward tf32: done")
@@ -333,5 +356,7 @@ document_halves()
 print("sanitize_forward halves: done")
 unequal_ranges()
 print("sanitize_forward ranges: done")
+document_parts()
+print("sanitize_forward parts: done")
 # Search's selection kernel (maxsim_topk.cu), also alone: python bench/sanitize_search.py
 import sanitize_search  # noqa: E402,F401
