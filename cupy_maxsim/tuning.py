@@ -43,18 +43,23 @@ class Tunables:
     wgmma_idle_groups: bool = True
     #: One query group: a block an SM, ranges differing by at most one document
     #: (_plan/forward.balanced_ranges); off: ranges of one size, ceil(documents / ranges), as
-    #: persistent_chunks fills the wave (813 documents: 117 blocks of 7, 15 SMs idle). Off until
-    #: it has run on a GPU (written in session 52, when no machine came): predicted fp32 dim 4096,
-    #: one query against 4 GB, 0.85 -> about 0.93 of the floor; on for the A/B
-    #: (bench/ab_tunables.py --variant on:balanced_ranges=1) and the GPU tests.
+    #: persistent_chunks fills the wave (813 documents: 117 blocks of 7, 15 SMs idle). Off:
+    #: measured slower (H100, fp32 one query against 4 GB: dim 4096 1.558 -> 1.702 ms, 2560
+    #: 1.430 -> 1.445; bench/results/ab-tunables-2026-12-07-025004b-parts-h100.txt). What the
+    #: 15 idle SMs cost is less than the tail it makes: 21 blocks of 7 whose seventh document one
+    #: ring reads alone while the other 111 blocks are done, where 117 blocks of 7 all end so.
     balanced_ranges: bool = False
     #: One query group at fat dims (the split rings streaming k) over a corpus of so few
     #: documents that a ring reads fewer than this many: each document is scored in parts of
     #: whole tiles, enough for about this many a ring (_plan/forward.document_parts; the forward
     #: writes a record a part and maxsim_parts.cu merges them into the scores), so that no ring
     #: reads a whole fat document alone at the end (fp32 dim 2560, one query against 4 GB: 1,302
-    #: documents over 396 rings, 0.92 of the floor on an H100). 0: whole documents. Off until it
-    #: has run on a GPU (written in session 53); predicted 2560 0.92 -> about 0.98.
+    #: documents over 396 rings, 0.92 of the floor on an H100). 0: whole documents. Measured at 16
+    #: (H100, fp32 one query against 4 GB): GPU time 1.430 -> 1.378 ms at dim 2560, 1.558 -> 1.401
+    #: at 4096 (flash-maxsim 1.319 / 1.500; bench/results/ab-tunables-2026-12-07-025004b-parts-h100.txt),
+    #: the scores the whole documents' bit for bit; off until its host time is cut: the parts'
+    #: offsets, records, second plan and merge launch cost 235-483 us a call against 60-130 us, more
+    #: than the GPU time it saves at 2560 for a call waited on.
     document_parts_per_ring: int = 0
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
