@@ -254,10 +254,11 @@ def _split_documents(problem: ScoreProblem, stream):
         return split_documents(*_document_rows(problem))
 
 
-def _document_parts(problem: ScoreProblem, plan: ForwardPlan, tunables: Tunables, winners) -> int:
-    """Parts each document of ``problem`` is scored in (planner.document_parts; 1: whole): one
-    query group's split rings streaming k, without winners, over documents without a mask that
-    read as packed tokens in place (padded ones back to back; int8 scales likewise)."""
+def _document_parts(problem: ScoreProblem, plan: ForwardPlan, tunables: Tunables, winners, mean_length: float) -> int:
+    """Parts each document of ``problem`` (``mean_length`` tokens on average) is scored in
+    (planner.document_parts; 1: whole): one query group's split rings streaming k, without
+    winners, over documents without a mask that read as packed tokens in place (padded ones
+    back to back; int8 scales likewise)."""
     if not (plan.rings and tunables.document_parts_per_ring and winners is None and problem.d_mask is None
             and plan.groups == 1 and not problem.pairs):
         return 1
@@ -267,16 +268,16 @@ def _document_parts(problem: ScoreProblem, plan: ForwardPlan, tunables: Tunables
     else:
         in_place = problem.doc_stride == problem.doc_length * d.strides[1] and (
             d_scale is None or d_scale.strides[0] == problem.doc_length * d_scale.strides[1])
-    mean_length = d.shape[0] / problem.num_docs if offsets is not None else problem.doc_length
     return planner.document_parts(problem.num_docs, mean_length, plan.tile_rows, plan.rings,
                                   tunables.document_parts_per_ring) if in_place else 1
 
 
-def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_rows: int, out_ptr: int, stream) -> None:
+def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_rows: int, values: dict, stream) -> None:
     """``problem`` scored as ``parts`` parts of whole tiles a document (_document_parts): the
     parts' offsets (launch.part_offsets), the forward over them as packed documents writing a
     record a part (maxsim_fwd_wgmma.cu, PART_MAXIMA), and the records merged into the scores
-    at ``out_ptr`` (launch.merge_parts), on ``stream``."""
+    where ``values`` (the problem's argument_values, no winners) says (launch.merge_parts), on
+    ``stream``."""
     import cupy
 
     from ._gpu.launch import merge_parts, part_offsets
@@ -294,7 +295,7 @@ def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_ro
     with gpu_device.on_stream(stream):
         records = cupy.empty((num_queries, count, query_length + 1), cupy.float32)
     _launch(part_problem, tunables, records.data.ptr, None, stream, None, part_maxima=True)
-    merge_parts(forward_args(**argument_values(problem, out_ptr, None)), records, parts,
+    merge_parts(forward_args(**values), records, parts,
                 num_queries * problem.num_docs, d.device, stream)
 
 
@@ -312,9 +313,9 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         plan = _plan_of((q.device,) + fields + (alignment, problem.ragged, part_maxima, tunables)) if alignment else None
         if part_maxima and (plan is None or not plan.part_maxima):  # (_launch_parts asks only where it can)
             raise RuntimeError("document parts planned without a build that writes their records")
-        parts = 1 if plan is None or part_maxima else _document_parts(problem, plan, tunables, winners)
+        parts = 1 if plan is None or part_maxima else _document_parts(problem, plan, tunables, winners, fields[7])
         if parts > 1:
-            return _launch_parts(problem, tunables, parts, plan.tile_rows, out_ptr, stream)
+            return _launch_parts(problem, tunables, parts, plan.tile_rows, values, stream)
         if plan is None:
             simt = planner.simt_plan(suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
             kernel = gpu_compile.get_kernel(q.device, "maxsim_fwd_simt", simt.name, (), simt.shared)
