@@ -96,7 +96,7 @@ def _shape_fields(problem: ScoreProblem) -> tuple:
 def run(problem: ScoreProblem, tunables: Tunables, record: list | None = None):
     """Allocate the scores (and the winners, where wanted) in the caller's framework and run
     the forward on its stream. ``record``: a list that gets what a replay of this call needs
-    (the plan, the argument values, the tile map's shape: see _replay.py)."""
+    (the plan, the argument values, the tile map's shape, a PartsRecord or None: see _replay.py)."""
     like = problem.like
     output = _arrays.Output(like)
     shape = problem.shape
@@ -272,12 +272,25 @@ def _document_parts(problem: ScoreProblem, plan: ForwardPlan, tunables: Tunables
                                   tunables.document_parts_per_ring) if in_place else 1
 
 
-def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_rows: int, values: dict, stream) -> None:
+class PartsRecord(typing.NamedTuple):
+    """What a replay of a call scored in parts (_launch_parts) needs beside the parts' forward:
+    the parts' offsets (fixed for a replay's key: padded documents' shape, or an Index's stored
+    offsets), the merge's argument values (the problem's: its scores' pointer and strides), the
+    parts a document and the records' floats."""
+
+    starts: object
+    merge_values: dict
+    parts: int
+    record_floats: int
+
+
+def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_rows: int, values: dict, stream,
+                  record: list | None) -> None:
     """``problem`` scored as ``parts`` parts of whole tiles a document (_document_parts): the
     parts' offsets (launch.part_offsets), the forward over them as packed documents writing a
     record a part (maxsim_fwd_wgmma.cu, PART_MAXIMA), and the records merged into the scores
     where ``values`` (the problem's argument_values, no winners) says (launch.merge_parts), on
-    ``stream``."""
+    ``stream``. ``record``: as _launch's; it gets the parts' forward's entry with a PartsRecord."""
     import cupy
 
     from ._gpu.launch import merge_parts, part_offsets
@@ -292,11 +305,14 @@ def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_ro
         d=d.with_changes(shape=(tokens, dim), strides=d.strides[-2:]), offsets=_arrays.as_operand(starts, "offsets"),
         d_scale=None if d_scale is None else d_scale.with_changes(shape=(tokens,), strides=d_scale.strides[-1:]),
         num_docs=count, shape=(num_queries, count), doc_length=0, doc_stride=0, ragged=True)
+    record_floats = num_queries * count * (query_length + 1)
     with gpu_device.on_stream(stream):
-        records = cupy.empty((num_queries, count, query_length + 1), cupy.float32)
-    _launch(part_problem, tunables, records.data.ptr, None, stream, None, part_maxima=True)
-    merge_parts(forward_args(**values), records, parts,
-                num_queries * problem.num_docs, d.device, stream)
+        records = cupy.empty(record_floats, cupy.float32)
+    parts_record = None if record is None else []
+    _launch(part_problem, tunables, records.data.ptr, None, stream, parts_record, part_maxima=True)
+    merge_parts(forward_args(**values), records, parts, num_queries * problem.num_docs, d.device, stream)
+    if parts_record:
+        record.append(parts_record[0][:-1] + (PartsRecord(starts, dict(values), parts, record_floats),))
 
 
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record,
@@ -315,7 +331,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
             raise RuntimeError("document parts planned without a build that writes their records")
         parts = 1 if plan is None or part_maxima else _document_parts(problem, plan, tunables, winners, fields[7])
         if parts > 1:
-            return _launch_parts(problem, tunables, parts, plan.tile_rows, values, stream)
+            return _launch_parts(problem, tunables, parts, plan.tile_rows, values, stream, record)
         if plan is None:
             simt = planner.simt_plan(suffix, num_queries, dim, problem.num_docs, problem.pairs, properties)
             kernel = gpu_compile.get_kernel(q.device, "maxsim_fwd_simt", simt.name, (), simt.shared)
@@ -377,7 +393,7 @@ def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, st
         # not the plan of those calls, and is not recorded.
         if record is not None and plan.groups <= 65535 and (q.ptr | d.ptr) % 16 == 0 and split is None:
             record.append((plan, dict(values), map_shape, None if tile_map is None or scales is None else scales[1:],
-                           query_shape))
+                           query_shape, None))
         out_item = 8 if q.dtype == "float64" else 4
         out_query_stride = values["out_query_stride"]
         for first in range(0, plan.groups, 65535):  # grid.y is limited to 65535 query groups

@@ -84,7 +84,7 @@ class Replay:
 
     def __init__(self, like, shape: tuple, dtype: str, argmax_dtype: str | None, plan, values: dict,
                  tile_map_shape: tuple | None, use_tma: bool, scale_strides: tuple | None = None,
-                 query_map_shape: tuple | None = None):
+                 query_map_shape: tuple | None = None, parts=None):
         self.like, self.shape, self.dtype = like, shape, dtype
         self.argmax_dtype, self.argmax_shape = argmax_dtype, shape + (like.shape[-2],)
         self.plan, self.tile_map_shape, self.use_tma = plan, tile_map_shape, use_tma
@@ -100,14 +100,22 @@ class Replay:
                                 0 if tile_map_shape is None else tma.DOC_TILE_MAP_BYTES)
         self.launch = gpu_launch.PreparedLaunch(plan.kernel, (plan.grid_x, plan.groups), (plan.threads,),
                                                 plan.shared, arguments)
+        # Documents scored in parts (_forward._launch_parts; ``parts``: its PartsRecord): the
+        # launch above writes the parts' records, and the merge's launch the scores.
+        self.parts = parts
+        if parts is not None:
+            merge_values = parts.merge_values
+            merge = ArgTemplate(forward_args, [merge_values[name] for name, _ in FORWARD_ARGS], FORWARD_HEAD, 16)
+            warps = math.prod(shape)
+            self.merge = gpu_launch.PreparedLaunch(*gpu_launch.merge_parts_launch(like.device, warps), 0, merge)
 
     @classmethod
     def recorded(cls, problem, tunables, record: tuple) -> "Replay":
         """The replay of a general-path call of ``problem`` under ``tunables`` from what
         _forward.run recorded of it (``record``: one entry of its ``record`` list)."""
-        plan, values, map_shape, scale_strides, query_shape = record
+        plan, values, map_shape, scale_strides, query_shape, parts = record
         return cls(problem.like.with_changes(ptr=0, keepalive=None), problem.shape, problem.result_dtype,
-                   problem.argmax_dtype, plan, values, map_shape, tunables.use_tma, scale_strides, query_shape)
+                   problem.argmax_dtype, plan, values, map_shape, tunables.use_tma, scale_strides, query_shape, parts)
 
     def with_backward(self, template) -> "Replay":
         """This replay of a forward with winners, answering (scores, the backward plan of the
@@ -153,7 +161,13 @@ class Replay:
                 queries = None if self.query_map_shape is None else (q_ptr,) + self.query_map_shape
                 tile_map = tma.doc_tile_map(d_ptr, *self.tile_map_shape, scales=scales, use_tma=self.use_tma,
                                             queries=queries)
-            self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr) + extra_ptrs, stream, tile_map)
+            if self.parts is None:
+                self.launch((q_ptr, d_ptr, out_ptr, argmax_ptr) + extra_ptrs, stream, tile_map)
+            else:  # (the records live to both launches' end: the allocators keep the stream's order)
+                records, records_ptr = output.empty((self.parts.record_floats,), "float32")
+                self.launch((q_ptr, d_ptr, records_ptr, 0) + extra_ptrs, stream, tile_map)
+                self.merge((q_ptr, d_ptr, out_ptr, 0) + extra_ptrs, stream,
+                           gpu_launch.part_records(records_ptr, self.parts.parts))
         if self.argmax_dtype is None:
             return output.wrap(result)
         return output.wrap(result), plan if plan is not None else output.wrap(argmax)

@@ -65,6 +65,13 @@ __device__ __forceinline__ void parts_merge(const ForwardArgs& args, const float
     }
 }
 
+// The merge's second argument, one struct (a prepared launch's arguments are ForwardArgs and one
+// struct after it: _gpu/args.ArgTemplate; _gpu/launch.part_records packs it).
+struct PartRecords {
+    const float* records;
+    int parts;
+};
+
 // THREADS: the block size _gpu/launch launches these with.
 #define MAXSIM_PARTS_ENTRY(NAME, THREADS)                                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS) NAME(const void* offsets, int is_64bit, i64 doc_length, \
@@ -73,9 +80,8 @@ __device__ __forceinline__ void parts_merge(const ForwardArgs& args, const float
         parts_offsets(offsets, is_64bit, doc_length, num_docs, parts, tile_rows, part_offsets);                \
     }
 #define MAXSIM_MERGE_ENTRY(NAME, THREADS)                                                                     \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const ForwardArgs args, const float* records,    \
-                                                               int parts) {                                   \
-        parts_merge(args, records, parts);                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const ForwardArgs args, const PartRecords parts) { \
+        parts_merge(args, parts.records, parts.parts);                                                        \
     }
 MAXSIM_PARTS_ENTRY(maxsim_parts_offsets, 256)
 MAXSIM_MERGE_ENTRY(maxsim_parts_merge, 256)

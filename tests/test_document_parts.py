@@ -115,3 +115,47 @@ def test_search_over_parts(monkeypatch):
     assert launches == 1
     for a, b in zip(in_parts, whole):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+
+
+def test_repeated_calls_replay_the_parts(monkeypatch):
+    """A repeated call in parts replays its recording (_replay.Replay with the parts' offsets
+    kept, the parts' forward and the merge as prepared launches): no general path, and each call's
+    own documents' scores, bit for bit the whole documents'."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    q = torch.from_numpy(unit_rows(rng, (1, 32, 2560), np.float32)).cuda()
+    first, second = (torch.from_numpy(unit_rows(rng, (24, 260, 2560), np.float32)).cuda() for _ in range(2))
+    launches = count_calls(monkeypatch, _forward, "_launch_parts")
+    with tuning.override(**PARTS_ON):
+        recorded = cm.score(q, first)
+        assert len(launches) == 1
+        runs = count_calls(monkeypatch, _forward, "run")
+        replayed = [cm.score(q, d) for d in (second, first)]
+    assert len(launches) == 1 and not runs
+    with tuning.override(document_parts_per_ring=0):
+        whole = [cm.score(q, d) for d in (second, first)]
+    for a, b in zip(replayed + [recorded], whole + whole[1:]):
+        _assert_same(a, b)
+
+
+def test_index_search_replays_the_parts(monkeypatch):
+    """An Index's repeated search in parts (its packed store: the parts' offsets of its
+    offsets, kept for the store's version) answers as the whole documents' search."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 400, 30)
+    docs = [unit_rows(rng, (n, 2048), np.float32) for n in lengths]
+    queries = [torch.from_numpy(unit_rows(rng, (1, 32, 2048), np.float32)).cuda() for _ in range(3)]
+    index = cm.Index(2048, dtype="float32", device="cuda")
+    index.add(docs)
+    launches = count_calls(monkeypatch, _forward, "_launch_parts")
+    with tuning.override(**PARTS_ON):
+        in_parts = [index.search(q, 7) for q in queries]
+    assert len(launches) == 1  # (the first search; the others replayed)
+    with tuning.override(document_parts_per_ring=0):
+        whole = [index.search(q, 7) for q in queries]
+    for a, b in zip(in_parts, whole):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(to_numpy(x), to_numpy(y))

@@ -3,6 +3,7 @@ configurations, Hopper tile rows, TMA fall-backs, and the GPU paths' host logic 
 properties with kernels, launches and outputs stubbed (support.stubbed_gpu)."""
 
 import dataclasses
+import struct
 import types
 
 import numpy as np
@@ -310,6 +311,25 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     del launches[1:]
 
     assert replay(q, device_array(0x200002)) is None and len(launches) == 1  # documents 2 bytes off alignment
+
+    # Documents scored in parts (_forward.PartsRecord): the recorded launch writes the parts'
+    # records into scratch of the recorded size, then the merge's launch (the problem's own
+    # arguments, its pointers patched in) folds them into the scores.
+    monkeypatch.setattr(gpu_launch, "merge_parts_launch", lambda device, warps: ("merge", (warps,), (256,)))
+    merge_values = {name: 5000 + k for k, name in enumerate(names)}
+    parts = _forward.PartsRecord(starts=None, merge_values=merge_values, parts=5, record_floats=5_000 * 33)
+    launches.clear()
+    plan = _forward.mma_plan(0, shape, DEFAULT)  # (the name held the backward's plan above)
+    result = _replay.Replay(like, (1_000,), "float32", None, plan, values, tile_map_shape, True, None, None,
+                            parts)(q, d)
+    (forward, merge) = launches
+    sent = dict(zip(names, gpu_args.forward_args.layout.unpack(forward[3][0])))
+    records_ptr, parts_sent = struct.unpack("@Qi4x", merge[3][1])
+    assert sent == dict(values, q=0x10000, d=0x200000, out=records_ptr, argmax=0, **no_extras) and parts_sent == 5
+    assert merge[:3] == ("merge", (1_000,), (256,)) and merge[4:] == (0, None)
+    merged = dict(zip(names, gpu_args.forward_args.layout.unpack(merge[3][0])))
+    assert merged == dict(merge_values, q=0x10000, d=0x200000, out=result.ctypes.data, argmax=0, **no_extras)
+    assert result.shape == (1_000,) and result.dtype == np.float32
 
 
 class _FakeCupyArray:

@@ -221,9 +221,21 @@ def merge_parts(args: bytes, records, parts: int, warps: int, device: int, strea
     """The scores of a problem whose documents were scored in ``parts`` parts (maxsim_parts.cu:
     ``records``, float32, as the forward wrote them), written where ``args`` (its ForwardArgs)
     says: one warp a (query, document), ``warps`` of them."""
+    kernel, grid, block = merge_parts_launch(device, warps)
+    launch(kernel, grid, block, (args, part_records(records.data.ptr, parts)), 0, stream_ptr)
+
+
+def merge_parts_launch(device: int, warps: int) -> tuple:
+    """(kernel, grid, block) of maxsim_parts_merge over ``warps`` (query, document) pairs on
+    ``device``: merge_parts's, and a replay's prepared launch (_replay.Replay)."""
     blocks = max(1, min(8 * device_properties(device)[0], -(-warps // 8)))
-    launch(get_kernel(device, "maxsim_parts", "maxsim_parts_merge"), (blocks,), (256,),
-           (args, struct.pack("@Q", records.data.ptr), struct.pack("@i", parts)), 0, stream_ptr)
+    return get_kernel(device, "maxsim_parts", "maxsim_parts_merge"), (blocks,), (256,)
+
+
+def part_records(records_ptr: int, parts: int) -> bytes:
+    """maxsim_parts_merge's second argument (PartRecords: the records' pointer, the parts a
+    document), padded to its 16 bytes."""
+    return struct.pack("@Qi4x", records_ptr, parts)
 
 
 #: Threads of a top-k selection block, the keys it keeps in shared memory, and the most
