@@ -185,6 +185,12 @@ def _pointer(array) -> int:
     return 0 if array is None else array.data.ptr
 
 
+def strided_blocks(device: int, items: int, per_block: int, per_sm: int) -> int:
+    """Blocks of a grid-strided small kernel over ``items`` (``per_block`` a block a pass): one
+    pass where that takes at most ``per_sm`` blocks an SM, else that many (at least one)."""
+    return max(1, min(per_sm * device_properties(device)[0], -(-items // per_block)))
+
+
 def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, device: int,
                     stream_ptr: int | None) -> tuple[int, int, int, int]:
     """(first, last, number of decreasing steps, longest step) of ``count`` device-resident
@@ -195,7 +201,7 @@ def offsets_summary(pointer: int, count: int, stride: int, is_64bit: bool, devic
 
     with on_device(device), on_stream(stream_ptr):
         summary = cupy.zeros(4, cupy.int64)
-        blocks = max(1, min(2 * device_properties(device)[0], -(-(count - 1) // 256)))
+        blocks = strided_blocks(device, count - 1, 256, per_sm=2)
         launch(get_kernel(device, "maxsim_offsets", "maxsim_offsets_summary"), (blocks,), (256,),
                scalars("maxsim_offsets_summary", pointer, count, stride, int(is_64bit), summary.data.ptr), 0, stream_ptr)
         return tuple(int(v) for v in summary.get())
@@ -210,7 +216,7 @@ def part_offsets(offsets, is_64bit: bool, doc_length: int, num_docs: int, parts:
 
     with on_device(device), on_stream(stream_ptr):
         out = cupy.empty(num_docs * parts + 1, cupy.int64)
-        blocks = max(1, min(2 * device_properties(device)[0], -(-out.size // 256)))
+        blocks = strided_blocks(device, out.size, 256, per_sm=2)
         launch(get_kernel(device, "maxsim_parts", "maxsim_parts_offsets"), (blocks,), (256,),
                scalars("maxsim_parts_offsets", offsets, int(is_64bit), doc_length, num_docs, parts, tile_rows,
                        out.data.ptr), 0, stream_ptr)
@@ -228,7 +234,7 @@ def merge_parts(args: bytes, records, parts: int, warps: int, device: int, strea
 def merge_parts_launch(device: int, warps: int) -> tuple:
     """(kernel, grid, block) of maxsim_parts_merge over ``warps`` (query, document) pairs on
     ``device``: merge_parts's, and a replay's prepared launch (_replay.Replay)."""
-    blocks = max(1, min(8 * device_properties(device)[0], -(-warps // 8)))
+    blocks = strided_blocks(device, warps, 8, per_sm=8)
     return get_kernel(device, "maxsim_parts", "maxsim_parts_merge"), (blocks,), (256,)
 
 
