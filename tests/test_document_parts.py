@@ -141,13 +141,14 @@ def test_repeated_calls_replay_the_parts(monkeypatch):
 
 def test_index_search_replays_the_parts(monkeypatch):
     """An Index's repeated search in parts (its packed store: the parts' offsets of its
-    offsets, kept for the store's version) answers as the whole documents' search."""
-    import torch
+    offsets, kept for the store's version) answers as the whole documents' search. (CuPy
+    queries: an Index replays searches of its own store's type.)"""
+    import cupy
 
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 400, 30)
     docs = [unit_rows(rng, (n, 2048), np.float32) for n in lengths]
-    queries = [torch.from_numpy(unit_rows(rng, (1, 32, 2048), np.float32)).cuda() for _ in range(3)]
+    queries = [cupy.asarray(unit_rows(rng, (1, 32, 2048), np.float32)) for _ in range(3)]
     index = cm.Index(2048, dtype="float32", device="cuda")
     index.add(docs)
     launches = count_calls(monkeypatch, _forward, "_launch_parts")
