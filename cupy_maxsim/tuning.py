@@ -57,9 +57,10 @@ class Tunables:
     #: documents over 396 rings, 0.92 of the floor on an H100). 0: whole documents. Measured at 16
     #: (H100, fp32 one query against 4 GB): GPU time 1.430 -> 1.378 ms at dim 2560, 1.558 -> 1.401
     #: at 4096 (flash-maxsim 1.319 / 1.500; bench/results/ab-tunables-2026-12-07-025004b-parts-h100.txt),
-    #: the scores the whole documents' bit for bit; off until its host time is cut: the parts'
-    #: offsets, records, second plan and merge launch cost 235-483 us a call against 60-130 us, more
-    #: than the GPU time it saves at 2560 for a call waited on.
+    #: the scores the whole documents' bit for bit. Replayed (session 54), a call costs 83-97 us
+    #: of host time against 69-80 whole (235-483 before); off until a rule keeps thin documents
+    #: whole: they lose in parts (dim 768 1.321 -> 1.377 ms, fp16 dim 2560 1.294 -> 1.367;
+    #: bench/results/ab-tunables-2026-12-07-409c237-parts-replay-h100.txt).
     document_parts_per_ring: int = 0
     #: Documents on M: at most this many consumer warpgroups (2 or 3; 0: as many as the queries
     #: fill, up to three): 32 queries of 32 tokens in two are four groups of eight, no padding.
