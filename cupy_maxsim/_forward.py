@@ -291,8 +291,6 @@ def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_ro
     record a part (maxsim_fwd_wgmma.cu, PART_MAXIMA), and the records merged into the scores
     where ``values`` (the problem's argument_values, no winners) says (launch.merge_parts), on
     ``stream``. ``record``: as _launch's; it gets the parts' forward's entry with a PartsRecord."""
-    import cupy
-
     from ._gpu.launch import merge_parts, part_offsets
 
     q, d, d_scale, offsets = problem.q, problem.d, problem.d_scale, problem.offsets
@@ -306,11 +304,11 @@ def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_ro
         d_scale=None if d_scale is None else d_scale.with_changes(shape=(tokens,), strides=d_scale.strides[-1:]),
         num_docs=count, shape=(num_queries, count), doc_length=0, doc_stride=0, ragged=True)
     record_floats = num_queries * count * (query_length + 1)
-    with gpu_device.on_stream(stream):
-        records = cupy.empty(record_floats, cupy.float32)
+    # (in the caller's framework, as the scores: its allocator keeps them to the merge's end)
+    records, records_ptr = _arrays.Output(problem.like).empty((record_floats,), "float32")
     parts_record = None if record is None else []
-    _launch(part_problem, tunables, records.data.ptr, None, stream, parts_record, part_maxima=True)
-    merge_parts(forward_args(**values), records, parts, num_queries * problem.num_docs, d.device, stream)
+    _launch(part_problem, tunables, records_ptr, None, stream, parts_record, part_maxima=True)
+    merge_parts(forward_args(**values), records_ptr, parts, num_queries * problem.num_docs, d.device, stream)
     if parts_record:
         record.append(parts_record[0][:-1] + (PartsRecord(starts, dict(values), parts, record_floats),))
 

@@ -260,12 +260,13 @@ def _stub_split_documents(problem, stream):
 
 @contextlib.contextmanager
 def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launch=None, doc_tile_map=None,
-             offsets_summary=None):
+             offsets_summary=None, part_offsets=None):
     """The seam between the library's host logic and the GPU, stubbed for tests without one:
     device ``properties`` (gpu.device.device_properties' tuple), kernels from ``get_kernel``,
-    launches (general and prepared), the current device, tensor maps and the packed offsets'
-    check where given, results in host memory (HostOutput). Every cache is emptied on entry
-    and on exit, so that no plan holding a stub kernel outlives the block."""
+    launches (general and prepared), the current device, tensor maps, the packed offsets' check
+    and the document parts' offsets where given, results in host memory (HostOutput). Every
+    cache is emptied on entry and on exit, so that no plan holding a stub kernel outlives the
+    block."""
     from cupy_maxsim import _arrays, _cache, _forward
     from cupy_maxsim._gpu import compile as gpu_compile
     from cupy_maxsim._gpu import device as gpu_device
@@ -279,9 +280,13 @@ def stub_gpu(monkeypatch, properties, *, get_kernel, launch=None, prepared_launc
     monkeypatch.setattr(gpu_device, "device_properties", lambda device: properties)
     monkeypatch.setattr(gpu_device, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(gpu_compile, "get_kernel", get_kernel)
+    # (launch.py's small-kernel wrappers hold their own names of both)
+    monkeypatch.setattr(gpu_launch, "get_kernel", get_kernel)
+    monkeypatch.setattr(gpu_launch, "device_properties", lambda device: properties)
     monkeypatch.setattr(_arrays, "Output", HostOutput)
     for owner, name, stub in ((gpu_launch, "launch", launch), (gpu_launch, "PreparedLaunch", prepared_launch),
-                              (tma, "doc_tile_map", doc_tile_map), (gpu_launch, "offsets_summary", offsets_summary)):
+                              (tma, "doc_tile_map", doc_tile_map), (gpu_launch, "offsets_summary", offsets_summary),
+                              (gpu_launch, "part_offsets", part_offsets)):
         if stub is not None:
             monkeypatch.setattr(owner, name, stub)
     try:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import cupy_maxsim as cm
-from support import stub_gpu
+from support import count_calls, stub_gpu
 
 DECISIONS = Path(__file__).parent / "data" / "plan_decisions.json"
 
@@ -238,12 +238,18 @@ def stubbed_gpu(monkeypatch, properties):
                              args=_struct_values(layout.layout, fields, struct_bytes)))
 
     def launch(kernel, grid, block, args, shared_bytes, stream_ptr):
-        tile_map = isinstance(args, tuple)
-        record(kernel, grid, block, shared_bytes, args[0] if tile_map else args, tile_map)
+        second = isinstance(args, tuple)  # (a tensor map; the parts' merge: its records)
+        record(kernel, grid, block, shared_bytes, args[0] if second else args, second and kernel.family != "maxsim_parts")
 
     class PreparedLaunch:
         def __init__(self, kernel, grid, block, shared_bytes, arguments=None):
             self.fixed = kernel, tuple(grid), tuple(block), shared_bytes
+            self.arguments = arguments
+
+        def __call__(self, head_values, stream_ptr, extra=None):  # a replayed forward, or its parts' merge
+            kernel, grid, block, shared = self.fixed
+            struct_bytes = gpu_args.ArgTemplate.struct_bytes(self.arguments(*head_values), forward.size)
+            record(kernel, grid, block, shared, struct_bytes, extra is not None and kernel.family != "maxsim_parts")
 
         def launch_packed(self, args, stream_ptr):
             kernel, grid, block, shared = self.fixed
@@ -253,6 +259,13 @@ def stubbed_gpu(monkeypatch, properties):
         values = arrays_by_pointer[pointer].values
         steps = np.diff(values)
         return int(values[0]), int(values[-1]), int((steps < 0).sum()), int(steps.max(initial=0))
+
+    def part_offsets(offsets, is_64bit, doc_length, num_docs, parts, tile_rows, device, stream_ptr):
+        # (maxsim_parts.cu's cut: tiles [p T / parts, (p + 1) T / parts) of each document)
+        bounds = arrays_by_pointer[offsets].values if offsets else np.arange(num_docs + 1) * doc_length
+        starts = [min(first + tile_rows * (p * (-(-(end - first) // tile_rows)) // parts), end)
+                  for first, end in zip(bounds[:-1], bounds[1:]) for p in range(parts)] + [bounds[-1]]
+        return FakeDeviceArray((len(starts),), "int64", 0x7F00_0000_0000, np.array(starts, np.int64))
 
     arrays_by_pointer = {}
     original_init = FakeDeviceArray.__init__
@@ -265,7 +278,7 @@ def stubbed_gpu(monkeypatch, properties):
     with stub_gpu(monkeypatch, properties,
                   get_kernel=lambda device, family, name, defines=(), shared_bytes=0: _StubKernel(family, name, defines),
                   launch=launch, prepared_launch=PreparedLaunch, doc_tile_map=lambda *args, **kwargs: b"tile map",
-                  offsets_summary=offsets_summary):
+                  offsets_summary=offsets_summary, part_offsets=part_offsets):
         yield launches
 
 
@@ -360,3 +373,25 @@ def test_rows_off_16_bytes_by_their_pointers_are_not_recorded_for_replay(monkeyp
                                                                                      0x20000000))
         assert not any("LOAD_BYTES" in define for define in launches[1]["defines"])
         assert len(_replay.replays) == 1
+
+
+def test_fat_documents_in_parts_are_replayed(monkeypatch):
+    """One fp16 query against 1,000 documents of 768 x 2560 (3.9 MB each) in parts: the first
+    call launches the parts' forward and their merge and leaves a replay; a repeated call (new
+    q, d) replays both launches, the same builds and arguments (the parts' offsets recorded with
+    them), without the general path."""
+    from cupy_maxsim import _forward, _replay, tuning
+
+    with monkeypatch.context() as patch, stubbed_gpu(patch, DEVICES["sm90-h200"]) as launches, \
+            tuning.override(document_parts_per_ring=16):
+        arrays = _Arrays()
+        cm.score(arrays((1, 32, 2560)), arrays((1_000, 768, 2560)))
+        first = list(launches)
+        assert [launch["kernel"] for launch in first] == ["maxsim_fwd_wgmma_fp16", "maxsim_parts_merge"]
+        assert first[0]["args"]["num_docs"] == 7_000 and first[1]["args"]["num_docs"] == 1_000
+        assert len(_replay.replays) == 1
+        runs = count_calls(patch, _forward, "run")
+        launches.clear()
+        cm.score(arrays((1, 32, 2560)), arrays((1_000, 768, 2560)))
+        assert launches == first and not runs
+

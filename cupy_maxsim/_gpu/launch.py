@@ -223,12 +223,12 @@ def part_offsets(offsets, is_64bit: bool, doc_length: int, num_docs: int, parts:
         return out
 
 
-def merge_parts(args: bytes, records, parts: int, warps: int, device: int, stream_ptr: int | None) -> None:
+def merge_parts(args: bytes, records_ptr: int, parts: int, warps: int, device: int, stream_ptr: int | None) -> None:
     """The scores of a problem whose documents were scored in ``parts`` parts (maxsim_parts.cu:
-    ``records``, float32, as the forward wrote them), written where ``args`` (its ForwardArgs)
-    says: one warp a (query, document), ``warps`` of them."""
+    the records at ``records_ptr``, float32, as the forward wrote them), written where ``args``
+    (its ForwardArgs) says: one warp a (query, document), ``warps`` of them."""
     kernel, grid, block = merge_parts_launch(device, warps)
-    launch(kernel, grid, block, (args, part_records(records.data.ptr, parts)), 0, stream_ptr)
+    launch(kernel, grid, block, (args, part_records(records_ptr, parts)), 0, stream_ptr)
 
 
 def merge_parts_launch(device: int, warps: int) -> tuple:
