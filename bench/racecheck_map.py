@@ -60,10 +60,16 @@ def prebuilt_matches(family: str, arch: str, kernel: str, read: str, write: str)
 
 
 def report_pairs(log: str) -> list:
-    """((kernel, read offset, write offset), hazards) of each race in a racecheck report (analysis
-    mode), its hazards summed over the launches that reported it."""
+    """((kernel, read offset, write offset), hazards) of each race in a racecheck report, its
+    hazards summed over the launches that reported it: the default analysis report ("Race
+    reported between Read access at K+R and Write access at K+W [N hazards]"), or the hazard
+    report (``--racecheck-report hazard``: one "Potential ... hazard" a byte, its Read and
+    Write accesses a line each; counted one a hazard shown)."""
     found = re.findall(r"Read access at (\w+)\+(0x[0-9a-f]+)\s*\n[= ]*and Write access at \w+\+(0x[0-9a-f]+)"
                        r" \[(\d+) hazards\]", log)
+    found += [(kernel, read, write, "1") for kernel, read, write in re.findall(
+        r"Potential \w+ hazard detected[^\n]*\n[= ]*Read Thread \([\d,]+\) at (\w+)\+(0x[0-9a-f]+)\s*\n"
+        r"[= ]*Write Thread \([\d,]+\) at \w+\+(0x[0-9a-f]+)", log)]
     pairs = {}
     for kernel, read, write, n in found:
         pairs[(kernel, read, write)] = pairs.get((kernel, read, write), 0) + int(n)
