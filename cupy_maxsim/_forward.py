@@ -275,13 +275,18 @@ def _document_parts(problem: ScoreProblem, plan: ForwardPlan, tunables: Tunables
 class PartsRecord(typing.NamedTuple):
     """What a replay of a call scored in parts (_launch_parts) needs beside the parts' forward:
     the parts' offsets (fixed for a replay's key: padded documents' shape, or an Index's stored
-    offsets), the merge's argument values (the problem's: its scores' pointer and strides), the
-    parts a document and the records' floats."""
+    offsets), the merge's argument values (the problem's: its scores' pointer and strides) and
+    the parts a document."""
 
     starts: object
     merge_values: dict
     parts: int
-    record_floats: int
+
+    @property
+    def record_floats(self) -> int:
+        """The records' floats: Lq + 1 for each (query, part)."""
+        values = self.merge_values
+        return values["num_queries"] * values["num_docs"] * self.parts * (values["query_length"] + 1)
 
 
 def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_rows: int, values: dict, stream,
@@ -303,14 +308,14 @@ def _launch_parts(problem: ScoreProblem, tunables: Tunables, parts: int, tile_ro
         d=d.with_changes(shape=(tokens, dim), strides=d.strides[-2:]), offsets=_arrays.as_operand(starts, "offsets"),
         d_scale=None if d_scale is None else d_scale.with_changes(shape=(tokens,), strides=d_scale.strides[-1:]),
         num_docs=count, shape=(num_queries, count), doc_length=0, doc_stride=0, ragged=True)
-    record_floats = num_queries * count * (query_length + 1)
+    kept = PartsRecord(starts, dict(values), parts)
     # (in the caller's framework, as the scores: its allocator keeps them to the merge's end)
-    records, records_ptr = _arrays.Output(problem.like).empty((record_floats,), "float32")
+    records, records_ptr = _arrays.Output(problem.like).empty((kept.record_floats,), "float32")
     parts_record = None if record is None else []
     _launch(part_problem, tunables, records_ptr, None, stream, parts_record, part_maxima=True)
     merge_parts(forward_args(**values), records_ptr, parts, num_queries * problem.num_docs, d.device, stream)
     if parts_record:
-        record.append(parts_record[0][:-1] + (PartsRecord(starts, dict(values), parts, record_floats),))
+        record.append(parts_record[0][:-1] + (kept,))
 
 
 def _launch(problem: ScoreProblem, tunables: Tunables, out_ptr: int, winners, stream, record,

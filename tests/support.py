@@ -203,6 +203,13 @@ def off_alignment(device, x: np.ndarray):
     return flat[1:].reshape(x.shape)
 
 
+def part_starts(first: int, end: int, parts: int, tile_rows: int) -> list:
+    """The first tokens of the ``parts`` parts of the document [first, end) as maxsim_parts.cu
+    cuts them: its tiles [p T / parts, (p + 1) T / parts) of T = ceil(length / tile_rows)."""
+    tiles = -(-(end - first) // tile_rows)
+    return [min(first + tile_rows * (p * tiles // parts), end) for p in range(parts)]
+
+
 def count_calls(monkeypatch, owner, name: str) -> list:
     """A list that grows by one each time ``owner.name`` is called (which still runs)."""
     calls = []

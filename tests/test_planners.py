@@ -14,7 +14,7 @@ from cupy_maxsim._gpu import args as gpu_args
 from cupy_maxsim._gpu import tma
 from cupy_maxsim._plan import configs
 from cupy_maxsim.tuning import DEFAULT
-from support import HostOutput, count_calls, gpu_available, stub_gpu
+from support import HostOutput, count_calls, gpu_available, part_starts, stub_gpu
 
 
 @pytest.mark.parametrize("query_length", [1, 5, 27, 31, 32, 33, 64, 100, 256])
@@ -316,8 +316,10 @@ def test_replayed_launch_without_a_gpu(h200_planner, monkeypatch):
     # records into scratch of the recorded size, then the merge's launch (the problem's own
     # arguments, its pointers patched in) folds them into the scores.
     monkeypatch.setattr(gpu_launch, "merge_parts_launch", lambda device, warps: ("merge", (warps,), (256,)))
-    merge_values = {name: 5000 + k for k, name in enumerate(names)}
-    parts = _forward.PartsRecord(starts=None, merge_values=merge_values, parts=5, record_floats=5_000 * 33)
+    merge_values = dict({name: 5000 + k for k, name in enumerate(names)}, num_queries=1, num_docs=1_000,
+                        query_length=32)
+    parts = _forward.PartsRecord(starts=None, merge_values=merge_values, parts=5)
+    assert parts.record_floats == 5_000 * 33
     launches.clear()
     plan = _forward.mma_plan(0, shape, DEFAULT)  # (the name held the backward's plan above)
     result = _replay.Replay(like, (1_000,), "float32", None, plan, values, tile_map_shape, True, None, None,
@@ -910,7 +912,6 @@ def test_document_parts():
     assert document_parts(0, 300, 64, rings, 16) == 1
     for length in (0, 1, 63, 64, 65, 300, 1030):
         for parts in (2, 3, 5, 32):
-            tiles = -(-length // 64)
-            starts = [min(64 * (p * tiles // parts), length) for p in range(parts)] + [length]
+            starts = part_starts(0, length, parts, 64) + [length]
             assert starts[0] == 0 and all(a <= b for a, b in zip(starts, starts[1:]))
             assert all(s % 64 == 0 or s == length for s in starts)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import cupy_maxsim as cm
-from support import count_calls, stub_gpu
+from support import count_calls, part_starts, stub_gpu
 
 DECISIONS = Path(__file__).parent / "data" / "plan_decisions.json"
 
@@ -263,8 +263,8 @@ def stubbed_gpu(monkeypatch, properties):
     def part_offsets(offsets, is_64bit, doc_length, num_docs, parts, tile_rows, device, stream_ptr):
         # (maxsim_parts.cu's cut: tiles [p T / parts, (p + 1) T / parts) of each document)
         bounds = arrays_by_pointer[offsets].values if offsets else np.arange(num_docs + 1) * doc_length
-        starts = [min(first + tile_rows * (p * (-(-(end - first) // tile_rows)) // parts), end)
-                  for first, end in zip(bounds[:-1], bounds[1:]) for p in range(parts)] + [bounds[-1]]
+        starts = [start for first, end in zip(bounds[:-1], bounds[1:])
+                  for start in part_starts(first, end, parts, tile_rows)] + [bounds[-1]]
         return FakeDeviceArray((len(starts),), "int64", 0x7F00_0000_0000, np.array(starts, np.int64))
 
     arrays_by_pointer = {}
